@@ -1,0 +1,154 @@
+// Strided copy with dtype conversion, and fill. See copy.h for the conversion rules.
+// Strategy: drop size-1 dims and merge dims that are contiguous with each other in src, so a
+// contiguous source becomes one flat loop and a permuted one becomes (rows, inner) loops.
+// A 2-D transpose-like case (inner stride > 1, other dim contiguous) is tiled for cache use.
+#include "kernels/cpu/copy.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/common/error.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int kMaxDims = 16;
+constexpr int64_t kParallelMin = 32768;  // elements below which threads cost more than they save
+
+template <typename Src, typename Dst>
+inline void convert_run(int64_t n, const Src* __restrict src, int64_t stride,
+                        Dst* __restrict dst) {
+  if (stride == 1) {
+    if constexpr (std::is_same_v<Src, Dst>) {
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(Src));
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = convert_scalar<Dst>(src[i]);
+    }
+  } else if (stride == 0) {
+    const Dst v = convert_scalar<Dst>(src[0]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = v;
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = convert_scalar<Dst>(src[i * stride]);
+  }
+}
+
+}  // namespace
+
+template <typename Src, typename Dst>
+void copy_strided(int ndim, const int64_t* shape, const Src* src, const int64_t* src_strides,
+                  Dst* dst) {
+  KILN_CHECK(ndim >= 0 && ndim <= kMaxDims, "[copy] ndim {} out of range [0, {}]", ndim,
+             kMaxDims);
+  // Collapse: keep dims with size > 1, merge a dim into the next when stride[d] ==
+  // stride[d+1] * shape[d+1].
+  int64_t sh[kMaxDims], st[kMaxDims];
+  int nd = 0;
+  int64_t total = 1;
+  for (int d = 0; d < ndim; ++d) {
+    KILN_CHECK(shape[d] >= 0, "[copy] negative size {} in dim {}", shape[d], d);
+    KILN_CHECK(src_strides[d] >= 0, "[copy] negative stride {} in dim {}", src_strides[d], d);
+    total *= shape[d];
+    if (shape[d] == 1) continue;
+    if (nd > 0 && st[nd - 1] == src_strides[d] * shape[d]) {
+      sh[nd - 1] *= shape[d];
+      st[nd - 1] = src_strides[d];
+    } else {
+      sh[nd] = shape[d];
+      st[nd] = src_strides[d];
+      ++nd;
+    }
+  }
+  if (total == 0) return;
+  if (nd == 0) {  // one element
+    dst[0] = convert_scalar<Dst>(src[0]);
+    return;
+  }
+  if (nd == 1) {
+    const int64_t n = sh[0], s = st[0];
+    const int64_t chunk = 16384;
+    const int64_t nchunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t c = 0; c < nchunks; ++c) {
+      const int64_t b = c * chunk, e = std::min(n, b + chunk);
+      convert_run(e - b, src + b * s, s, dst + b);
+    }
+    return;
+  }
+  // 2-D with a strided inner dim and a contiguous outer dim (a transpose): tile it so both reads
+  // and writes stay in cache.
+  if (nd == 2 && st[1] > 1 && st[0] == 1) {
+    const int64_t R = sh[0], C = sh[1], sc = st[1];
+    constexpr int64_t kTile = 32;
+    const int64_t tr = (R + kTile - 1) / kTile, tc = (C + kTile - 1) / kTile;
+#pragma omp parallel for collapse(2) schedule(static) if (total > kParallelMin)
+    for (int64_t bi = 0; bi < tr; ++bi)
+      for (int64_t bj = 0; bj < tc; ++bj) {
+        const int64_t i1 = std::min(R, (bi + 1) * kTile), j1 = std::min(C, (bj + 1) * kTile);
+        for (int64_t i = bi * kTile; i < i1; ++i)
+          for (int64_t j = bj * kTile; j < j1; ++j)
+            dst[i * C + j] = convert_scalar<Dst>(src[i + j * sc]);
+      }
+    return;
+  }
+  // General: rows over the leading nd-1 dims, a run over the last one.
+  const int64_t inner = sh[nd - 1], inner_stride = st[nd - 1];
+  const int64_t rows = total / inner;
+#pragma omp parallel if (total > kParallelMin)
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t r0 = rows * tid / nt, r1 = rows * (tid + 1) / nt;
+    if (r0 < r1) {
+      // Multi-index of row r0, then step it like an odometer.
+      int64_t idx[kMaxDims];
+      int64_t rem = r0, off = 0;
+      for (int d = nd - 2; d >= 0; --d) {
+        idx[d] = rem % sh[d];
+        rem /= sh[d];
+        off += idx[d] * st[d];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        convert_run(inner, src + off, inner_stride, dst + r * inner);
+        for (int d = nd - 2; d >= 0; --d) {
+          off += st[d];
+          if (++idx[d] < sh[d]) break;
+          off -= st[d] * sh[d];
+          idx[d] = 0;
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void fill(int64_t n, T value, T* dst) {
+  KILN_CHECK(n >= 0, "[fill] negative size {}", n);
+#pragma omp parallel for schedule(static) if (n > kParallelMin * 4)
+  for (int64_t i = 0; i < n; ++i) dst[i] = value;
+}
+
+// ---- explicit instantiations: every (Src, Dst) pair of the 7 element types ----------------------
+#define KILN_COPY_INST(S, D) \
+  template void copy_strided<S, D>(int, const int64_t*, const S*, const int64_t*, D*);
+#define KILN_COPY_INST_FROM(S)                                                               \
+  KILN_COPY_INST(S, float)                                                                   \
+  KILN_COPY_INST(S, double)                                                                  \
+  KILN_COPY_INST(S, bf16)                                                                    \
+  KILN_COPY_INST(S, f16)                                                                     \
+  KILN_COPY_INST(S, int32_t)                                                                 \
+  KILN_COPY_INST(S, int64_t)                                                                 \
+  KILN_COPY_INST(S, uint8_t)                                                                 \
+  template void fill<S>(int64_t, S, S*);
+KILN_COPY_INST_FROM(float)
+KILN_COPY_INST_FROM(double)
+KILN_COPY_INST_FROM(bf16)
+KILN_COPY_INST_FROM(f16)
+KILN_COPY_INST_FROM(int32_t)
+KILN_COPY_INST_FROM(int64_t)
+KILN_COPY_INST_FROM(uint8_t)
+#undef KILN_COPY_INST_FROM
+#undef KILN_COPY_INST
+
+}  // namespace kiln::cpu

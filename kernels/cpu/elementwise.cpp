@@ -1,0 +1,210 @@
+// Elementwise kernels; see elementwise.h for the math.
+// binary: dims of size 1 are dropped and neighbouring dims merged when both operands are
+// contiguous across them, so "same shape, contiguous" becomes one flat loop, "b scalar" a flat
+// loop with a constant, and "bias add" (rows, C) + (C) a row loop of contiguous runs. The inner
+// run is specialised on its strides (1/1, 1/0, 0/1, general) so the common cases vectorize.
+#include "kernels/cpu/elementwise.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/common/error.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int kMaxDims = 16;
+constexpr int64_t kParallelMin = 32768;
+constexpr int64_t kChunk = 8192;
+
+template <typename T>
+struct AddF {
+  T operator()(T a, T b) const { return a + b; }
+};
+template <typename T>
+struct SubF {
+  T operator()(T a, T b) const { return a - b; }
+};
+template <typename T>
+struct MulF {
+  T operator()(T a, T b) const { return a * b; }
+};
+template <typename T>
+struct DivF {
+  T operator()(T a, T b) const { return a / b; }
+};
+template <typename T>
+struct MaxF {  // NaN in either operand gives NaN
+  T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+};
+template <typename T>
+struct MinF {
+  T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
+};
+
+template <typename T, typename F>
+inline void binary_run(int64_t n, const T* a, int64_t sa, const T* b, int64_t sb, T* out, F f) {
+  if (sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+  } else if (sa == 1 && sb == 0) {
+    const T bv = b[0];
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], bv);
+  } else if (sa == 0 && sb == 1) {
+    const T av = a[0];
+    for (int64_t i = 0; i < n; ++i) out[i] = f(av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i * sa], b[i * sb]);
+  }
+}
+
+template <typename T, typename F>
+void binary_impl(int ndim, const int64_t* shape, const T* a, const int64_t* a_strides, const T* b,
+                 const int64_t* b_strides, T* out, F f) {
+  int64_t sh[kMaxDims], sa[kMaxDims], sb[kMaxDims];
+  int nd = 0;
+  int64_t total = 1;
+  for (int d = 0; d < ndim; ++d) {
+    KILN_CHECK(shape[d] >= 0, "[binary] negative size {} in dim {}", shape[d], d);
+    KILN_CHECK(a_strides[d] >= 0 && b_strides[d] >= 0, "[binary] negative stride in dim {}", d);
+    total *= shape[d];
+    if (shape[d] == 1) continue;
+    if (nd > 0 && sa[nd - 1] == a_strides[d] * shape[d] && sb[nd - 1] == b_strides[d] * shape[d]) {
+      sh[nd - 1] *= shape[d];
+      sa[nd - 1] = a_strides[d];
+      sb[nd - 1] = b_strides[d];
+    } else {
+      sh[nd] = shape[d];
+      sa[nd] = a_strides[d];
+      sb[nd] = b_strides[d];
+      ++nd;
+    }
+  }
+  if (total == 0) return;
+  if (nd == 0) {
+    out[0] = f(a[0], b[0]);
+    return;
+  }
+  if (nd == 1) {
+    const int64_t n = sh[0], s0 = sa[0], s1 = sb[0];
+    const int64_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t c = 0; c < nchunks; ++c) {
+      const int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+      binary_run(len, a + i0 * s0, s0, b + i0 * s1, s1, out + i0, f);
+    }
+    return;
+  }
+  const int64_t inner = sh[nd - 1], ia = sa[nd - 1], ib = sb[nd - 1];
+  const int64_t rows = total / inner;
+#pragma omp parallel if (total > kParallelMin)
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t r0 = rows * tid / nt, r1 = rows * (tid + 1) / nt;
+    if (r0 < r1) {
+      int64_t idx[kMaxDims];
+      int64_t rem = r0, oa = 0, ob = 0;
+      for (int d = nd - 2; d >= 0; --d) {
+        idx[d] = rem % sh[d];
+        rem /= sh[d];
+        oa += idx[d] * sa[d];
+        ob += idx[d] * sb[d];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        binary_run(inner, a + oa, ia, b + ob, ib, out + r * inner, f);
+        for (int d = nd - 2; d >= 0; --d) {  // odometer step
+          oa += sa[d];
+          ob += sb[d];
+          if (++idx[d] < sh[d]) break;
+          oa -= sa[d] * sh[d];
+          ob -= sb[d] * sh[d];
+          idx[d] = 0;
+        }
+      }
+    }
+  }
+}
+
+// out[i] = f(x[i]) over n elements, in parallel for large n.
+template <typename T, typename F>
+inline void map1(int64_t n, const T* x, T* out, F f) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
+}
+
+}  // namespace
+
+template <typename T>
+void binary(BinaryOp op, int ndim, const int64_t* out_shape, const T* a, const int64_t* a_strides,
+            const T* b, const int64_t* b_strides, T* out) {
+  KILN_CHECK(ndim >= 0 && ndim <= kMaxDims, "[binary] ndim {} out of range [0, {}]", ndim,
+             kMaxDims);
+  switch (op) {
+    case BinaryOp::Add: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, AddF<T>{});
+    case BinaryOp::Sub: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, SubF<T>{});
+    case BinaryOp::Mul: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MulF<T>{});
+    case BinaryOp::Div: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, DivF<T>{});
+    case BinaryOp::Max: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MaxF<T>{});
+    case BinaryOp::Min: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MinF<T>{});
+  }
+  fail("[binary] unknown op {}", static_cast<int>(op));
+}
+
+template <typename T>
+void unary(UnaryOp op, int64_t n, const T* x, T* out) {
+  KILN_CHECK(n >= 0, "[unary] negative size {}", n);
+  switch (op) {
+    case UnaryOp::Neg: return map1(n, x, out, [](T v) { return -v; });
+    case UnaryOp::Exp: return map1(n, x, out, [](T v) { return std::exp(v); });
+    case UnaryOp::Log: return map1(n, x, out, [](T v) { return std::log(v); });
+    case UnaryOp::Sqrt: return map1(n, x, out, [](T v) { return std::sqrt(v); });
+    case UnaryOp::Rsqrt: return map1(n, x, out, [](T v) { return T(1) / std::sqrt(v); });
+    case UnaryOp::Abs: return map1(n, x, out, [](T v) { return std::abs(v); });
+    case UnaryOp::Square: return map1(n, x, out, [](T v) { return v * v; });
+    case UnaryOp::Reciprocal: return map1(n, x, out, [](T v) { return T(1) / v; });
+    case UnaryOp::Tanh: return map1(n, x, out, [](T v) { return std::tanh(v); });
+    case UnaryOp::Sigmoid: return map1(n, x, out, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+  }
+  fail("[unary] unknown op {}", static_cast<int>(op));
+}
+
+template <typename T>
+void scale_add(int64_t n, T alpha, const T* x, T beta, const T* y, T* out) {
+  KILN_CHECK(n >= 0, "[scale_add] negative size {}", n);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = alpha * x[i] + beta * y[i];
+}
+
+template <typename T>
+void add_scalar(int64_t n, const T* x, T s, T* out) {
+  KILN_CHECK(n >= 0, "[add_scalar] negative size {}", n);
+  map1(n, x, out, [s](T v) { return v + s; });
+}
+
+template <typename T>
+void mul_scalar(int64_t n, const T* x, T s, T* out) {
+  KILN_CHECK(n >= 0, "[mul_scalar] negative size {}", n);
+  map1(n, x, out, [s](T v) { return v * s; });
+}
+
+template <typename T>
+void axpy(int64_t n, T alpha, const T* x, T* y) {
+  KILN_CHECK(n >= 0, "[axpy] negative size {}", n);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+#define KILN_ELEMENTWISE_INST(T)                                                              \
+  template void binary<T>(BinaryOp, int, const int64_t*, const T*, const int64_t*, const T*,  \
+                          const int64_t*, T*);                                                \
+  template void unary<T>(UnaryOp, int64_t, const T*, T*);                                     \
+  template void scale_add<T>(int64_t, T, const T*, T, const T*, T*);                          \
+  template void add_scalar<T>(int64_t, const T*, T, T*);                                      \
+  template void mul_scalar<T>(int64_t, const T*, T, T*);                                      \
+  template void axpy<T>(int64_t, T, const T*, T*);
+KILN_ELEMENTWISE_INST(float)
+KILN_ELEMENTWISE_INST(double)
+#undef KILN_ELEMENTWISE_INST
+
+}  // namespace kiln::cpu

@@ -1,0 +1,94 @@
+// GEMM through cblas_sgemm / cblas_dgemm. See matmul.h for the threading choice.
+#include "kernels/cpu/matmul.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+
+#include "kernels/common/error.h"
+
+namespace kiln::cpu {
+namespace {
+
+// OpenBLAS runs one thread at or below this M*N*K (interface/gemm.c: SMP_THRESHOLD_MIN * 4).
+constexpr double kBlasSingleThreadMnk = 65536.0 * 4.0;
+
+void check_args(const char* op, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda,
+                int64_t ldb, int64_t ldc) {
+  KILN_CHECK(M >= 0 && N >= 0 && K >= 0, "[{}] negative size M={} N={} K={}", op, M, N, K);
+  KILN_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+                 ldc <= INT_MAX,
+             "[{}] size exceeds BLAS int range (M={} N={} K={} lda={} ldb={} ldc={})", op, M, N,
+             K, lda, ldb, ldc);
+  const int64_t a_cols = ta ? M : K, b_cols = tb ? K : N;
+  KILN_CHECK(lda >= std::max<int64_t>(1, a_cols), "[{}] lda {} < {}", op, lda, a_cols);
+  KILN_CHECK(ldb >= std::max<int64_t>(1, b_cols), "[{}] ldb {} < {}", op, ldb, b_cols);
+  KILN_CHECK(ldc >= std::max<int64_t>(1, N), "[{}] ldc {} < {}", op, ldc, N);
+}
+
+template <typename T>
+inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                      int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  if (K == 0 || alpha == T(0)) {
+    // BLAS would also handle this, but do it here so beta == 0 overwrites NaNs in C too.
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
+                beta, C, int(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
+                beta, C, int(ldc));
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  check_args("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  blas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <typename T>
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
+                  const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
+                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+  check_args("gemm_batched", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  KILN_CHECK(batch >= 0, "[gemm_batched] negative batch {}", batch);
+  KILN_CHECK(stride_a >= 0 && stride_b >= 0 && stride_c >= 0,
+             "[gemm_batched] negative stride a={} b={} c={}", stride_a, stride_b, stride_c);
+  KILN_CHECK(batch <= 1 || stride_c != 0,
+             "[gemm_batched] stride_c 0 with batch {} would write one C many times", batch);
+  if (M == 0 || N == 0 || batch == 0) return;
+  const double mnk = double(M) * double(N) * double(K);
+  // Small matrices: one BLAS thread each, OpenMP over the batch. Skip the OpenMP team when the
+  // whole batch is tiny or we are already inside a parallel region.
+  const bool par = batch > 1 && mnk <= kBlasSingleThreadMnk &&
+                   mnk * double(batch) >= 32768.0 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t b = 0; b < batch; ++b)
+    blas_gemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb,
+              beta, C + b * stride_c, ldc);
+}
+
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                          const float*, int64_t, float, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t);
+template void gemm_batched<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
+                                  int64_t, int64_t, const float*, int64_t, int64_t, float, float*,
+                                  int64_t, int64_t, int64_t);
+template void gemm_batched<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
+                                   int64_t, int64_t, const double*, int64_t, int64_t, double,
+                                   double*, int64_t, int64_t, int64_t);
+
+}  // namespace kiln::cpu

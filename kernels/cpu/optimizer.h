@@ -1,0 +1,32 @@
+// Fused optimizer steps on float32 parameters (update param, m, v, momentum_buf in place).
+//
+// adamw_step, PyTorch 1.13 torch.optim.AdamW (amsgrad off, maximize off), step counted from 1:
+//   p  = p * (1 - lr * wd)
+//   m  = b1 * m + (1 - b1) * g
+//   v  = b2 * v + (1 - b2) * g * g
+//   p += -(lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),   bc1 = 1 - b1^step, bc2 = 1 - b2^step
+// Scalars (1 - lr*wd, lr/bc1, sqrt(bc2), ...) are computed in double as Python does, then rounded
+// to float; the per-element arithmetic is float in torch's order, so results agree with torch to
+// about float rounding.
+//
+// sgd_step, PyTorch 1.13 torch.optim.SGD (maximize off):
+//   d = g + wd * p                                  (if wd != 0)
+//   if momentum != 0:
+//     buf = d                        at step 1     (torch creates the buffer from d)
+//     buf = momentum * buf + (1 - dampening) * d   afterwards
+//     d = nesterov ? d + momentum * buf : buf
+//   p = p - lr * d
+// momentum_buf may be null when momentum == 0.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cpu {
+
+void adamw_step(int64_t n, float* param, const float* grad, float* m, float* v, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+void sgd_step(int64_t n, float* param, const float* grad, float* momentum_buf, float lr,
+              float momentum, float dampening, float weight_decay, bool nesterov, int64_t step);
+
+}  // namespace kiln::cpu
