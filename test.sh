@@ -8,5 +8,9 @@ scripts/get_data.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
 
-# ctest prints "N% tests passed, M tests failed out of K" at the end; keep its exit status.
-ctest --test-dir build --output-on-failure -j2
+# Keep ctest's exit status, and repeat its summary line ("N% tests passed, M tests failed out of
+# K") last, where the failure output cannot bury it.
+status=0
+ctest --test-dir build --output-on-failure -j2 2>&1 | tee build/ctest.log || status=$?
+echo "test.sh: $(grep -E 'tests passed|No tests were found' build/ctest.log | tail -1)"
+exit "$status"
