@@ -1,0 +1,156 @@
+// Tests for kernels/cpu/matmul.h against a float64 reference, all transpose combinations.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <vector>
+
+#include "kernels/common/error.h"
+#include "kernels/cpu/matmul.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace kiln {
+namespace {
+
+KILN_OP_TESTED(Op::Gemm);
+
+// Reference: C = alpha * op(A) op(B) + beta * C0 with A, B stored with leading dims lda, ldb.
+std::vector<double> ref_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                             const std::vector<double>& A, int64_t lda,
+                             const std::vector<double>& B, int64_t ldb, double beta,
+                             const std::vector<double>& C0, int64_t ldc) {
+  std::vector<double> C = C0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double a = ta ? A[k * lda + i] : A[i * lda + k];
+        const double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+        s += a * b;
+      }
+      C[i * ldc + j] = alpha * s + (beta == 0 ? 0.0 : beta * C0[i * ldc + j]);
+    }
+  return C;
+}
+
+template <typename T>
+void check_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, T beta, int pad,
+                uint64_t seed) {
+  const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+  const int64_t arows = ta ? K : M, brows = tb ? N : K;
+  auto A = test::random_uniform_vec<T>(arows * lda, seed);
+  auto B = test::random_uniform_vec<T>(brows * ldb, seed + 1);
+  auto C = test::random_uniform_vec<T>(M * ldc, seed + 2);
+  const auto ref = ref_gemm(ta, tb, M, N, K, alpha, test::to_f64(A), lda, test::to_f64(B), ldb,
+                            beta, test::to_f64(C), ldc);
+  cpu::gemm<T>(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+  const double tol = (std::is_same_v<T, float> ? 2e-6 : 1e-13) * double(K + 1);
+  EXPECT_TRUE(test::all_close(C, ref, tol, tol))
+      << "ta " << ta << " tb " << tb << " M " << M << " N " << N << " K " << K;
+}
+
+TEST(Gemm, AllTransposesOddSizes) {
+  uint64_t seed = 1;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t M : {1, 7, 33})
+        for (int64_t N : {1, 7, 129})
+          for (int64_t K : {1, 33, 129}) {
+            check_gemm<float>(ta, tb, M, N, K, 1.0f, 0.0f, 0, seed += 3);
+            check_gemm<double>(ta, tb, M, N, K, 1.0, 0.0, 0, seed += 3);
+          }
+}
+
+TEST(Gemm, AlphaBetaAndLeadingDims) {
+  uint64_t seed = 100;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_gemm<float>(ta, tb, 33, 17, 65, 0.5f, 1.0f, 3, seed += 3);   // accumulate
+      check_gemm<float>(ta, tb, 33, 17, 65, -2.0f, 0.25f, 5, seed += 3);
+      check_gemm<double>(ta, tb, 9, 129, 7, 1.5, -1.0, 2, seed += 3);
+    }
+  // Large enough for OpenBLAS to use its threads.
+  check_gemm<float>(false, true, 256, 192, 130, 1.0f, 0.0f, 0, 7);
+}
+
+TEST(Gemm, BetaZeroIgnoresNanAndKZero) {
+  std::vector<float> A(6, 1.f), B(6, 1.f), C(4, NAN);
+  cpu::gemm<float>(false, false, 2, 2, 3, 1.f, A.data(), 3, B.data(), 2, 0.f, C.data(), 2);
+  for (float c : C) EXPECT_EQ(c, 3.f);
+  std::vector<float> C2(4, 2.f);
+  cpu::gemm<float>(false, false, 2, 2, 0, 1.f, A.data(), 1, B.data(), 2, 0.5f, C2.data(), 2);
+  for (float c : C2) EXPECT_EQ(c, 1.f);
+  std::vector<float> C3(4, NAN);
+  cpu::gemm<float>(false, false, 2, 2, 0, 1.f, A.data(), 1, B.data(), 2, 0.f, C3.data(), 2);
+  for (float c : C3) EXPECT_EQ(c, 0.f);
+}
+
+template <typename T>
+void check_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t batch,
+                   bool bcast_a, bool bcast_b, T beta, uint64_t seed) {
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
+  const int64_t sa = bcast_a ? 0 : M * K, sb = bcast_b ? 0 : K * N, sc = M * N;
+  auto A = test::random_uniform_vec<T>((bcast_a ? 1 : batch) * M * K, seed);
+  auto B = test::random_uniform_vec<T>((bcast_b ? 1 : batch) * K * N, seed + 1);
+  auto C = test::random_uniform_vec<T>(batch * M * N, seed + 2);
+  std::vector<double> ref;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<double> a(A.begin() + b * sa, A.begin() + b * sa + M * K);
+    std::vector<double> bb(B.begin() + b * sb, B.begin() + b * sb + K * N);
+    std::vector<double> c(C.begin() + b * sc, C.begin() + (b + 1) * sc);
+    auto r = ref_gemm(ta, tb, M, N, K, 1.0, a, lda, bb, ldb, beta, c, ldc);
+    ref.insert(ref.end(), r.begin(), r.end());
+  }
+  cpu::gemm_batched<T>(ta, tb, M, N, K, T(1), A.data(), lda, sa, B.data(), ldb, sb, beta,
+                       C.data(), ldc, sc, batch);
+  const double tol = (std::is_same_v<T, float> ? 2e-6 : 1e-13) * double(K + 1);
+  EXPECT_TRUE(test::all_close(C, ref, tol, tol)) << "batch " << batch << " M " << M;
+}
+
+TEST(Gemm, BatchedWithBroadcast) {
+  uint64_t seed = 500;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t batch : {1, 7, 33}) {
+        check_batched<float>(ta, tb, 7, 33, 16, batch, false, false, 0.f, seed += 3);
+        check_batched<float>(ta, tb, 7, 9, 33, batch, true, false, 1.f, seed += 3);
+        check_batched<double>(ta, tb, 5, 3, 7, batch, false, true, 0.5, seed += 3);
+      }
+  // Large matrices: sequential over batch, OpenBLAS threads inside.
+  check_batched<float>(false, true, 96, 80, 64, 3, false, false, 0.f, 9);
+  // Attention-shaped: many small heads, OpenMP over the batch.
+  check_batched<float>(false, true, 64, 64, 16, 48, false, false, 0.f, 10);
+}
+
+TEST(Gemm, CallableInsideParallelRegion) {
+  // Callers (e.g. per-head attention) may call gemm from OpenMP threads: results must be right.
+  const int64_t M = 33, N = 40, K = 70, n = 8;
+  auto A = test::random_uniform_vec<float>(n * M * K, 1);
+  auto B = test::random_uniform_vec<float>(K * N, 2);
+  std::vector<float> C(n * M * N);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i)
+    cpu::gemm<float>(false, false, M, N, K, 1.f, A.data() + i * M * K, K, B.data(), N, 0.f,
+                     C.data() + i * M * N, N);
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<double> a(A.begin() + i * M * K, A.begin() + (i + 1) * M * K);
+    auto ref = test::ref_matmul(M, N, K, a, test::to_f64(B));
+    std::vector<float> c(C.begin() + i * M * N, C.begin() + (i + 1) * M * N);
+    EXPECT_TRUE(test::all_close(c, ref, 1e-4, 1e-4));
+  }
+}
+
+TEST(Gemm, RejectsBadArguments) {
+  float x = 0;
+  EXPECT_THROW(cpu::gemm<float>(false, false, -1, 1, 1, 1.f, &x, 1, &x, 1, 0.f, &x, 1), Error);
+  EXPECT_THROW(cpu::gemm<float>(false, false, 2, 2, 3, 1.f, &x, 2, &x, 2, 0.f, &x, 2), Error);
+  EXPECT_THROW(cpu::gemm<float>(false, false, int64_t(1) << 32, 1, 1, 1.f, &x, 1, &x, 1, 0.f, &x,
+                                1),
+               Error);
+  EXPECT_THROW(cpu::gemm_batched<float>(false, false, 1, 1, 1, 1.f, &x, 1, 1, &x, 1, 1, 0.f, &x,
+                                        1, 0, 2),
+               Error);
+}
+
+}  // namespace
+}  // namespace kiln
