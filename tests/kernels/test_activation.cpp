@@ -1,0 +1,174 @@
+// SiLU, GELU (tanh) and SwiGLU against float64 references; backward by central differences in
+// double; exp_fast against std::exp over its whole range.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/activation.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace kiln {
+KILN_OP_TESTED(Op::Silu);
+KILN_OP_TESTED(Op::Gelu);
+KILN_OP_TESTED(Op::SwiGlu);
+
+namespace {
+using namespace kiln::test;
+
+double ref_silu(double x) { return x / (1.0 + std::exp(-x)); }
+double ref_silu_grad(double x) {
+  const double s = 1.0 / (1.0 + std::exp(-x));
+  return s * (1.0 + x * (1.0 - s));
+}
+const double kC = std::sqrt(2.0 / M_PI);
+double ref_gelu(double x) { return 0.5 * x * (1.0 + std::tanh(kC * (x + 0.044715 * x * x * x))); }
+double ref_gelu_grad(double x) {
+  const double t = std::tanh(kC * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kC * (1 + 3 * 0.044715 * x * x);
+}
+
+// d/dx_i of sum_j dy_j f(x)_j by central differences, f elementwise (n outputs from n inputs).
+std::vector<double> fd_grad(const std::function<void(const std::vector<double>&,
+                                                     std::vector<double>&)>& f,
+                            std::vector<double> x, const std::vector<double>& dy) {
+  const double h = 1e-6;
+  std::vector<double> g(x.size()), yp(dy.size()), ym(dy.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    f(x, yp);
+    x[i] = x0 - h;
+    f(x, ym);
+    x[i] = x0;
+    double s = 0;
+    for (size_t j = 0; j < dy.size(); ++j) s += dy[j] * (yp[j] - ym[j]);
+    g[i] = s / (2 * h);
+  }
+  return g;
+}
+
+template <typename T>
+void check_unary(void (*fwd)(int64_t, const T*, T*),
+                 void (*bwd)(int64_t, const T*, const T*, T*), double (*ref)(double),
+                 double (*ref_grad)(double), double tol) {
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(33), int64_t(129), int64_t(70000)}) {
+    // Wide range: saturation on both sides, and the region around 0.
+    auto x = random_uniform_vec<T>(n, 11 + n, -12.0, 12.0);
+    if (n > 3) x[0] = T(0), x[1] = T(-100), x[2] = T(100);
+    std::vector<T> y(n);
+    fwd(n, x.data(), y.data());
+    std::vector<double> yr(n);
+    for (int64_t i = 0; i < n; ++i) yr[i] = ref(double(x[i]));
+    EXPECT_TRUE(all_close(y, yr, tol, tol)) << "n=" << n;
+    auto dy = random_uniform_vec<T>(n, 99 + n);
+    std::vector<T> dx(n);
+    bwd(n, x.data(), dy.data(), dx.data());
+    std::vector<double> dxr(n);
+    for (int64_t i = 0; i < n; ++i) dxr[i] = double(dy[i]) * ref_grad(double(x[i]));
+    EXPECT_TRUE(all_close(dx, dxr, tol, tol)) << "n=" << n;
+    // In place: dx aliases dy.
+    std::vector<T> inplace = dy;
+    bwd(n, x.data(), inplace.data(), inplace.data());
+    EXPECT_EQ(inplace, dx);
+  }
+}
+
+TEST(Activation, SiluForwardBackward) {
+  check_unary<float>(cpu::silu_forward<float>, cpu::silu_backward<float>, ref_silu, ref_silu_grad,
+                     2e-6);
+  check_unary<double>(cpu::silu_forward<double>, cpu::silu_backward<double>, ref_silu,
+                      ref_silu_grad, 1e-14);
+}
+
+TEST(Activation, GeluTanhForwardBackward) {
+  check_unary<float>(cpu::gelu_tanh_forward<float>, cpu::gelu_tanh_backward<float>, ref_gelu,
+                     ref_gelu_grad, 2e-6);
+  check_unary<double>(cpu::gelu_tanh_forward<double>, cpu::gelu_tanh_backward<double>, ref_gelu,
+                      ref_gelu_grad, 1e-14);
+}
+
+TEST(Activation, FiniteDifferencesDouble) {
+  const int64_t n = 41;
+  auto x = random_uniform_vec<double>(n, 5, -4.0, 4.0);
+  auto dy = random_uniform_vec<double>(n, 6);
+  std::vector<double> dx(n);
+  cpu::silu_backward<double>(n, x.data(), dy.data(), dx.data());
+  auto g = fd_grad([&](const auto& in, auto& out) { cpu::silu_forward<double>(n, in.data(), out.data()); },
+                   x, dy);
+  EXPECT_TRUE(all_close(dx, g, 1e-8, 1e-6));
+  cpu::gelu_tanh_backward<double>(n, x.data(), dy.data(), dx.data());
+  g = fd_grad([&](const auto& in, auto& out) { cpu::gelu_tanh_forward<double>(n, in.data(), out.data()); },
+              x, dy);
+  EXPECT_TRUE(all_close(dx, g, 1e-8, 1e-6));
+}
+
+template <typename T>
+void check_swiglu(double tol) {
+  for (int64_t n : {int64_t(1), int64_t(33), int64_t(40000)}) {
+    auto gate = random_uniform_vec<T>(n, 1 + n, -10.0, 10.0);
+    auto up = random_uniform_vec<T>(n, 2 + n, -2.0, 2.0);
+    auto dout = random_uniform_vec<T>(n, 3 + n);
+    std::vector<T> out(n), dgate(n), dup(n);
+    cpu::swiglu_forward<T>(n, gate.data(), up.data(), out.data());
+    cpu::swiglu_backward<T>(n, gate.data(), up.data(), dout.data(), dgate.data(), dup.data());
+    std::vector<double> out_r(n), dgate_r(n), dup_r(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = gate[i], u = up[i], d = dout[i], s = 1.0 / (1.0 + std::exp(-g));
+      out_r[i] = g * s * u;
+      dgate_r[i] = d * u * s * (1 + g * (1 - s));
+      dup_r[i] = d * g * s;
+    }
+    EXPECT_TRUE(all_close(out, out_r, tol, tol));
+    EXPECT_TRUE(all_close(dgate, dgate_r, tol, tol));
+    EXPECT_TRUE(all_close(dup, dup_r, tol, tol));
+  }
+}
+
+TEST(Activation, SwiGlu) {
+  check_swiglu<float>(3e-6);
+  check_swiglu<double>(1e-14);
+}
+
+TEST(Activation, SwiGluFiniteDifferencesDouble) {
+  const int64_t n = 29;
+  auto gate = random_uniform_vec<double>(n, 7, -4.0, 4.0);
+  auto up = random_uniform_vec<double>(n, 8, -2.0, 2.0);
+  auto dout = random_uniform_vec<double>(n, 9);
+  std::vector<double> dgate(n), dup(n);
+  cpu::swiglu_backward<double>(n, gate.data(), up.data(), dout.data(), dgate.data(), dup.data());
+  auto g_gate = fd_grad(
+      [&](const auto& in, auto& out) {
+        cpu::swiglu_forward<double>(n, in.data(), up.data(), out.data());
+      },
+      gate, dout);
+  auto g_up = fd_grad(
+      [&](const auto& in, auto& out) {
+        cpu::swiglu_forward<double>(n, gate.data(), in.data(), out.data());
+      },
+      up, dout);
+  EXPECT_TRUE(all_close(dgate, g_gate, 1e-8, 1e-6));
+  EXPECT_TRUE(all_close(dup, g_up, 1e-8, 1e-6));
+}
+
+TEST(Activation, ExpFastMatchesExp) {
+  // A fine grid over [-87, 88]: relative error below 2 ulp; then the special values.
+  std::vector<float> xs;
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) xs.push_back(x);
+  double worst = 0;
+  for (float x : xs) {
+    const double r = std::exp(double(x));
+    worst = std::max(worst, std::abs(double(cpu::detail::exp_fast(x)) - r) / r);
+  }
+  EXPECT_LT(worst, 2.4e-7);
+  EXPECT_EQ(cpu::detail::exp_fast(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(cpu::detail::exp_fast(-200.0f), 0.0f);
+  EXPECT_EQ(cpu::detail::exp_fast(0.0f), 1.0f);
+  EXPECT_EQ(cpu::detail::exp_fast(200.0f), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(cpu::detail::exp_fast(std::nanf(""))));
+}
+
+}  // namespace
+}  // namespace kiln
