@@ -71,8 +71,9 @@ void log_softmax_forward(int64_t rows, int64_t cols, const T* x, T* y) {
     const T m = row_max(cols, xr);
     double s = 0;
     for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(std::exp(xr[c] - m));
-    const T lse = m + static_cast<T>(std::log(s));
-    for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
+    // (x - max) - log(sum) rather than x - (max + log(sum)): keeps precision for large logits.
+    const T log_s = static_cast<T>(std::log(s));
+    for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) - log_s;
   }
 }
 
