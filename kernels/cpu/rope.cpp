@@ -1,0 +1,99 @@
+// Rotary position embedding (math in rope.h). One task per token row (b, t); every head of the
+// row uses the same table row, so cos/sin are read once per row and stay in L1.
+#include "kernels/cpu/rope.h"
+
+#include <omp.h>
+
+#include <cmath>
+
+#include "kernels/common/error.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 14;  // elements
+
+// sign = +1 rotates by +theta (forward), -1 by -theta (backward).
+template <typename T>
+void rope_apply(const char* op, RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D,
+                const T* cos, const T* sin, const int64_t* pos, int64_t pos_offset, T sign,
+                const T* x, T* y) {
+  KILN_CHECK(B >= 0 && T_ >= 0 && H >= 0 && D > 0 && D % 2 == 0,
+             "[{}] bad sizes B={} T={} H={} D={} (D must be even)", op, B, T_, H, D);
+  const int64_t rows = B * T_, half = D / 2;
+  if (pos) {
+    for (int64_t r = 0; r < rows; ++r)
+      KILN_CHECK(pos[r] >= 0, "[{}] negative position {} at token {}", op, pos[r], r);
+  } else {
+    KILN_CHECK(pos_offset >= 0, "[{}] negative position offset {}", op, pos_offset);
+  }
+#pragma omp parallel for schedule(static) if (rows * H * D >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t p = pos ? pos[r] : pos_offset + r % T_;
+    const T* c = cos + p * half;
+    const T* s = sin + p * half;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* xr = x + (r * H + h) * D;
+      T* yr = y + (r * H + h) * D;
+      if (style == RopeStyle::Interleaved) {
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const T a = xr[2 * i], b = xr[2 * i + 1], si = sign * s[i];
+          yr[2 * i] = a * c[i] - b * si;
+          yr[2 * i + 1] = a * si + b * c[i];
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const T a = xr[i], b = xr[i + half], si = sign * s[i];
+          yr[i] = a * c[i] - b * si;
+          yr[i + half] = a * si + b * c[i];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void rope_forward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D, const T* cos,
+                  const T* sin, const int64_t* pos, int64_t pos_offset, const T* x, T* y) {
+  rope_apply("rope", style, B, T_, H, D, cos, sin, pos, pos_offset, T(1), x, y);
+}
+
+template <typename T>
+void rope_backward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D, const T* cos,
+                   const T* sin, const int64_t* pos, int64_t pos_offset, const T* dy, T* dx) {
+  rope_apply("rope", style, B, T_, H, D, cos, sin, pos, pos_offset, T(-1), dy, dx);
+}
+
+template <typename T>
+void rope_tables(int64_t max_pos, int64_t D, double theta, T* cos, T* sin) {
+  KILN_CHECK(max_pos >= 0 && D > 0 && D % 2 == 0, "[rope] bad table sizes max_pos={} D={}",
+             max_pos, D);
+  KILN_CHECK(theta > 0 && std::isfinite(theta), "[rope] bad theta {}", theta);
+  const int64_t half = D / 2;
+  for (int64_t p = 0; p < max_pos; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      // T = float: every step rounded to float, as HF does in float32 (see rope.h).
+      const T expo = T(2 * i) / T(D);
+      const T inv_freq = T(1) / std::pow(T(theta), expo);
+      const T angle = T(p) * inv_freq;
+      cos[p * half + i] = std::cos(angle);
+      sin[p * half + i] = std::sin(angle);
+    }
+  }
+}
+
+#define KILN_INSTANTIATE(T)                                                                 \
+  template void rope_forward<T>(RopeStyle, int64_t, int64_t, int64_t, int64_t, const T*,    \
+                                const T*, const int64_t*, int64_t, const T*, T*);           \
+  template void rope_backward<T>(RopeStyle, int64_t, int64_t, int64_t, int64_t, const T*,   \
+                                 const T*, const int64_t*, int64_t, const T*, T*);          \
+  template void rope_tables<T>(int64_t, int64_t, double, T*, T*);
+KILN_INSTANTIATE(float)
+KILN_INSTANTIATE(double)
+#undef KILN_INSTANTIATE
+
+}  // namespace kiln::cpu
