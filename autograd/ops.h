@@ -1,0 +1,71 @@
+// Differentiable ops: each records a Node (when grad mode is on and an input
+// requires grad) that saves only what its backward needs. Backward uses the
+// fused backward kernels of tensor/ops.h where they exist.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/node.h"
+#include "tensor/ops.h"
+
+namespace kiln::ag {
+
+using ops::Binary;
+using ops::RopeStyle;
+using ops::Unary;
+
+// elementwise (broadcasting)
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor affine(const Tensor& x, double alpha, double beta = 0.0);  // alpha * x + beta
+Tensor unary(Unary op, const Tensor& x);  // Neg, Exp, Log, Sqrt, Rsqrt, Square, Tanh, Sigmoid, ...
+
+// reductions
+Tensor sum(const Tensor& x, int dim, bool keepdim = false);
+Tensor mean(const Tensor& x, int dim, bool keepdim = false);
+Tensor sum_all(const Tensor& x);
+Tensor mean_all(const Tensor& x);
+
+// views and copies
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor transpose(const Tensor& x, int d0, int d1);
+Tensor permute(const Tensor& x, const std::vector<int>& dims);
+Tensor narrow(const Tensor& x, int dim, std::int64_t start, std::int64_t length);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor contiguous(const Tensor& x);
+Tensor to_dtype(const Tensor& x, DType dtype);
+
+// linear algebra
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+
+// nn
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+Tensor embedding(const Tensor& ids, const Tensor& table);
+Tensor rmsnorm(const Tensor& x, const Tensor& w, double eps);
+Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle style,
+            std::int64_t pos_offset = 0);
+Tensor silu(const Tensor& x);
+Tensor gelu(const Tensor& x);
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+// q: (B, T, Hq, D), k/v: (B, Tk, Hkv, D); causal; q_offset > 0 only without grad.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                 std::int64_t q_offset = 0);
+// Mean over non-ignored rows. logits (N, V), targets i32 (N).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t ignore_index = -100);
+Tensor dropout(const Tensor& x, double p, Generator& gen, bool training);
+
+// Activation checkpointing: runs fn without recording, saves only `inputs`,
+// and re-runs fn with recording during backward. fn must be deterministic
+// given its inputs (dropout re-seeds from the saved generator state).
+using CheckpointFn = std::function<Tensor(const std::vector<Tensor>&)>;
+Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
+
+}  // namespace kiln::ag

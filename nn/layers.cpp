@@ -1,0 +1,148 @@
+#include "nn/layers.h"
+
+#include <cmath>
+
+namespace kiln::nn {
+
+namespace {
+
+Tensor init_normal(const Shape& shape, const Init& init, double std) {
+  KILN_CHECK(init.gen != nullptr, "[init] no generator given");
+  MemoryScope scope(MemCategory::Weights);
+  return ops::randn(shape, *init.gen, 0.0, std, init.dtype, init.device);
+}
+
+Tensor init_const(const Shape& shape, const Init& init, double value) {
+  MemoryScope scope(MemCategory::Weights);
+  return ops::full(shape, value, init.dtype, init.device);
+}
+
+}  // namespace
+
+Linear::Linear(std::int64_t in, std::int64_t out, bool has_bias, const Init& init, double std) {
+  KILN_CHECK(in > 0 && out > 0, "[linear] sizes must be positive, got in {} out {}", in, out);
+  weight = register_parameter("weight", init_normal({out, in}, init, std));
+  if (has_bias) bias = register_parameter("bias", init_const({out}, init, 0.0));
+}
+
+Embedding::Embedding(std::int64_t vocab, std::int64_t dim, const Init& init) {
+  KILN_CHECK(vocab > 0 && dim > 0, "[embedding] sizes must be positive");
+  weight = register_parameter("weight", init_normal({vocab, dim}, init, init.std));
+}
+
+RMSNorm::RMSNorm(std::int64_t dim, double eps_, const Init& init) : eps(eps_) {
+  weight = register_parameter("weight", init_const({dim}, init, 1.0));
+}
+
+LayerNorm::LayerNorm(std::int64_t dim, double eps_, const Init& init) : eps(eps_) {
+  weight = register_parameter("weight", init_const({dim}, init, 1.0));
+  bias = register_parameter("bias", init_const({dim}, init, 0.0));
+}
+
+Norm::Norm(bool layernorm, std::int64_t dim, double eps_, const Init& init)
+    : eps(eps_), is_layernorm(layernorm) {
+  weight = register_parameter("weight", init_const({dim}, init, 1.0));
+  if (layernorm) bias = register_parameter("bias", init_const({dim}, init, 0.0));
+}
+
+Tensor Norm::forward(const Tensor& x) const {
+  return is_layernorm ? ag::layernorm(x, weight, bias, eps) : ag::rmsnorm(x, weight, eps);
+}
+
+Rope::Rope(std::int64_t max_pos_, std::int64_t head_dim, double theta, ops::RopeStyle style_,
+           DType dtype, Device device)
+    : style(style_), max_pos(max_pos_) {
+  MemoryScope scope(MemCategory::Runtime);
+  std::tie(cos, sin) = ops::rope_tables(max_pos, head_dim, theta, dtype, device);
+}
+
+Attention::Attention(const AttentionConfig& c, const Init& init, double out_std) : cfg(c) {
+  KILN_CHECK(c.n_heads > 0 && c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0,
+             "[attention] n_heads {} must be a positive multiple of n_kv_heads {}", c.n_heads,
+             c.n_kv_heads);
+  KILN_CHECK(c.head_dim > 0, "[attention] head_dim must be positive");
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c.dim, c.n_heads * c.head_dim,
+                                                              c.qkv_bias, init, init.std));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(c.dim, c.n_kv_heads * c.head_dim,
+                                                              c.qkv_bias, init, init.std));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c.dim, c.n_kv_heads * c.head_dim,
+                                                              c.qkv_bias, init, init.std));
+  o_proj = register_module(
+      "o_proj", std::make_shared<Linear>(c.n_heads * c.head_dim, c.dim, c.o_bias, init, out_std));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(c.head_dim, c.norm_eps, init));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(c.head_dim, c.norm_eps, init));
+  }
+}
+
+Tensor Attention::forward(const Tensor& x, const Rope* rope, std::int64_t pos_offset,
+                          LayerKV* kv) const {
+  MemLabelScope label("attention");
+  std::int64_t B = x.size(0), T = x.size(1);
+  Tensor q = ag::reshape(q_proj->forward(x), {B, T, cfg.n_heads, cfg.head_dim});
+  Tensor k = ag::reshape(k_proj->forward(x), {B, T, cfg.n_kv_heads, cfg.head_dim});
+  Tensor v = ag::reshape(v_proj->forward(x), {B, T, cfg.n_kv_heads, cfg.head_dim});
+  if (cfg.qk_norm) {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  if (cfg.use_rope && rope) {
+    q = rope->apply(q, pos_offset);
+    k = rope->apply(k, pos_offset);
+  }
+  double scale = 1.0 / std::sqrt(static_cast<double>(cfg.head_dim));
+  Tensor out;
+  if (kv) {
+    std::int64_t cap = kv->k.size(1);
+    KILN_CHECK(pos_offset + T <= cap, "[attention] KV cache holds {} positions, need {}", cap,
+               pos_offset + T);
+    Tensor kslot = kv->k.narrow(1, pos_offset, T), vslot = kv->v.narrow(1, pos_offset, T);
+    kslot.copy_(k);
+    vslot.copy_(v);
+    *kv->len = pos_offset + T;
+    out = ag::attention(q, kv->k.narrow(1, 0, pos_offset + T), kv->v.narrow(1, 0, pos_offset + T),
+                        scale, pos_offset);
+  } else {
+    out = ag::attention(q, k, v, scale, 0);
+  }
+  return o_proj->forward(ag::reshape(out, {B, T, cfg.n_heads * cfg.head_dim}));
+}
+
+Mlp::Mlp(const MlpConfig& c, const Init& init, double out_std) : cfg(c) {
+  KILN_CHECK(c.dim > 0 && c.hidden > 0, "[mlp] sizes must be positive");
+  if (c.gelu) {
+    fc = register_module("fc", std::make_shared<Linear>(c.dim, c.hidden, c.bias, init, init.std));
+    proj = register_module("proj", std::make_shared<Linear>(c.hidden, c.dim, c.bias, init, out_std));
+  } else {
+    gate_proj = register_module("gate_proj",
+                                std::make_shared<Linear>(c.dim, c.hidden, c.bias, init, init.std));
+    up_proj = register_module("up_proj",
+                              std::make_shared<Linear>(c.dim, c.hidden, c.bias, init, init.std));
+    down_proj = register_module("down_proj",
+                                std::make_shared<Linear>(c.hidden, c.dim, c.bias, init, out_std));
+  }
+}
+
+Tensor Mlp::forward(const Tensor& x) const {
+  MemLabelScope label("mlp");
+  if (cfg.gelu) return proj->forward(ag::gelu(fc->forward(x)));
+  return down_proj->forward(ag::swiglu(gate_proj->forward(x), up_proj->forward(x)));
+}
+
+DecoderLayer::DecoderLayer(const AttentionConfig& a, const MlpConfig& m, bool layernorm,
+                           const Init& init, double out_std) {
+  input_layernorm =
+      register_module("input_layernorm", std::make_shared<Norm>(layernorm, a.dim, a.norm_eps, init));
+  self_attn = register_module("self_attn", std::make_shared<Attention>(a, init, out_std));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", std::make_shared<Norm>(layernorm, a.dim, a.norm_eps, init));
+  mlp = register_module("mlp", std::make_shared<Mlp>(m, init, out_std));
+}
+
+Tensor DecoderLayer::forward(const Tensor& x, const Rope* rope, std::int64_t pos_offset,
+                             LayerKV* kv) const {
+  Tensor h = ag::add(x, self_attn->forward(input_layernorm->forward(x), rope, pos_offset, kv));
+  return ag::add(h, mlp->forward(post_attention_layernorm->forward(h)));
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,136 @@
+// The layers of LLaMA / Qwen3 / GPT-style decoders.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace kiln::nn {
+
+// Seeded initialization: every parameter draws from its own counter range of
+// one Generator, so a model is reproducible from (seed, config).
+struct Init {
+  Generator* gen = nullptr;
+  double std = 0.02;
+  DType dtype = DType::F32;
+  Device device = Device::cpu();
+};
+
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in, std::int64_t out, bool bias, const Init& init, double std);
+  Tensor forward(const Tensor& x) const { return ag::linear(x, weight, bias); }
+  Tensor weight, bias;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t vocab, std::int64_t dim, const Init& init);
+  Tensor forward(const Tensor& ids) const { return ag::embedding(ids, weight); }
+  Tensor weight;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(std::int64_t dim, double eps, const Init& init);
+  Tensor forward(const Tensor& x) const { return ag::rmsnorm(x, weight, eps); }
+  Tensor weight;
+  double eps;
+};
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(std::int64_t dim, double eps, const Init& init);
+  Tensor forward(const Tensor& x) const { return ag::layernorm(x, weight, bias, eps); }
+  Tensor weight, bias;
+  double eps;
+};
+
+// A norm that is RMSNorm or LayerNorm (with bias), chosen by config.
+class Norm : public Module {
+ public:
+  Norm(bool layernorm, std::int64_t dim, double eps, const Init& init);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+  double eps;
+  bool is_layernorm;
+};
+
+// Rotary embedding tables (buffers, not parameters; charged to Runtime).
+class Rope {
+ public:
+  Rope(std::int64_t max_pos, std::int64_t head_dim, double theta, ops::RopeStyle style,
+       DType dtype, Device device);
+  Tensor apply(const Tensor& x, std::int64_t pos_offset) const {
+    return ag::rope(x, cos, sin, style, pos_offset);
+  }
+  Tensor cos, sin;
+  ops::RopeStyle style;
+  std::int64_t max_pos;
+};
+
+struct AttentionConfig {
+  std::int64_t dim = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k, before RoPE
+  bool qkv_bias = false;  // Qwen2
+  bool o_bias = false;    // GPT-style blocks
+  double norm_eps = 1e-6;
+  bool use_rope = true;
+};
+
+// Per-layer KV cache view: k/v (B, Tmax, Hkv, D) and the filled length.
+struct LayerKV {
+  Tensor k, v;
+  std::int64_t* len = nullptr;
+};
+
+class Attention : public Module {
+ public:
+  Attention(const AttentionConfig& c, const Init& init, double out_std);
+  // x: (B, T, C) -> (B, T, C). With a KV cache, new keys/values are written at
+  // positions [pos_offset, pos_offset + T) and attention spans the whole prefix.
+  Tensor forward(const Tensor& x, const Rope* rope, std::int64_t pos_offset = 0,
+                 LayerKV* kv = nullptr) const;
+  AttentionConfig cfg;
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<RMSNorm> q_norm, k_norm;
+};
+
+struct MlpConfig {
+  std::int64_t dim = 0, hidden = 0;
+  bool gelu = false;  // GELU MLP (fc/proj) instead of SwiGLU (gate/up/down)
+  bool bias = false;
+};
+
+class Mlp : public Module {
+ public:
+  Mlp(const MlpConfig& c, const Init& init, double out_std);
+  Tensor forward(const Tensor& x) const;
+  MlpConfig cfg;
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;  // SwiGLU
+  std::shared_ptr<Linear> fc, proj;                       // GELU
+};
+
+class DecoderLayer : public Module {
+ public:
+  DecoderLayer(const AttentionConfig& a, const MlpConfig& m, bool layernorm, const Init& init,
+               double out_std);
+  Tensor forward(const Tensor& x, const Rope* rope, std::int64_t pos_offset = 0,
+                 LayerKV* kv = nullptr) const;
+  std::shared_ptr<Norm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<Attention> self_attn;
+  std::shared_ptr<Mlp> mlp;
+};
+
+// A list of modules named "0", "1", ...
+template <typename M>
+class ModuleList : public Module {
+ public:
+  void push_back(std::shared_ptr<M> m) {
+    items.push_back(register_module(std::to_string(items.size()), std::move(m)));
+  }
+  std::vector<std::shared_ptr<M>> items;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,136 @@
+// Memory accounting: every byte comes from an allocator, and the allocator
+// charges it to the MemCategory of the innermost thread-local MemoryScope.
+//
+//   { MemoryScope scope(MemCategory::OptimizerState); m = zeros_like(p); }
+//
+// The tracker keeps, per device kind, current and peak bytes per category, the
+// breakdown at the moment of the global peak (with the phase and the label of
+// the op or layer that was running), and optionally a timeline of events.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensor/device.h"
+
+namespace kiln {
+
+enum class MemCategory : std::uint8_t {
+  Weights,
+  MasterWeights,   // fp32 master copies of bf16 weights
+  Gradients,       // parameter gradients
+  OptimizerState,  // AdamW m and v, SGD momentum
+  Activations,     // alive after an op returns during forward (what autograd saves)
+  KVCache,
+  Temporaries,     // scratch inside an op; activation gradients in backward
+  Inputs,          // token batches
+  Runtime,         // library workspaces
+  Count
+};
+inline constexpr std::size_t kNumMemCategories = static_cast<std::size_t>(MemCategory::Count);
+std::string_view mem_category_name(MemCategory c);
+
+enum class Phase : std::uint8_t { Idle, Forward, Backward, Optimizer, Prefill, Decode, Count };
+std::string_view phase_name(Phase p);
+
+// Thread-local current category / phase / label. Scopes nest and restore.
+MemCategory current_mem_category();
+Phase current_phase();
+const char* current_mem_label();
+
+class MemoryScope {
+ public:
+  explicit MemoryScope(MemCategory c);
+  ~MemoryScope();
+  MemoryScope(const MemoryScope&) = delete;
+  MemoryScope& operator=(const MemoryScope&) = delete;
+
+ private:
+  MemCategory prev_;
+};
+
+class PhaseScope {
+ public:
+  explicit PhaseScope(Phase p);
+  ~PhaseScope();
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  Phase prev_;
+};
+
+// Names the op or layer running (for the breakdown at the peak). The string
+// must outlive the scope (string literals, or a module's own name).
+class MemLabelScope {
+ public:
+  explicit MemLabelScope(const char* label);
+  ~MemLabelScope();
+  MemLabelScope(const MemLabelScope&) = delete;
+  MemLabelScope& operator=(const MemLabelScope&) = delete;
+
+ private:
+  const char* prev_;
+};
+
+using CategoryBytes = std::array<std::int64_t, kNumMemCategories>;
+
+struct MemEvent {
+  std::int64_t seq;        // event number
+  MemCategory category;
+  Phase phase;
+  std::int64_t delta;      // + allocation, - free (allocated bytes)
+  std::int64_t total;      // allocated bytes after the event, all categories
+  std::string label;
+};
+
+struct MemStats {
+  CategoryBytes current{};  // allocated bytes alive now
+  CategoryBytes peak{};     // per-category peak (each at its own moment)
+  std::int64_t total = 0;
+  std::int64_t total_peak = 0;
+  CategoryBytes at_peak{};  // breakdown at the moment of total_peak
+  Phase peak_phase = Phase::Idle;
+  std::string peak_label;
+  std::int64_t reserved = 0;       // bytes the allocator holds (>= total)
+  std::int64_t reserved_peak = 0;
+  std::int64_t num_allocs = 0;
+  std::int64_t num_frees = 0;
+};
+
+// One tracker per device type (cpu, cuda, meta). Thread-safe.
+class MemoryTracker {
+ public:
+  static MemoryTracker& get(DeviceType d);
+
+  void on_alloc(MemCategory c, std::int64_t bytes);
+  void on_free(MemCategory c, std::int64_t bytes);
+  void on_reserve(std::int64_t delta);  // allocator-level reserve changes
+
+  MemStats stats() const;
+  // Resets peaks to the current values (and clears the timeline); current
+  // bytes stay, since the memory they describe is still alive.
+  void reset_peaks();
+  void set_timeline(bool on);
+  std::vector<MemEvent> timeline() const;
+  // JSON lines, one event per line.
+  void dump_timeline(const std::string& path) const;
+
+ private:
+  mutable std::mutex mu_;
+  MemStats s_;
+  bool timeline_on_ = false;
+  std::int64_t seq_ = 0;
+  std::vector<MemEvent> events_;
+};
+
+// A readable table: category, current, peak, at-peak.
+std::string format_memory_summary(const MemStats& s, std::string_view title);
+std::string format_bytes(std::int64_t bytes);
+
+}  // namespace kiln

@@ -1,0 +1,139 @@
+// The op front end: shape checks, broadcasting, output allocation and
+// dispatch to a backend (kernels/cpu now, kernels/cuda later; meta runs no
+// kernel but allocates exactly the same tensors). Not differentiable:
+// autograd/ops.h builds graphs on top of these.
+//
+// Outputs are charged to the current MemoryScope category; scratch that dies
+// inside an op is charged to Temporaries.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "tensor/random.h"
+#include "tensor/tensor.h"
+
+namespace kiln::ops {
+
+// ---- creation -------------------------------------------------------------------
+Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
+            Device device = Device::cpu());
+Tensor zeros_like(const Tensor& t);
+Tensor empty_like(const Tensor& t);
+Tensor from_vector(const std::vector<float>& v, const Shape& shape, DType dtype = DType::F32);
+Tensor from_vector(const std::vector<double>& v, const Shape& shape, DType dtype = DType::F64);
+Tensor from_vector(const std::vector<std::int32_t>& v, const Shape& shape);
+Tensor randn(const Shape& shape, Generator& gen, double mean = 0.0, double std = 1.0,
+             DType dtype = DType::F32, Device device = Device::cpu());
+Tensor rand_uniform(const Shape& shape, Generator& gen, double lo = 0.0, double hi = 1.0,
+                    DType dtype = DType::F32, Device device = Device::cpu());
+void fill_(Tensor& t, double value);
+
+// ---- elementwise ----------------------------------------------------------------
+enum class Binary { Add, Sub, Mul, Div, Max, Min };
+enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Abs, Square, Reciprocal, Tanh, Sigmoid };
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+Tensor binary(Binary op, const Tensor& a, const Tensor& b);
+inline Tensor add(const Tensor& a, const Tensor& b) { return binary(Binary::Add, a, b); }
+inline Tensor sub(const Tensor& a, const Tensor& b) { return binary(Binary::Sub, a, b); }
+inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(Binary::Mul, a, b); }
+inline Tensor div(const Tensor& a, const Tensor& b) { return binary(Binary::Div, a, b); }
+Tensor unary(Unary op, const Tensor& x);
+// out = alpha * x + beta
+Tensor affine(const Tensor& x, double alpha, double beta = 0.0);
+// y += alpha * x (same shape; y contiguous) — gradient accumulation.
+void axpy_(Tensor& y, double alpha, const Tensor& x);
+void scale_(Tensor& y, double alpha);
+
+// ---- reductions -----------------------------------------------------------------
+enum class Reduce { Sum, Mean, Max, Min };
+Tensor reduce(Reduce op, const Tensor& x, int dim, bool keepdim = false);
+inline Tensor sum(const Tensor& x, int dim, bool keepdim = false) {
+  return reduce(Reduce::Sum, x, dim, keepdim);
+}
+inline Tensor mean(const Tensor& x, int dim, bool keepdim = false) {
+  return reduce(Reduce::Mean, x, dim, keepdim);
+}
+Tensor argmax(const Tensor& x, int dim);  // i64
+Tensor sum_all(const Tensor& x);          // 0-d
+// Sums x down to `shape` (the inverse of broadcasting), for gradients.
+Tensor sum_to(const Tensor& x, const Shape& shape);
+double sum_squares(const Tensor& x);
+
+// ---- matmul ---------------------------------------------------------------------
+// (M,K)@(K,N), or batched (B,M,K)@(B,K,N); a 2-d b broadcasts over the batch.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// x: (..., in), w: (out, in), bias: (out) or undefined -> (..., out)
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// c = alpha * op(a) op(b) + beta * c on 2-d contiguous tensors (c written in place).
+void gemm_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+           double alpha = 1.0, double beta = 0.0);
+
+// ---- nn kernels -----------------------------------------------------------------
+Tensor softmax(const Tensor& x);  // over the last dim
+Tensor softmax_backward(const Tensor& y, const Tensor& dy);
+Tensor log_softmax(const Tensor& x);
+Tensor log_softmax_backward(const Tensor& y, const Tensor& dy);
+
+// ids: i32 (...), table: (V, C) -> (..., C)
+Tensor embedding(const Tensor& ids, const Tensor& table);
+void embedding_backward_(Tensor& dtable, const Tensor& ids, const Tensor& dout);  // +=
+
+// x: (..., C), w: (C). Returns y and rstd (rows,) in f32 (f64 for f64 inputs).
+std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x, const Tensor& w, double eps);
+// Returns dx; accumulates into dw (+=) if defined.
+Tensor rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                        Tensor* dw);
+std::tuple<Tensor, Tensor, Tensor> layernorm(const Tensor& x, const Tensor& w, const Tensor& b,
+                                             double eps);  // y, mean, rstd
+Tensor layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& dy, Tensor* dw, Tensor* db);
+
+enum class RopeStyle { Interleaved, RotateHalf };
+// cos/sin tables (max_pos, D/2) in the compute dtype.
+std::tuple<Tensor, Tensor> rope_tables(std::int64_t max_pos, std::int64_t head_dim, double theta,
+                                       DType dtype = DType::F32, Device device = Device::cpu());
+// x: (B, T, H, D); positions pos_offset .. pos_offset+T-1.
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle style,
+            std::int64_t pos_offset, bool backward = false);
+
+Tensor silu(const Tensor& x);
+Tensor silu_backward(const Tensor& x, const Tensor& dy);
+Tensor gelu(const Tensor& x);
+Tensor gelu_backward(const Tensor& x, const Tensor& dy);
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+std::tuple<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up,
+                                           const Tensor& dout);
+
+// q: (B, Tq, Hq, D), k/v: (B, Tk, Hkv, D) (k/v may be a narrowed KV cache view
+// whose batch stride is larger). Returns out (B, Tq, Hq, D) and lse (B, Hq, Tq) f32.
+std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     double scale, std::int64_t q_offset);
+std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Tensor& k,
+                                                      const Tensor& v, const Tensor& out,
+                                                      const Tensor& lse, const Tensor& dout,
+                                                      double scale);
+
+// logits: (N, V), targets: i32 (N). Returns per-row loss (N) and lse (N).
+std::tuple<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& targets,
+                                         std::int32_t ignore_index);
+// dloss: per-row upstream gradient (N). In place into logits' storage if
+// `in_place` (saves a (N, V) buffer).
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,
+                              const Tensor& dloss, std::int32_t ignore_index);
+
+// Returns y and the keep mask (u8).
+std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator& gen);
+Tensor dropout_backward(const Tensor& dy, const Tensor& mask, double p);
+
+// ---- optimizers (in place, f32) ---------------------------------------------------
+void adamw_step_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr,
+                 double beta1, double beta2, double eps, double weight_decay, std::int64_t step);
+void sgd_step_(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr,
+               double momentum, double dampening, double weight_decay, bool nesterov,
+               std::int64_t step);
+
+}  // namespace kiln::ops

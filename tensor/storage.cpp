@@ -1,0 +1,137 @@
+#include "tensor/storage.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "kernels/common/error.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr std::size_t kCpuAlign = 64;
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+// Blocks of at least this size are cached on free and reused for requests of
+// the same rounded size: training allocates the same shapes every step, and
+// fresh large blocks from the OS cost page faults on first touch.
+constexpr std::size_t kCacheMinBytes = 64 * 1024;
+constexpr std::size_t kCacheMaxBytes = std::size_t{1} << 30;
+
+class CpuAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t nbytes, MemCategory c) override {
+    std::size_t sz = charged_size(nbytes);
+    void* p = nullptr;
+    if (sz >= kCacheMinBytes) {
+      std::lock_guard lock(mu_);
+      auto it = cache_.find(sz);
+      if (it != cache_.end()) {
+        p = it->second;
+        cache_.erase(it);
+        cached_bytes_ -= sz;
+      }
+    }
+    if (!p) {
+      p = std::aligned_alloc(kCpuAlign, sz == 0 ? kCpuAlign : sz);
+      if (!p) {
+        empty();
+        p = std::aligned_alloc(kCpuAlign, sz == 0 ? kCpuAlign : sz);
+      }
+      if (!p) fail("[allocator] cpu: out of memory allocating {} bytes", sz);
+      MemoryTracker::get(DeviceType::CPU).on_reserve(static_cast<std::int64_t>(sz));
+    }
+    MemoryTracker::get(DeviceType::CPU).on_alloc(c, static_cast<std::int64_t>(sz));
+    return p;
+  }
+  void deallocate(void* p, std::size_t nbytes, MemCategory c) override {
+    std::size_t sz = charged_size(nbytes);
+    MemoryTracker::get(DeviceType::CPU).on_free(c, static_cast<std::int64_t>(sz));
+    if (sz >= kCacheMinBytes) {
+      std::lock_guard lock(mu_);
+      if (cached_bytes_ + sz <= kCacheMaxBytes) {
+        cache_.emplace(sz, p);
+        cached_bytes_ += sz;
+        return;
+      }
+    }
+    std::free(p);
+    MemoryTracker::get(DeviceType::CPU).on_reserve(-static_cast<std::int64_t>(sz));
+  }
+  std::size_t charged_size(std::size_t nbytes) const override {
+    return round_up(nbytes, kCpuAlign);
+  }
+  void empty() {
+    std::lock_guard lock(mu_);
+    for (auto& [sz, p] : cache_) {
+      std::free(p);
+      MemoryTracker::get(DeviceType::CPU).on_reserve(-static_cast<std::int64_t>(sz));
+    }
+    cache_.clear();
+    cached_bytes_ = 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<std::size_t, void*> cache_;
+  std::size_t cached_bytes_ = 0;
+};
+
+// Rounding of the CUDA caching allocator (kernels/cuda, a later issue): blocks
+// are multiples of 512 bytes. The meta device can simulate it.
+std::size_t cuda_charged_size(std::size_t nbytes) { return round_up(nbytes, 512); }
+
+DeviceType g_meta_simulates = DeviceType::CPU;
+
+class MetaAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t nbytes, MemCategory c) override {
+    auto sz = static_cast<std::int64_t>(charged_size(nbytes));
+    auto& t = MemoryTracker::get(DeviceType::Meta);
+    t.on_reserve(sz);
+    t.on_alloc(c, sz);
+    return nullptr;
+  }
+  void deallocate(void*, std::size_t nbytes, MemCategory c) override {
+    auto sz = static_cast<std::int64_t>(charged_size(nbytes));
+    auto& t = MemoryTracker::get(DeviceType::Meta);
+    t.on_free(c, sz);
+    t.on_reserve(-sz);
+  }
+  std::size_t charged_size(std::size_t nbytes) const override {
+    return g_meta_simulates == DeviceType::CUDA ? cuda_charged_size(nbytes)
+                                                : round_up(nbytes, kCpuAlign);
+  }
+};
+
+CpuAllocator& cpu_allocator() {
+  static CpuAllocator* a = new CpuAllocator();  // never destroyed: tensors may outlive statics
+  return *a;
+}
+
+}  // namespace
+
+void set_meta_simulates(DeviceType d) { g_meta_simulates = d; }
+DeviceType meta_simulates() { return g_meta_simulates; }
+void empty_cpu_cache() { cpu_allocator().empty(); }
+
+Allocator& allocator_for(Device d) {
+  static MetaAllocator meta;
+  switch (d.type) {
+    case DeviceType::CPU: return cpu_allocator();
+    case DeviceType::Meta: return meta;
+    case DeviceType::CUDA: break;
+  }
+  fail("[allocator] the CUDA allocator is not built yet (CUDA backend issue); use --device cpu");
+}
+
+Storage::Storage(std::size_t nbytes, Device device, MemCategory category)
+    : nbytes_(nbytes), device_(device), category_(category) {
+  data_ = allocator_for(device).allocate(nbytes, category);
+}
+
+Storage::~Storage() { allocator_for(device_).deallocate(data_, nbytes_, category_); }
+
+}  // namespace kiln
