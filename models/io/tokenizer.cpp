@@ -178,7 +178,7 @@ float Llama2cTokenizer::score(int32_t id) const {
 }
 
 int32_t Llama2cTokenizer::lookup(std::string_view p) const {
-  auto it = ids_.find(std::string(p));
+  auto it = ids_.find(p);
   return it == ids_.end() ? -1 : it->second;
 }
 

@@ -105,7 +105,12 @@ class Llama2cTokenizer final : public Tokenizer {
   std::vector<std::string> pieces_;
   std::vector<std::string> decoded_;  // piece with "<0xXX>" turned into its byte
   std::vector<float> scores_;
-  std::unordered_map<std::string, int32_t> ids_;  // first id of each piece
+  struct PieceHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // First id of each piece; transparent so lookups take string_views without copies.
+  std::unordered_map<std::string, int32_t, PieceHash, std::equal_to<>> ids_;
   int32_t space_id_ = -1;
 };
 
