@@ -1,0 +1,272 @@
+// Causal GQA attention, forward and backward (math and layouts in attention.h).
+//
+// A "block" is up to kBlockQ query rows that share one kv head: either consecutive queries of
+// one head (row stride Hq*D) or, when Tq == 1, the Hq/Hkv heads of one group (row stride D).
+// Per block: S = scale * Qblk K[0:kend]^T (BLAS), row softmax in place (exp_fast), then
+// Oblk = P V[0:kend] (BLAS). kend is the last key any row of the block can see, so causal
+// blocks skip the keys after the diagonal; the few masked entries left of it are zeroed.
+#include "kernels/cpu/attention.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/common/error.h"
+#include "kernels/cpu/activation.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int64_t kBlockQ = 64;
+
+// ---- BLAS wrappers (row-major) ------------------------------------------------------------------
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+// y = alpha * op(A) x + beta * y, A: (m, n) row-major.
+inline void gemv(bool ta, int64_t m, int64_t n, float alpha, const float* a, int64_t lda,
+                 const float* x, float beta, float* y) {
+  cblas_sgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, int(m), int(n), alpha, a, int(lda),
+              x, 1, beta, y, 1);
+}
+inline void gemv(bool ta, int64_t m, int64_t n, double alpha, const double* a, int64_t lda,
+                 const double* x, double beta, double* y) {
+  cblas_dgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, int(m), int(n), alpha, a, int(lda),
+              x, 1, beta, y, 1);
+}
+
+// The installed OpenBLAS is the pthreads build: it does not notice that it is called from an
+// OpenMP region and would run each small per-head GEMM on its own thread pool, fighting our
+// threads. Pin it to one thread for the duration of the kernel. (The OpenMP build notices by
+// itself, and its openblas_set_num_threads would change OpenMP's thread count, so leave it.)
+class BlasSingleThreaded {
+ public:
+  BlasSingleThreaded() {
+    if (openblas_get_parallel() == 1 && (prev_ = openblas_get_num_threads()) > 1)
+      openblas_set_num_threads(1);
+    else
+      prev_ = 0;
+  }
+  ~BlasSingleThreaded() {
+    if (prev_ > 1) openblas_set_num_threads(prev_);
+  }
+  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
+  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+// One block of query rows against keys [0, kend).
+//   q_blk: rows x D (row stride ldq), k_blk / v_blk: kend x D (row stride ldkv),
+//   o_blk: rows x D (row stride ldo), lse_blk: rows (stride lse_stride).
+//   Row r sees keys [0, min(kend, valid0 + r * valid_step)).
+//   s: scratch of rows * kend.
+template <typename T>
+void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_blk, int64_t ldq,
+                   const T* k_blk, const T* v_blk, int64_t ldkv, int64_t valid0,
+                   int64_t valid_step, T* o_blk, int64_t ldo, T* lse_blk, int64_t lse_stride,
+                   T* s) {
+  if (rows == 1)
+    gemv(false, kend, D, scale, k_blk, ldkv, q_blk, T(0), s);
+  else
+    gemm(false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), s, kend);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* sr = s + r * kend;
+    const int64_t valid = std::min(kend, valid0 + r * valid_step);
+    T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < valid; ++j) mx = sr[j] > mx ? sr[j] : mx;
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < valid; ++j) {
+      const T e = detail::exp_fast(T(sr[j] - mx));
+      sr[j] = e;
+      sum += double(e);
+    }
+    const T inv = T(1.0 / sum);
+#pragma omp simd
+    for (int64_t j = 0; j < valid; ++j) sr[j] *= inv;
+    std::fill(sr + valid, sr + kend, T(0));
+    lse_blk[r * lse_stride] = T(double(mx) + std::log(sum));
+  }
+  if (rows == 1)
+    gemv(true, kend, D, T(1), v_blk, ldkv, s, T(0), o_blk);
+  else
+    gemm(false, false, rows, D, kend, T(1), s, kend, v_blk, ldkv, T(0), o_blk, ldo);
+}
+
+void check_attention(const char* what, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                     int64_t Hkv, int64_t D, int64_t q_offset, int64_t kv_batch_stride) {
+  KILN_CHECK(B >= 0 && Tq >= 0 && Tk >= 0 && Hq > 0 && Hkv > 0 && D > 0,
+             "[attention] {}: bad sizes B={} Tq={} Tk={} Hq={} Hkv={} D={}", what, B, Tq, Tk, Hq,
+             Hkv, D);
+  KILN_CHECK(Hq % Hkv == 0, "[attention] {}: Hq={} is not a multiple of Hkv={}", what, Hq, Hkv);
+  KILN_CHECK(q_offset >= 0 && q_offset <= Tk - Tq,
+             "[attention] {}: q_offset={} with Tq={} needs keys up to {}, have Tk={}", what,
+             q_offset, Tq, q_offset + Tq, Tk);
+  KILN_CHECK(B <= 1 || kv_batch_stride >= Tk * Hkv * D,
+             "[attention] {}: kv_batch_stride={} < Tk*Hkv*D={}", what, kv_batch_stride,
+             Tk * Hkv * D);
+  // BLAS takes int sizes and leading dimensions.
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  KILN_CHECK(Tk <= kIntMax && Hq * D <= kIntMax && kBlockQ * Tk <= kIntMax,
+             "[attention] {}: sizes too large for BLAS (Tk={}, Hq*D={})", what, Tk, Hq * D);
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                       int64_t q_offset, double scale, const T* q, const T* k, const T* v,
+                       int64_t kv_batch_stride, T* out, T* lse) {
+  check_attention("forward", B, Tq, Tk, Hq, Hkv, D, q_offset, kv_batch_stride);
+  if (B == 0 || Tq == 0) return;
+  const int64_t G = Hq / Hkv;
+  const T sc = T(scale);
+  const int64_t ldq = Hq * D, ldkv = Hkv * D;
+  BlasSingleThreaded blas_guard;
+
+  // Decode: one block per (b, kv head) holding the G query heads of the group (rows D apart).
+  const bool grouped = Tq == 1 && G > 1;
+  const int64_t rows_per_head_blk = grouped ? 1 : std::min(Tq, kBlockQ);
+  const int64_t nqb = grouped ? 1 : (Tq + kBlockQ - 1) / kBlockQ;
+  const int64_t nheads = grouped ? Hkv : Hq;
+  const int64_t ntasks = B * nheads * nqb;
+  const int64_t max_rows = grouped ? std::min(G, kBlockQ) : rows_per_head_blk;
+  const double work = double(ntasks) * double(max_rows) * double(Tk) * double(D);
+
+#pragma omp parallel if (ntasks > 1 && work >= 1e5)
+  {
+    std::vector<T> s(static_cast<size_t>(max_rows * Tk));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; ++task) {
+      // Largest (latest) causal blocks first, for better load balance.
+      const int64_t qb = nqb - 1 - task % nqb;
+      const int64_t hh = (task / nqb) % nheads;
+      const int64_t b = task / (nqb * nheads);
+      if (grouped) {
+        const int64_t kvh = hh;
+        const T* kb = k + b * kv_batch_stride + kvh * D;
+        const T* vb = v + b * kv_batch_stride + kvh * D;
+        const int64_t kend = q_offset + 1;
+        for (int64_t g0 = 0; g0 < G; g0 += kBlockQ) {  // G > 64 never happens in practice
+          const int64_t rows = std::min(kBlockQ, G - g0);
+          const int64_t h0 = kvh * G + g0;
+          forward_block(rows, kend, D, sc, q + (b * Hq + h0) * D, D, kb, vb, ldkv, kend, 0,
+                        out + (b * Hq + h0) * D, D, lse + b * Hq + h0, 1, s.data());
+        }
+      } else {
+        const int64_t h = hh, kvh = h / G;
+        const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
+        const int64_t kend = std::min(Tk, q_offset + i0 + rows);
+        const int64_t off = (b * Tq + i0) * Hq * D + h * D;
+        forward_block(rows, kend, D, sc, q + off, ldq, k + b * kv_batch_stride + kvh * D,
+                      v + b * kv_batch_stride + kvh * D, ldkv, q_offset + i0 + 1, 1, out + off,
+                      ldq, lse + (b * Hq + h) * Tq + i0, 1, s.data());
+      }
+    }
+  }
+}
+
+template <typename T>
+void attention_backward(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, double scale,
+                        const T* q, const T* k, const T* v, const T* out, const T* lse,
+                        const T* dout, T* dq, T* dk, T* dv) {
+  check_attention("backward", B, T_, T_, Hq, Hkv, D, 0, T_ * Hkv * D);
+  if (B == 0 || T_ == 0) return;
+  const int64_t G = Hq / Hkv;
+  const T sc = T(scale);
+  const int64_t ldq = Hq * D, ldkv = Hkv * D;
+  const int64_t nqb = (T_ + kBlockQ - 1) / kBlockQ;
+  const int64_t brows = std::min(T_, kBlockQ);
+  const int64_t ntasks = B * Hkv;
+  const double work = double(ntasks) * double(G) * double(T_) * double(T_) * double(D);
+  BlasSingleThreaded blas_guard;
+
+#pragma omp parallel if (ntasks > 1 && work >= 1e5)
+  {
+    std::vector<T> p(static_cast<size_t>(brows * T_)), dp(static_cast<size_t>(brows * T_));
+    std::vector<T> di(static_cast<size_t>(brows));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; ++task) {
+      const int64_t b = task / Hkv, kvh = task % Hkv;
+      const int64_t kv_off = b * T_ * ldkv + kvh * D;
+      const T* kb = k + kv_off;
+      const T* vb = v + kv_off;
+      T* dkb = dk + kv_off;
+      T* dvb = dv + kv_off;
+      for (int64_t t = 0; t < T_; ++t) {
+        std::fill(dkb + t * ldkv, dkb + t * ldkv + D, T(0));
+        std::fill(dvb + t * ldkv, dvb + t * ldkv + D, T(0));
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = kvh * G + g;
+        for (int64_t qb = 0; qb < nqb; ++qb) {
+          const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, T_ - i0);
+          const int64_t kend = i0 + rows;  // causal: no row of the block sees keys >= kend
+          const int64_t off = (b * T_ + i0) * ldq + h * D;
+          const T* qblk = q + off;
+          const T* oblk = out + off;
+          const T* doblk = dout + off;
+          const T* lse_blk = lse + (b * Hq + h) * T_ + i0;
+          // P = exp(scale * Q K^T - lse), zero right of the diagonal.
+          gemm(false, true, rows, kend, D, sc, qblk, ldq, kb, ldkv, T(0), p.data(), kend);
+          for (int64_t r = 0; r < rows; ++r) {
+            T* pr = p.data() + r * kend;
+            const int64_t valid = i0 + r + 1;
+            const T l = lse_blk[r];
+#pragma omp simd
+            for (int64_t j = 0; j < valid; ++j) pr[j] = detail::exp_fast(T(pr[j] - l));
+            std::fill(pr + valid, pr + kend, T(0));
+            double acc = 0;  // Di = dout . out for this row
+            const T* dor = doblk + r * ldq;
+            const T* orow = oblk + r * ldq;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t d = 0; d < D; ++d) acc += double(dor[d]) * double(orow[d]);
+            di[r] = T(acc);
+          }
+          // dV[0:kend] += P^T dO
+          gemm(true, false, kend, D, rows, T(1), p.data(), kend, doblk, ldq, T(1), dvb, ldkv);
+          // dP = dO V^T, then dS = P * (dP - Di) in place (zero where P is zero).
+          gemm(false, true, rows, kend, D, T(1), doblk, ldq, vb, ldkv, T(0), dp.data(), kend);
+          for (int64_t r = 0; r < rows; ++r) {
+            const T* pr = p.data() + r * kend;
+            T* dr = dp.data() + r * kend;
+            const T d = di[r];
+#pragma omp simd
+            for (int64_t j = 0; j < kend; ++j) dr[j] = pr[j] * (dr[j] - d);
+          }
+          // dQ = scale * dS K[0:kend] (each query row belongs to exactly one task: =)
+          gemm(false, false, rows, D, kend, sc, dp.data(), kend, kb, ldkv, T(0), dq + off, ldq);
+          // dK[0:kend] += scale * dS^T Q
+          gemm(true, false, kend, D, rows, sc, dp.data(), kend, qblk, ldq, T(1), dkb, ldkv);
+        }
+      }
+    }
+  }
+}
+
+#define KILN_INSTANTIATE(T)                                                                  \
+  template void attention_forward<T>(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,   \
+                                     int64_t, double, const T*, const T*, const T*, int64_t, \
+                                     T*, T*);                                                \
+  template void attention_backward<T>(int64_t, int64_t, int64_t, int64_t, int64_t, double,   \
+                                      const T*, const T*, const T*, const T*, const T*,      \
+                                      const T*, T*, T*, T*);
+KILN_INSTANTIATE(float)
+KILN_INSTANTIATE(double)
+#undef KILN_INSTANTIATE
+
+}  // namespace kiln::cpu
