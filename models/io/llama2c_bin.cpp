@@ -31,8 +31,10 @@ int32_t read_i32(const uint8_t* p) {
 
 void check_sane(const Llama2cConfig& c, const std::string& path) {
   auto in_range = [&](const char* what, int64_t v, int64_t hi) {
-    KILN_CHECK(v >= 1 && v <= hi, "[llama2c] {}: {} = {} is out of range [1, {}] (corrupt or not a llama2.c checkpoint?)",
-               path, what, v, hi);
+    KILN_CHECK(
+        v >= 1 && v <= hi,
+        "[llama2c] {}: {} = {} is out of range [1, {}] (corrupt or not a llama2.c checkpoint?)",
+        path, what, v, hi);
   };
   in_range("dim", c.dim, 65536);
   in_range("hidden_dim", c.hidden_dim, 1 << 20);
@@ -43,8 +45,9 @@ void check_sane(const Llama2cConfig& c, const std::string& path) {
   in_range("seq_len", c.seq_len, 1 << 20);
   KILN_CHECK(c.dim % c.n_heads == 0, "[llama2c] {}: n_heads = {} does not divide dim = {}", path,
              c.n_heads, c.dim);
-  KILN_CHECK(c.n_heads % c.n_kv_heads == 0, "[llama2c] {}: n_kv_heads = {} does not divide n_heads = {}",
-             path, c.n_kv_heads, c.n_heads);
+  KILN_CHECK(c.n_heads % c.n_kv_heads == 0,
+             "[llama2c] {}: n_kv_heads = {} does not divide n_heads = {}", path, c.n_kv_heads,
+             c.n_heads);
   KILN_CHECK(c.head_size() % 2 == 0, "[llama2c] {}: head size {} is odd; RoPE needs pairs", path,
              c.head_size());
 }
@@ -52,7 +55,9 @@ void check_sane(const Llama2cConfig& c, const std::string& path) {
 // The float32 segments of the file, in file order.
 std::vector<Segment> layout(const Llama2cConfig& c) {
   const int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim(), L = c.n_layers;
-  auto layer = [](int64_t l, const char* rest) { return "model.layers." + std::to_string(l) + "." + rest; };
+  auto layer = [](int64_t l, const char* rest) {
+    return "model.layers." + std::to_string(l) + "." + rest;
+  };
   std::vector<Segment> s;
   auto per_layer = [&](const char* rest, std::vector<int64_t> shape) {
     for (int64_t l = 0; l < L; ++l) s.push_back({layer(l, rest), shape});
@@ -115,8 +120,8 @@ Parsed parse(const MappedFile& f) {
   const uint8_t* h;
   int32_t vocab_raw;
   if (magic == kMagicV1) {
-    KILN_CHECK(fsize >= kHeaderV1, "[llama2c] {}: file is {} bytes, too small for a version-1 header",
-               path, fsize);
+    KILN_CHECK(fsize >= kHeaderV1,
+               "[llama2c] {}: file is {} bytes, too small for a version-1 header", path, fsize);
     int32_t version = read_i32(b + 4);
     KILN_CHECK(version == 1,
                "[llama2c] {}: version {} is not supported (only legacy and version 1 float32; "
@@ -126,7 +131,8 @@ Parsed parse(const MappedFile& f) {
     h = b + 8;
     vocab_raw = read_i32(h + 20);
     uint8_t shared = b[8 + 28];
-    KILN_CHECK(shared <= 1, "[llama2c] {}: shared_classifier flag is {}, expected 0 or 1", path, shared);
+    KILN_CHECK(shared <= 1, "[llama2c] {}: shared_classifier flag is {}, expected 0 or 1", path,
+               shared);
     c.shared_classifier = shared == 1;
     KILN_CHECK(vocab_raw > 0, "[llama2c] {}: vocab_size = {} must be positive in version 1", path,
                vocab_raw);
@@ -135,7 +141,8 @@ Parsed parse(const MappedFile& f) {
     c.version = 0;
     h = b;
     vocab_raw = read_i32(h + 20);
-    KILN_CHECK(vocab_raw != INT32_MIN, "[llama2c] {}: vocab_size = {} is out of range", path, vocab_raw);
+    KILN_CHECK(vocab_raw != INT32_MIN, "[llama2c] {}: vocab_size = {} is out of range", path,
+               vocab_raw);
     c.shared_classifier = vocab_raw > 0;
     p.header_bytes = kHeaderLegacy;
   }
@@ -151,14 +158,15 @@ Parsed parse(const MappedFile& f) {
   p.segments = layout(c);
   uint64_t total = p.header_bytes;
   for (const Segment& s : p.segments)
-    KILN_CHECK(checked_add(total, segment_bytes(s, path), &total), "[llama2c] {}: total size overflows",
-               path);
-  KILN_CHECK(fsize == total,
-             "[llama2c] {}: file is {} bytes but a {} checkpoint with dim={} hidden_dim={} n_layers={} "
-             "n_heads={} n_kv_heads={} vocab_size={} seq_len={} {} classifier needs exactly {} bytes{}",
-             path, fsize, c.version == 0 ? "legacy" : "version-1", c.dim, c.hidden_dim, c.n_layers,
-             c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len,
-             c.shared_classifier ? "shared" : "unshared", total, fsize < total ? " (truncated?)" : "");
+    KILN_CHECK(checked_add(total, segment_bytes(s, path), &total),
+               "[llama2c] {}: total size overflows", path);
+  KILN_CHECK(
+      fsize == total,
+      "[llama2c] {}: file is {} bytes but a {} checkpoint with dim={} hidden_dim={} n_layers={} "
+      "n_heads={} n_kv_heads={} vocab_size={} seq_len={} {} classifier needs exactly {} bytes{}",
+      path, fsize, c.version == 0 ? "legacy" : "version-1", c.dim, c.hidden_dim, c.n_layers,
+      c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len, c.shared_classifier ? "shared" : "unshared",
+      total, fsize < total ? " (truncated?)" : "");
   return p;
 }
 
@@ -192,9 +200,9 @@ Llama2cCheckpoint load_llama2c_bin(const std::string& path) {
   for (Segment& s : p.segments) {
     uint64_t nb = segment_bytes(s, path);
     if (!s.name.empty())
-      ck.tensors.emplace(std::move(s.name),
-                         Llama2cTensor{std::move(s.shape),
-                                       reinterpret_cast<const float*>(f->data() + off)});
+      ck.tensors.emplace(
+          std::move(s.name),
+          Llama2cTensor{std::move(s.shape), reinterpret_cast<const float*>(f->data() + off)});
     off += nb;
   }
   return ck;

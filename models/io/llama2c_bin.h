@@ -2,13 +2,14 @@
 //
 // Legacy format (run.c / export.py legacy_export), little-endian:
 //   int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len   (28 bytes)
-//     vocab_size < 0 means the classifier is NOT shared with the embedding; |vocab_size| is the vocab.
+//     vocab_size < 0 means the classifier is NOT shared with the embedding; |vocab_size| is the
+//     vocab.
 //   float32, in this order (L = n_layers, D = dim, H = hidden_dim, KV = D * n_kv_heads / n_heads,
 //   hs = D / n_heads):
 //     tok_embeddings (V, D) | attention_norm (L, D) | wq (L, D, D) | wk (L, KV, D) | wv (L, KV, D)
 //     | wo (L, D, D) | ffn_norm (L, D) | w1 (L, H, D) | w2 (L, D, H) | w3 (L, H, D) | norm (D)
-//     | freq_cis_real (seq_len, hs/2) | freq_cis_imag (seq_len, hs/2)   (skipped: RoPE is recomputed)
-//     | wcls (V, D)   only when unshared
+//     | freq_cis_real (seq_len, hs/2) | freq_cis_imag (seq_len, hs/2)   (skipped: RoPE is
+//     recomputed) | wcls (V, D)   only when unshared
 //
 // Version 1 (export.py version1_export):
 //   uint32 magic 0x616b3432 ("ak42" read as little-endian bytes "24ka") | int32 version = 1
@@ -62,7 +63,8 @@ struct Llama2cTensor {
 struct Llama2cCheckpoint {
   Llama2cConfig config;
   // HF-style names: model.embed_tokens.weight, model.layers.{i}.input_layernorm.weight,
-  // model.layers.{i}.self_attn.{q,k,v,o}_proj.weight, model.layers.{i}.post_attention_layernorm.weight,
+  // model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
+  // model.layers.{i}.post_attention_layernorm.weight,
   // model.layers.{i}.mlp.{gate,down,up}_proj.weight (= w1, w2, w3), model.norm.weight,
   // lm_head.weight (only when the classifier is not shared).
   std::map<std::string, Llama2cTensor> tensors;

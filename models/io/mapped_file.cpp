@@ -95,9 +95,8 @@ void write_file_atomically(const std::string& path, std::span<const ByteChunk> c
   fs::path dir = target.parent_path();
   if (dir.empty()) dir = ".";
   // The temp file sits beside the target so rename() stays on one filesystem.
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmp." +
-                            std::to_string(::getpid())))
-                        .string();
+  std::string tmp =
+      (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("[write] {}: cannot create temp file {}: {}", path, tmp, std::strerror(errno));
   try {

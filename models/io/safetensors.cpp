@@ -3,13 +3,13 @@
 // overflow-checked against the mapped size.
 #include "models/io/safetensors.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <filesystem>
 #include <limits>
-
-#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "kernels/common/error.h"
@@ -49,13 +49,16 @@ std::string describe_json(const json& v) {
 SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   const uint64_t fsize = file_.size();
   const std::string& p = file_.path();
-  KILN_CHECK(fsize >= 8, "[safetensors] {}: file is {} bytes, too small to hold the 8-byte header length",
-             p, fsize);
+  KILN_CHECK(fsize >= 8,
+             "[safetensors] {}: file is {} bytes, too small to hold the 8-byte header length", p,
+             fsize);
   uint64_t n = 0;
   std::memcpy(&n, file_.data(), 8);  // little-endian u64 (host checked above)
-  KILN_CHECK(n <= fsize - 8, "[safetensors] {}: header length {} exceeds file size {}", p, n, fsize);
-  KILN_CHECK(n <= kSafetensorsMaxHeader, "[safetensors] {}: header length {} exceeds the {}-byte limit",
-             p, n, kSafetensorsMaxHeader);
+  KILN_CHECK(n <= fsize - 8, "[safetensors] {}: header length {} exceeds file size {}", p, n,
+             fsize);
+  KILN_CHECK(n <= kSafetensorsMaxHeader,
+             "[safetensors] {}: header length {} exceeds the {}-byte limit", p, n,
+             kSafetensorsMaxHeader);
   KILN_CHECK(n >= 2, "[safetensors] {}: header length {} is too small for a JSON object", p, n);
   data_offset_ = 8 + n;
   const uint64_t data_size = fsize - data_offset_;
@@ -76,8 +79,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     if (name == "__metadata__") {
       KILN_CHECK(v.is_object(), "[safetensors] {}: __metadata__ is not an object", p);
       for (auto m = v.begin(); m != v.end(); ++m) {
-        KILN_CHECK(m.value().is_string(), "[safetensors] {}: __metadata__ value for '{}' is not a string",
-                   p, m.key());
+        KILN_CHECK(m.value().is_string(),
+                   "[safetensors] {}: __metadata__ value for '{}' is not a string", p, m.key());
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -87,23 +90,26 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                "[safetensors] {}: entry '{}' has no dtype string", p, name);
     KILN_CHECK(v.contains("shape") && v["shape"].is_array(),
                "[safetensors] {}: entry '{}' has no shape array", p, name);
-    KILN_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() &&
-                   v["data_offsets"].size() == 2,
-               "[safetensors] {}: entry '{}' needs data_offsets [begin, end]", p, name);
+    KILN_CHECK(
+        v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
+        "[safetensors] {}: entry '{}' needs data_offsets [begin, end]", p, name);
     TensorEntry e;
     e.name = name;
     e.dtype = v["dtype"].get<std::string>();
     auto esize = try_dtype_size(e.dtype);
-    KILN_CHECK(esize.has_value(), "[safetensors] {}: entry '{}' has unknown dtype '{}'", p, name, e.dtype);
+    KILN_CHECK(esize.has_value(), "[safetensors] {}: entry '{}' has unknown dtype '{}'", p, name,
+               e.dtype);
 
     uint64_t numel = 1;
     for (const json& d : v["shape"]) {
       uint64_t dim = 0;
-      KILN_CHECK(json_to_u64(d, &dim),
-                 "[safetensors] {}: entry '{}' has shape dimension {} that is not a non-negative integer",
-                 p, name, describe_json(d));
+      KILN_CHECK(
+          json_to_u64(d, &dim),
+          "[safetensors] {}: entry '{}' has shape dimension {} that is not a non-negative integer",
+          p, name, describe_json(d));
       KILN_CHECK(dim <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
-                 "[safetensors] {}: entry '{}' has shape dimension {} that is too large", p, name, dim);
+                 "[safetensors] {}: entry '{}' has shape dimension {} that is too large", p, name,
+                 dim);
       KILN_CHECK(checked_mul(numel, dim, &numel) &&
                      numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
                  "[safetensors] {}: entry '{}' shape {} overflows the element count", p, name,
@@ -116,18 +122,21 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                describe_json(v["shape"]));
 
     const json& offs = v["data_offsets"];
-    KILN_CHECK(json_to_u64(offs[0], &e.begin) && json_to_u64(offs[1], &e.end),
-               "[safetensors] {}: entry '{}' has data_offsets {} that are not non-negative integers", p,
-               name, describe_json(offs));
-    KILN_CHECK(e.begin <= e.end, "[safetensors] {}: entry '{}' has data_offsets begin {} > end {}", p,
-               name, e.begin, e.end);
-    KILN_CHECK(e.end <= data_size,
-               "[safetensors] {}: entry '{}' has data_offsets end {} past the end of the data section "
-               "({} bytes)",
-               p, name, e.end, data_size);
-    KILN_CHECK(e.end - e.begin == nbytes,
-               "[safetensors] {}: entry '{}' spans {} bytes but shape {} x {} ({} bytes each) needs {}",
-               p, name, e.end - e.begin, describe_json(v["shape"]), e.dtype, *esize, nbytes);
+    KILN_CHECK(
+        json_to_u64(offs[0], &e.begin) && json_to_u64(offs[1], &e.end),
+        "[safetensors] {}: entry '{}' has data_offsets {} that are not non-negative integers", p,
+        name, describe_json(offs));
+    KILN_CHECK(e.begin <= e.end, "[safetensors] {}: entry '{}' has data_offsets begin {} > end {}",
+               p, name, e.begin, e.end);
+    KILN_CHECK(
+        e.end <= data_size,
+        "[safetensors] {}: entry '{}' has data_offsets end {} past the end of the data section "
+        "({} bytes)",
+        p, name, e.end, data_size);
+    KILN_CHECK(
+        e.end - e.begin == nbytes,
+        "[safetensors] {}: entry '{}' spans {} bytes but shape {} x {} ({} bytes each) needs {}", p,
+        name, e.end - e.begin, describe_json(v["shape"]), e.dtype, *esize, nbytes);
     entries_.push_back(std::move(e));
   }
 
@@ -146,16 +155,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
            e->begin, e->end, prev->name, prev->begin, prev->end);
     if (e->begin > pos) {
       if (prev)
-        fail("[safetensors] {}: gap of {} bytes between '{}' (ends at {}) and '{}' (begins at {})", p,
-             e->begin - pos, prev->name, pos, e->name, e->begin);
+        fail("[safetensors] {}: gap of {} bytes between '{}' (ends at {}) and '{}' (begins at {})",
+             p, e->begin - pos, prev->name, pos, e->name, e->begin);
       fail("[safetensors] {}: gap of {} bytes before the first entry '{}'", p, e->begin, e->name);
     }
     pos = e->end;
     prev = e;
   }
   KILN_CHECK(pos == data_size,
-             "[safetensors] {}: entries cover {} bytes but the data section has {} (trailing gap)", p,
-             pos, data_size);
+             "[safetensors] {}: entries cover {} bytes but the data section has {} (trailing gap)",
+             p, pos, data_size);
 
   // nlohmann::json keeps object keys sorted, so entries_ is sorted by name.
   for (size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].name, i);
@@ -184,7 +193,8 @@ void SafetensorsWriter::add(std::string name, std::string dtype, std::vector<int
   KILN_CHECK(name != "__metadata__", "[safetensors] writer: '__metadata__' is reserved");
   KILN_CHECK(!names_.count(name), "[safetensors] writer: duplicate tensor name '{}'", name);
   auto esize = try_dtype_size(dtype);
-  KILN_CHECK(esize.has_value(), "[safetensors] writer: tensor '{}' has unknown dtype '{}'", name, dtype);
+  KILN_CHECK(esize.has_value(), "[safetensors] writer: tensor '{}' has unknown dtype '{}'", name,
+             dtype);
   uint64_t numel = 1;
   for (int64_t d : shape) {
     KILN_CHECK(d >= 0, "[safetensors] writer: tensor '{}' has negative dimension {}", name, d);
@@ -192,12 +202,15 @@ void SafetensorsWriter::add(std::string name, std::string dtype, std::vector<int
                "[safetensors] writer: tensor '{}' shape overflows", name);
   }
   uint64_t expect = 0;
-  KILN_CHECK(checked_mul(numel, *esize, &expect), "[safetensors] writer: tensor '{}' shape overflows",
+  KILN_CHECK(checked_mul(numel, *esize, &expect),
+             "[safetensors] writer: tensor '{}' shape overflows", name);
+  KILN_CHECK(expect == nbytes,
+             "[safetensors] writer: tensor '{}' of shape {} x {} needs {} bytes, got {}", name,
+             fmt::join(shape, "x"), dtype, expect, nbytes);
+  KILN_CHECK(data != nullptr || nbytes == 0, "[safetensors] writer: tensor '{}' has null data",
              name);
-  KILN_CHECK(expect == nbytes, "[safetensors] writer: tensor '{}' of shape {} x {} needs {} bytes, got {}",
-             name, fmt::join(shape, "x"), dtype, expect, nbytes);
-  KILN_CHECK(data != nullptr || nbytes == 0, "[safetensors] writer: tensor '{}' has null data", name);
-  KILN_CHECK(checked_add(total_bytes_, nbytes, &total_bytes_), "[safetensors] writer: total size overflows");
+  KILN_CHECK(checked_add(total_bytes_, nbytes, &total_bytes_),
+             "[safetensors] writer: total size overflows");
   TensorEntry e;
   e.name = std::move(name);
   e.dtype = std::move(dtype);
@@ -227,9 +240,8 @@ void SafetensorsWriter::write(const std::string& path, const Metadata& metadata)
   chunks.reserve(order.size() + 2);
   for (const Pending* t : order) {
     uint64_t nb = t->entry.end;
-    hdr[t->entry.name] = {{"dtype", t->entry.dtype},
-                          {"shape", t->entry.shape},
-                          {"data_offsets", {off, off + nb}}};
+    hdr[t->entry.name] = {
+        {"dtype", t->entry.dtype}, {"shape", t->entry.shape}, {"data_offsets", {off, off + nb}}};
     off += nb;
   }
   std::string text = hdr.dump();
@@ -255,8 +267,8 @@ void check_shard_name(const std::string& index_path, const std::string& tensor,
              tensor);
   fs::path fp(file);
   KILN_CHECK(fp.is_relative() && !fp.has_root_name() && !fp.has_root_directory(),
-             "[safetensors] {}: shard '{}' for tensor '{}' is not a relative path", index_path, file,
-             tensor);
+             "[safetensors] {}: shard '{}' for tensor '{}' is not a relative path", index_path,
+             file, tensor);
   for (const auto& part : fp)
     KILN_CHECK(part != "..", "[safetensors] {}: shard '{}' for tensor '{}' leaves the model folder",
                index_path, file, tensor);
@@ -270,8 +282,8 @@ SafetensorsIndex::SafetensorsIndex(const std::string& index_path) : index_path_(
   fs::path ip(index_path);
   dir_ = ip.parent_path().empty() ? std::string(".") : ip.parent_path().string();
   MappedFile f(index_path);
-  KILN_CHECK(f.size() <= kSafetensorsMaxHeader, "[safetensors] {}: index file of {} bytes is too large",
-             index_path, f.size());
+  KILN_CHECK(f.size() <= kSafetensorsMaxHeader,
+             "[safetensors] {}: index file of {} bytes is too large", index_path, f.size());
   const char* b = reinterpret_cast<const char*>(f.data());
   json j;
   try {
@@ -283,8 +295,8 @@ SafetensorsIndex::SafetensorsIndex(const std::string& index_path) : index_path_(
   KILN_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
              "[safetensors] {}: index has no weight_map object", index_path);
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    KILN_CHECK(it.value().is_string(), "[safetensors] {}: weight_map value for '{}' is not a string",
-               index_path, it.key());
+    KILN_CHECK(it.value().is_string(),
+               "[safetensors] {}: weight_map value for '{}' is not a string", index_path, it.key());
     std::string file = it.value().get<std::string>();
     check_shard_name(index_path, it.key(), file);
     weight_map_.emplace(it.key(), std::move(file));
@@ -293,7 +305,8 @@ SafetensorsIndex::SafetensorsIndex(const std::string& index_path) : index_path_(
     KILN_CHECK(j["metadata"].is_object(), "[safetensors] {}: index metadata is not an object",
                index_path);
     for (auto it = j["metadata"].begin(); it != j["metadata"].end(); ++it)
-      metadata_[it.key()] = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
+      metadata_[it.key()] =
+          it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
   }
 }
 
@@ -303,7 +316,8 @@ SafetensorsIndex SafetensorsIndex::open_dir(const std::string& dir) {
     return SafetensorsIndex((d / "model.safetensors.index.json").string());
   fs::path single = d / "model.safetensors";
   KILN_CHECK(fs::exists(single),
-             "[safetensors] {}: neither model.safetensors.index.json nor model.safetensors found", dir);
+             "[safetensors] {}: neither model.safetensors.index.json nor model.safetensors found",
+             dir);
   SafetensorsIndex idx;
   idx.dir_ = dir;
   idx.index_path_ = single.string();

@@ -26,8 +26,8 @@ namespace kiln::io {
 
 struct TensorEntry {
   std::string name;
-  std::string dtype;           // safetensors name, see dtype_names.h
-  std::vector<int64_t> shape;  // empty for a scalar
+  std::string dtype;            // safetensors name, see dtype_names.h
+  std::vector<int64_t> shape;   // empty for a scalar
   uint64_t begin = 0, end = 0;  // byte offsets in the data section
 
   uint64_t nbytes() const { return end - begin; }

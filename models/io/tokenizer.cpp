@@ -15,8 +15,8 @@
 namespace kiln::io {
 
 void Tokenizer::check_id(int32_t id) const {
-  KILN_CHECK(id >= 0 && id < vocab_size(), "[tokenizer] {}: token id {} out of range [0, {})", name(),
-             id, vocab_size());
+  KILN_CHECK(id >= 0 && id < vocab_size(), "[tokenizer] {}: token id {} out of range [0, {})",
+             name(), id, vocab_size());
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
@@ -51,11 +51,13 @@ std::string ByteTokenizer::decode(int32_t, int32_t id) const {
 
 CharTokenizer::CharTokenizer(std::string chars) : chars_(std::move(chars)) {
   std::fill(std::begin(id_of_), std::end(id_of_), -1);
-  for (size_t i = 0; i < chars_.size(); ++i) id_of_[static_cast<unsigned char>(chars_[i])] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < chars_.size(); ++i)
+    id_of_[static_cast<unsigned char>(chars_[i])] = static_cast<int32_t>(i);
 }
 
 CharTokenizer CharTokenizer::from_text(std::string_view training_text) {
-  KILN_CHECK(!training_text.empty(), "[tokenizer] char: empty training text, no vocabulary to build");
+  KILN_CHECK(!training_text.empty(),
+             "[tokenizer] char: empty training text, no vocabulary to build");
   bool seen[256] = {};
   for (char c : training_text) seen[static_cast<unsigned char>(c)] = true;
   std::string chars;
@@ -68,7 +70,8 @@ CharTokenizer CharTokenizer::from_serialized(std::string_view chars) {
   KILN_CHECK(!chars.empty(), "[tokenizer] char: empty serialized vocabulary");
   for (size_t i = 1; i < chars.size(); ++i)
     KILN_CHECK(static_cast<unsigned char>(chars[i - 1]) < static_cast<unsigned char>(chars[i]),
-               "[tokenizer] char: serialized vocabulary is not strictly increasing at position {}", i);
+               "[tokenizer] char: serialized vocabulary is not strictly increasing at position {}",
+               i);
   return CharTokenizer(std::string(chars));
 }
 
@@ -79,8 +82,11 @@ std::vector<int32_t> CharTokenizer::encode(std::string_view text, bool, bool) co
     int32_t id = id_of_[c];
     if (id < 0) {
       bool printable = c >= 0x20 && c < 0x7f;
-      fail("[tokenizer] char: character {}(0x{:02x}) at byte {} is not in the {}-character vocabulary",
-           printable ? fmt::format("'{}' ", static_cast<char>(c)) : std::string(), c, i, chars_.size());
+      fail(
+          "[tokenizer] char: character {}(0x{:02x}) at byte {} is not in the {}-character "
+          "vocabulary",
+          printable ? fmt::format("'{}' ", static_cast<char>(c)) : std::string(), c, i,
+          chars_.size());
     }
     ids[i] = id;
   }
@@ -123,27 +129,29 @@ Llama2cTokenizer::Llama2cTokenizer(const std::string& path, int32_t expected_voc
   KILN_CHECK(max_token_length_ >= 1 && max_token_length_ <= kMaxTokenLen,
              "[llama2c_tokenizer] {}: max_token_length = {} is out of range [1, {}]", path,
              max_token_length_, kMaxTokenLen);
-  KILN_CHECK(expected_vocab <= kMaxVocab, "[llama2c_tokenizer] {}: expected vocab {} is too large", path,
-             expected_vocab);
+  KILN_CHECK(expected_vocab <= kMaxVocab, "[llama2c_tokenizer] {}: expected vocab {} is too large",
+             path, expected_vocab);
   uint64_t off = 4;
   while (expected_vocab > 0 ? pieces_.size() < static_cast<size_t>(expected_vocab) : off < n) {
     const size_t id = pieces_.size();
-    KILN_CHECK(id < static_cast<size_t>(kMaxVocab), "[llama2c_tokenizer] {}: more than {} tokens", path,
-               kMaxVocab);
-    KILN_CHECK(n - off >= 8, "[llama2c_tokenizer] {}: truncated at token {} (byte {} of {})", path, id,
-               off, n);
+    KILN_CHECK(id < static_cast<size_t>(kMaxVocab), "[llama2c_tokenizer] {}: more than {} tokens",
+               path, kMaxVocab);
+    KILN_CHECK(n - off >= 8, "[llama2c_tokenizer] {}: truncated at token {} (byte {} of {})", path,
+               id, off, n);
     float score;
     int32_t len;
     std::memcpy(&score, b + off, 4);
     std::memcpy(&len, b + off + 4, 4);
     off += 8;
-    KILN_CHECK(std::isfinite(score), "[llama2c_tokenizer] {}: token {} has non-finite score", path, id);
+    KILN_CHECK(std::isfinite(score), "[llama2c_tokenizer] {}: token {} has non-finite score", path,
+               id);
     KILN_CHECK(len >= 0 && len <= max_token_length_,
-               "[llama2c_tokenizer] {}: token {} has length {} outside [0, max_token_length = {}]", path,
-               id, len, max_token_length_);
-    KILN_CHECK(n - off >= static_cast<uint64_t>(len),
-               "[llama2c_tokenizer] {}: truncated inside token {} (needs {} bytes at byte {} of {})", path,
-               id, len, off, n);
+               "[llama2c_tokenizer] {}: token {} has length {} outside [0, max_token_length = {}]",
+               path, id, len, max_token_length_);
+    KILN_CHECK(
+        n - off >= static_cast<uint64_t>(len),
+        "[llama2c_tokenizer] {}: truncated inside token {} (needs {} bytes at byte {} of {})", path,
+        id, len, off, n);
     pieces_.emplace_back(reinterpret_cast<const char*>(b + off), static_cast<size_t>(len));
     scores_.push_back(score);
     off += static_cast<uint64_t>(len);
@@ -265,8 +273,10 @@ std::vector<int32_t> Llama2cTokenizer::encode(std::string_view text, bool bos, b
 std::string Llama2cTokenizer::decode(int32_t prev, int32_t id) const {
   check_id(id);
   const std::string& p = decoded_[static_cast<size_t>(id)];
-  // Byte pieces never start with a space, so stripping before the byte lookup (as run.c does) is the same.
-  if (prev == 1 && !p.empty() && p[0] == ' ' && parse_byte_piece(pieces_[id]) < 0) return p.substr(1);
+  // Byte pieces never start with a space, so stripping before the byte lookup (as run.c does) is
+  // the same.
+  if (prev == 1 && !p.empty() && p[0] == ' ' && parse_byte_piece(pieces_[id]) < 0)
+    return p.substr(1);
   return p;
 }
 
@@ -290,7 +300,8 @@ std::string Llama2cTokenizer::decode(std::span<const int32_t> ids) const {
 
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view spec, std::string_view training_text) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
-  if (spec == "char") return std::make_unique<CharTokenizer>(CharTokenizer::from_text(training_text));
+  if (spec == "char")
+    return std::make_unique<CharTokenizer>(CharTokenizer::from_text(training_text));
   constexpr std::string_view kLlama = "llama2c:";
   if (spec.substr(0, kLlama.size()) == kLlama) {
     std::string path(spec.substr(kLlama.size()));

@@ -115,6 +115,7 @@ class Llama2cTokenizer final : public Tokenizer {
 };
 
 // "byte", "char" (vocabulary from training_text), "llama2c:PATH".
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view spec, std::string_view training_text = {});
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view spec,
+                                          std::string_view training_text = {});
 
 }  // namespace kiln::io

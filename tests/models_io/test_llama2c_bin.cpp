@@ -35,9 +35,13 @@ int64_t numel(const std::vector<int64_t>& s) {
 }
 
 // Value of element i of segment k: unique per segment and element.
-float value(size_t k, int64_t i) { return static_cast<float>(k) * 1000.0f + static_cast<float>(i % 997) * 0.5f; }
+float value(size_t k, int64_t i) {
+  return static_cast<float>(k) * 1000.0f + static_cast<float>(i % 997) * 0.5f;
+}
 
-std::string L(int l, const std::string& rest) { return "model.layers." + std::to_string(l) + "." + rest; }
+std::string L(int l, const std::string& rest) {
+  return "model.layers." + std::to_string(l) + "." + rest;
+}
 
 // export.py legacy_export order.
 std::vector<Seg> legacy_layout(const Cfg& c, bool shared) {
@@ -68,7 +72,7 @@ std::vector<Seg> v1_layout(const Cfg& c, bool shared) {
   s.push_back({"model.norm.weight", {D}});
   s.push_back({"model.embed_tokens.weight", {V, D}});
   const std::pair<const char*, std::vector<int64_t>> mats[] = {
-      {"self_attn.q_proj.weight", {D, D}}, {"self_attn.k_proj.weight", {KV, D}},
+      {"self_attn.q_proj.weight", {D, D}},  {"self_attn.k_proj.weight", {KV, D}},
       {"self_attn.v_proj.weight", {KV, D}}, {"self_attn.o_proj.weight", {D, D}},
       {"mlp.gate_proj.weight", {H, D}},     {"mlp.down_proj.weight", {D, H}},
       {"mlp.up_proj.weight", {H, D}}};
@@ -95,7 +99,8 @@ class Llama2cBinTest : public ::testing::Test {
     std::ofstream f(p, std::ios::binary);
     auto i32 = [&](int32_t v) { f.write(reinterpret_cast<const char*>(&v), 4); };
     if (version == 0) {
-      for (int32_t v : {c.dim, c.hidden, c.layers, c.heads, c.kv_heads, shared ? c.vocab : -c.vocab, c.seq})
+      for (int32_t v :
+           {c.dim, c.hidden, c.layers, c.heads, c.kv_heads, shared ? c.vocab : -c.vocab, c.seq})
         i32(v);
     } else {
       uint32_t magic = 0x616b3432;

@@ -7,9 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "kernels/common/error.h"
 #include "models/io/safetensors.h"
@@ -65,7 +64,9 @@ class SafetensorsTest : public ::testing::Test {
 
 bool have_python() { return fs::exists("/usr/bin/python3"); }
 
-std::string ref_script() { return std::string(KILN_SOURCE_DIR) + "/tests/models_io/safetensors_ref.py"; }
+std::string ref_script() {
+  return std::string(KILN_SOURCE_DIR) + "/tests/models_io/safetensors_ref.py";
+}
 
 }  // namespace
 
@@ -211,10 +212,12 @@ TEST_F(SafetensorsTest, Gap) {
                  R"("b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
                  20),
              "gap of 4 bytes between 'a'");
-  expect_bad(raw("gap0.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
-             "before the first entry");
-  expect_bad(raw("tail.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12),
-             "trailing gap");
+  expect_bad(
+      raw("gap0.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+      "before the first entry");
+  expect_bad(
+      raw("tail.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12),
+      "trailing gap");
 }
 
 TEST_F(SafetensorsTest, ShapeSizeMismatch) {
@@ -224,10 +227,10 @@ TEST_F(SafetensorsTest, ShapeSizeMismatch) {
 
 TEST_F(SafetensorsTest, ShapeOverflow) {
   // 2^40 * 2^40 elements overflow 64 bits.
-  expect_bad(raw("sh.safetensors",
-                 R"({"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,8]}})",
-                 8),
-             "overflows");
+  expect_bad(
+      raw("sh.safetensors",
+          R"({"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,8]}})", 8),
+      "overflows");
   // 2^62 elements fit, but not 2^62 * 4 bytes.
   expect_bad(raw("sh2.safetensors",
                  R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,8]}})", 8),
@@ -235,19 +238,23 @@ TEST_F(SafetensorsTest, ShapeOverflow) {
 }
 
 TEST_F(SafetensorsTest, BadShapeValues) {
-  expect_bad(raw("neg.safetensors", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
-             "not a non-negative integer");
-  expect_bad(raw("flt.safetensors", R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8),
-             "not a non-negative integer");
+  expect_bad(
+      raw("neg.safetensors", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+      "not a non-negative integer");
+  expect_bad(
+      raw("flt.safetensors", R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8),
+      "not a non-negative integer");
   expect_bad(raw("noshape.safetensors", R"({"a":{"dtype":"F32","data_offsets":[0,8]}})", 8),
              "no shape");
-  expect_bad(raw("negoff.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", 8),
-             "data_offsets");
+  expect_bad(
+      raw("negoff.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", 8),
+      "data_offsets");
 }
 
 TEST_F(SafetensorsTest, UnknownDtype) {
-  expect_bad(raw("dt.safetensors", R"({"a":{"dtype":"F8_E9M9","shape":[2],"data_offsets":[0,2]}})", 2),
-             "unknown dtype 'F8_E9M9'");
+  expect_bad(
+      raw("dt.safetensors", R"({"a":{"dtype":"F8_E9M9","shape":[2],"data_offsets":[0,2]}})", 2),
+      "unknown dtype 'F8_E9M9'");
 }
 
 TEST_F(SafetensorsTest, BadMetadata) {
@@ -265,10 +272,11 @@ TEST_F(SafetensorsTest, ShardedIndex) {
   s2.add("lm_head.bias", "I32", {3}, c.data(), 12);
   s1.write(path("model-00001-of-00002.safetensors"));
   s2.write(path("model-00002-of-00002.safetensors"));
-  kiln::io::write_safetensors_index(path("model.safetensors.index.json"), {{"total_size", "80"}},
-                                    {{"model.embed_tokens.weight", "model-00001-of-00002.safetensors"},
-                                     {"model.norm.weight", "model-00001-of-00002.safetensors"},
-                                     {"lm_head.bias", "model-00002-of-00002.safetensors"}});
+  kiln::io::write_safetensors_index(
+      path("model.safetensors.index.json"), {{"total_size", "80"}},
+      {{"model.embed_tokens.weight", "model-00001-of-00002.safetensors"},
+       {"model.norm.weight", "model-00001-of-00002.safetensors"},
+       {"lm_head.bias", "model-00002-of-00002.safetensors"}});
 
   SafetensorsIndex idx = SafetensorsIndex::open_dir(dir_.string());
   EXPECT_EQ(idx.shards_open(), 0u);  // lazy

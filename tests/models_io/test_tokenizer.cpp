@@ -7,10 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/common/error.h"
 #include "models/io/tokenizer.h"
@@ -128,7 +127,8 @@ TEST(CharTokenizer, TinyShakespeare) {
   EXPECT_EQ(t.vocab_size(), static_cast<int32_t>(distinct.size()));
   EXPECT_EQ(t.vocab_size(), 65);  // nanoGPT shakespeare_char
   int32_t i = 0;
-  for (unsigned char c : distinct) EXPECT_EQ(t.decode(-1, i++), std::string(1, static_cast<char>(c)));
+  for (unsigned char c : distinct)
+    EXPECT_EQ(t.decode(-1, i++), std::string(1, static_cast<char>(c)));
   std::string head = text.substr(0, 5000);
   auto ids = t.encode(head);
   ASSERT_EQ(ids.size(), head.size());
@@ -138,7 +138,8 @@ TEST(CharTokenizer, TinyShakespeare) {
 
   CharTokenizer u = CharTokenizer::from_serialized(t.serialize());
   EXPECT_EQ(u.encode(head), ids);
-  expect_error([&] { t.encode("First Citizen: 😀"); }, "(0xf0) at byte 15 is not in the 65-character");
+  expect_error([&] { t.encode("First Citizen: 😀"); },
+               "(0xf0) at byte 15 is not in the 65-character");
   expect_error([&] { t.encode("~"); }, "'~'");
   EXPECT_THROW(t.decode(-1, 65), kiln::Error);
 }
@@ -189,8 +190,8 @@ TEST(Llama2cTokenizer, MatchesRunCReference) {
   }
   std::ofstream(tmp / "in.json") << in.dump();
   std::string cmd = "/usr/bin/python3 " + std::string(KILN_SOURCE_DIR) +
-                    "/tests/models_io/llama2c_tok_ref.py " + kTokBin + " " + (tmp / "in.json") + " " +
-                    (tmp / "out.json");
+                    "/tests/models_io/llama2c_tok_ref.py " + kTokBin + " " + (tmp / "in.json") +
+                    " " + (tmp / "out.json");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto ref = nlohmann::json::parse(std::ifstream(tmp / "out.json"));
   ASSERT_EQ(ref.size(), strs.size());
@@ -249,7 +250,8 @@ TEST(Llama2cTokenizer, BadFiles) {
   std::string bad = good;
   int32_t huge = 1 << 30;
   std::memcpy(bad.data(), &huge, 4);
-  expect_error([&] { Llama2cTokenizer(write("maxlen.bin", bad)); }, "max_token_length = 1073741824");
+  expect_error([&] { Llama2cTokenizer(write("maxlen.bin", bad)); },
+               "max_token_length = 1073741824");
   bad = good;
   int32_t len = 28;  // first token's length, beyond max_token_length 27
   std::memcpy(bad.data() + 8, &len, 4);
@@ -265,7 +267,8 @@ TEST(Llama2cTokenizer, BadFiles) {
     std::memcpy(&n, good.data() + off + 4, 4);
     off += 8 + static_cast<size_t>(n);
   }
-  expect_error([&] { Llama2cTokenizer(write("short.bin", good.substr(0, off))); }, "need at least 259");
+  expect_error([&] { Llama2cTokenizer(write("short.bin", good.substr(0, off))); },
+               "need at least 259");
   expect_error([&] { Llama2cTokenizer(tmp / "missing.bin"); }, "cannot open");
 }
 
