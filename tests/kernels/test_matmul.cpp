@@ -122,9 +122,13 @@ TEST(Gemm, BatchedWithBroadcast) {
   check_batched<float>(false, true, 64, 64, 16, 48, false, false, 0.f, 10);
 }
 
-TEST(Gemm, CallableInsideParallelRegion) {
-  // Callers (e.g. per-head attention) may call gemm from OpenMP threads: results must be right.
-  const int64_t M = 33, N = 40, K = 70, n = 8;
+class GemmNested : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(GemmNested, CallableInsideParallelRegion) {
+  // Callers (e.g. per-head attention) may call gemm from OpenMP threads: results must be right
+  // and nothing may deadlock, both below OpenBLAS's threading threshold (M*N*K <= 262144) and
+  // above it, where OpenBLAS would use its own thread pool.
+  const int64_t M = GetParam(), N = 40, K = 70, n = 8;
   auto A = test::random_uniform_vec<float>(n * M * K, 1);
   auto B = test::random_uniform_vec<float>(K * N, 2);
   std::vector<float> C(n * M * N);
@@ -139,6 +143,7 @@ TEST(Gemm, CallableInsideParallelRegion) {
     EXPECT_TRUE(test::all_close(c, ref, 1e-4, 1e-4));
   }
 }
+INSTANTIATE_TEST_SUITE_P(Sizes, GemmNested, ::testing::Values(33, 200));
 
 TEST(Gemm, RejectsBadArguments) {
   float x = 0;
