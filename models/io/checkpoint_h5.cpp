@@ -118,9 +118,9 @@ struct DtypeDesc {
 };
 
 constexpr DtypeDesc kDtypes[] = {
-    {"F32", "f32", 4, H5T_FLOAT, true},       {"F64", "f64", 8, H5T_FLOAT, true},
-    {"BF16", "bf16", 2, H5T_INTEGER, false},  {"F16", "f16", 2, H5T_INTEGER, false},
-    {"I32", "i32", 4, H5T_INTEGER, true},     {"I64", "i64", 8, H5T_INTEGER, true},
+    {"F32", "f32", 4, H5T_FLOAT, true},      {"F64", "f64", 8, H5T_FLOAT, true},
+    {"BF16", "bf16", 2, H5T_INTEGER, false}, {"F16", "f16", 2, H5T_INTEGER, false},
+    {"I32", "i32", 4, H5T_INTEGER, true},    {"I64", "i64", 8, H5T_INTEGER, true},
     {"U8", "u8", 1, H5T_INTEGER, false},
 };
 
@@ -134,19 +134,27 @@ const DtypeDesc* find_dtype(const std::string& name, bool by_attr) {
 hid_t file_type(const DtypeDesc& d) {
   if (d.cls == H5T_FLOAT) return d.size == 4 ? H5T_IEEE_F32LE : H5T_IEEE_F64LE;
   switch (d.size) {
-    case 1: return H5T_STD_U8LE;
-    case 2: return H5T_STD_U16LE;
-    case 4: return H5T_STD_I32LE;
-    default: return H5T_STD_I64LE;
+    case 1:
+      return H5T_STD_U8LE;
+    case 2:
+      return H5T_STD_U16LE;
+    case 4:
+      return H5T_STD_I32LE;
+    default:
+      return H5T_STD_I64LE;
   }
 }
 hid_t mem_type(const DtypeDesc& d) {
   if (d.cls == H5T_FLOAT) return d.size == 4 ? H5T_NATIVE_FLOAT : H5T_NATIVE_DOUBLE;
   switch (d.size) {
-    case 1: return H5T_NATIVE_UINT8;
-    case 2: return H5T_NATIVE_UINT16;
-    case 4: return H5T_NATIVE_INT32;
-    default: return H5T_NATIVE_INT64;
+    case 1:
+      return H5T_NATIVE_UINT8;
+    case 2:
+      return H5T_NATIVE_UINT16;
+    case 4:
+      return H5T_NATIVE_INT32;
+    default:
+      return H5T_NATIVE_INT64;
   }
 }
 
@@ -167,8 +175,8 @@ std::vector<std::string> split_path(const std::string& path) {
   size_t start = 0;
   while (true) {
     size_t slash = path.find('/', start);
-    parts.push_back(path.substr(start, slash == std::string::npos ? std::string::npos
-                                                                  : slash - start));
+    parts.push_back(
+        path.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
     if (slash == std::string::npos) break;
     start = slash + 1;
   }
@@ -235,8 +243,8 @@ Id open_attr(hid_t obj, const std::string& name, const std::string& where) {
 }
 
 // Opens a one-element attribute and checks its type class.
-Id open_scalar_attr(hid_t obj, const std::string& name, const std::string& where,
-                    H5T_class_t want, Id* type_out) {
+Id open_scalar_attr(hid_t obj, const std::string& name, const std::string& where, H5T_class_t want,
+                    Id* type_out) {
   Id a = open_attr(obj, name, where);
   Id space = checked(H5Aget_space(a), H5Sclose, "attribute '{}' dataspace", name);
   hssize_t n = H5Sget_simple_extent_npoints(space);
@@ -285,8 +293,8 @@ std::string read_string_attr(hid_t obj, const std::string& name, const std::stri
     return s;
   }
   size_t n = H5Tget_size(type);
-  KILN_CHECK(n > 0 && n <= (size_t{1} << 20), "[checkpoint] attribute '{}' has bad size {}",
-             name, n);
+  KILN_CHECK(n > 0 && n <= (size_t{1} << 20), "[checkpoint] attribute '{}' has bad size {}", name,
+             n);
   std::string s(n, '\0');
   check(H5Aread(a, type, s.data()), "cannot read attribute '{}'", name);
   while (!s.empty() && s.back() == '\0') s.pop_back();
@@ -360,16 +368,16 @@ OpenTensor open_tensor(hid_t file, const std::string& path) {
 }
 
 void read_into(const std::string& path, OpenTensor& t, void* dst, size_t nbytes) {
-  KILN_CHECK(nbytes == t.info.nbytes, "[checkpoint] tensor '{}' has {} bytes, buffer has {}",
-             path, t.info.nbytes, nbytes);
+  KILN_CHECK(nbytes == t.info.nbytes, "[checkpoint] tensor '{}' has {} bytes, buffer has {}", path,
+             t.info.nbytes, nbytes);
   if (nbytes > 0) {
     KILN_CHECK(dst, "[checkpoint] null buffer for tensor '{}'", path);
     check(H5Dread(t.dset, mem_type(*t.dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, dst),
           "cannot read tensor '{}'", path);
   }
   uint64_t want = read_u64_attr(t.dset, kHashAttr, fmt::format("tensor '{}'", path));
-  KILN_CHECK(fnv1a64(dst, nbytes) == want, "[checkpoint] tensor {} checksum mismatch: file is corrupt",
-             path);
+  KILN_CHECK(fnv1a64(dst, nbytes) == want,
+             "[checkpoint] tensor {} checksum mismatch: file is corrupt", path);
 }
 
 void fsync_path(const std::string& p, bool dir) {
@@ -417,8 +425,8 @@ void CheckpointWriter::add_tensor(const std::string& path, const std::string& dt
 }
 
 void CheckpointWriter::set_attr(Attr a) {
-  KILN_CHECK(!a.name.empty() && a.name != kVersionAttr,
-             "[checkpoint] bad attribute name '{}'", a.name);
+  KILN_CHECK(!a.name.empty() && a.name != kVersionAttr, "[checkpoint] bad attribute name '{}'",
+             a.name);
   for (auto& old : attrs_)
     if (old.name == a.name) {
       old = std::move(a);
@@ -489,9 +497,9 @@ void CheckpointWriter::write(const std::string& path) const {
         space = checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                         H5Sclose, "dataspace for '{}'", e.path);
       }
-      Id dset = checked(H5Dcreate2(file, e.path.c_str(), file_type(d), space, lcpl, H5P_DEFAULT,
-                                   H5P_DEFAULT),
-                        H5Dclose, "cannot create dataset '{}'", e.path);
+      Id dset = checked(
+          H5Dcreate2(file, e.path.c_str(), file_type(d), space, lcpl, H5P_DEFAULT, H5P_DEFAULT),
+          H5Dclose, "cannot create dataset '{}'", e.path);
       if (e.nbytes > 0)
         check(H5Dwrite(dset, mem_type(d), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
               "cannot write dataset '{}'", e.path);
@@ -531,9 +539,10 @@ void CheckpointReader::open(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) {
     struct stat tst {};
     if (::stat((path + ".tmp").c_str(), &tst) == 0)
-      fail("[checkpoint] '{}' does not exist; only a half-written '{}.tmp' (an interrupted "
-           "save) is there",
-           path, path);
+      fail(
+          "[checkpoint] '{}' does not exist; only a half-written '{}.tmp' (an interrupted "
+          "save) is there",
+          path, path);
     fail("[checkpoint] '{}' does not exist", path);
   }
   KILN_CHECK(S_ISREG(st.st_mode), "[checkpoint] '{}' is not a regular file", path);
@@ -554,8 +563,8 @@ void CheckpointReader::open(const std::string& path) {
   KILN_CHECK(has_v > 0, "[checkpoint] '{}' is HDF5 but not a kiln checkpoint (no {})", path,
              kVersionAttr);
   int64_t v = read_i64_attr(file, kVersionAttr, where);
-  KILN_CHECK(v == kVersion, "[checkpoint] '{}' has {} {}, this build reads {}", path,
-             kVersionAttr, v, kVersion);
+  KILN_CHECK(v == kVersion, "[checkpoint] '{}' has {} {}, this build reads {}", path, kVersionAttr,
+             v, kVersion);
   for (const char* g : {"model", "meta"}) {
     bool ok = path_exists(file, g);
     if (ok) {
@@ -590,8 +599,7 @@ herr_t visit_link(hid_t g, const char* name, const H5L_info_t* info, void* p) {
 std::vector<std::string> CheckpointReader::list_tensors(const std::string& group) const {
   KILN_CHECK(is_open(), "[checkpoint] no file open");
   KILN_CHECK(has_group(group), "[checkpoint] '{}' has no group '{}'", path_, group);
-  Id g = checked(H5Gopen2(file_, group.c_str(), H5P_DEFAULT), H5Gclose, "cannot open '{}'",
-                 group);
+  Id g = checked(H5Gopen2(file_, group.c_str(), H5P_DEFAULT), H5Gclose, "cannot open '{}'", group);
   std::vector<std::string> names;
   check(H5Lvisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_link, &names),
         "cannot list group '{}' (corrupt?)", group);
@@ -630,8 +638,7 @@ void CheckpointReader::read_tensor_into(const std::string& path, void* dst, size
 
 std::vector<uint8_t> CheckpointReader::read_bytes(const std::string& name) const {
   TensorData t = read_tensor(blob_path(name));
-  KILN_CHECK(t.dtype == "U8" && t.shape.size() == 1, "[checkpoint] '{}' is not a byte blob",
-             name);
+  KILN_CHECK(t.dtype == "U8" && t.shape.size() == 1, "[checkpoint] '{}' is not a byte blob", name);
   return std::move(t.bytes);
 }
 

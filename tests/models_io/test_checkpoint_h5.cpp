@@ -140,10 +140,10 @@ TEST_F(CheckpointH5, RoundTripAllDtypesAndAttrs) {
   expect_error([&] { rd.get_attr_i64("nope"); }, "no attribute 'nope'");
   expect_error([&] { rd.get_attr_i64("config"); }, "wrong type");
 
-  EXPECT_EQ(rd.list_tensors("model"),
-            (std::vector<std::string>{"model.embed_tokens.weight",
-                                      "model.layers.0.mlp.up_proj.weight",
-                                      "model.layers.0.self_attn.q_proj.bias"}));
+  EXPECT_EQ(
+      rd.list_tensors("model"),
+      (std::vector<std::string>{"model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight",
+                                "model.layers.0.self_attn.q_proj.bias"}));
   EXPECT_EQ(rd.list_tensors("optim_v"), (std::vector<std::string>{"nested/dir/name.with.dots"}));
   EXPECT_TRUE(rd.has_group("optim_m"));
   EXPECT_FALSE(rd.has_group("optim_x"));
@@ -264,14 +264,13 @@ TEST_F(CheckpointH5, ForeignAndMissingFiles) {
   expect_error([&] { CheckpointReader rd(junk); }, "not an HDF5 file");
 
   // Valid HDF5 files that are not (valid) kiln checkpoints, made with the C API directly.
-  auto make = [&](const std::string& p, bool version_attr, int64_t version, bool model,
-                  bool meta) {
+  auto make = [&](const std::string& p, bool version_attr, int64_t version, bool model, bool meta) {
     hid_t f = H5Fcreate(p.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     ASSERT_GE(f, 0);
     if (version_attr) {
       hid_t s = H5Screate(H5S_SCALAR);
-      hid_t a = H5Acreate2(f, "kiln_checkpoint_version", H5T_STD_I64LE, s, H5P_DEFAULT,
-                           H5P_DEFAULT);
+      hid_t a =
+          H5Acreate2(f, "kiln_checkpoint_version", H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT);
       H5Awrite(a, H5T_NATIVE_INT64, &version);
       H5Aclose(a);
       H5Sclose(s);
