@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <type_traits>
 
 namespace kiln::cpu {
@@ -32,21 +33,30 @@ constexpr T kGeluC = T(0.7978845608028654);  // sqrt(2/pi)
 template <typename T>
 constexpr T kGeluA = T(0.044715);
 
-}  // namespace
+// Each op runs its loop over [i0, i1) in a cloned (AVX2 / baseline) function; the public
+// function splits n into chunks across threads.
+constexpr int64_t kChunk = 1 << 14;
+
+template <typename F>
+void for_chunks(int64_t n, F&& body) {
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t c = 0; c < nchunks; ++c) body(c * kChunk, std::min(n, (c + 1) * kChunk));
+}
 
 template <typename T>
-void silu_forward(int64_t n, const T* x, T* y) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
+KILN_SIMD_CLONES void silu_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
     const T xi = x[i];
     y[i] = xi * sigmoid(xi);
   }
 }
 
 template <typename T>
-void silu_backward(int64_t n, const T* x, const T* dy, T* dx) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
+KILN_SIMD_CLONES void silu_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
     const T xi = x[i];
     const T s = sigmoid(xi);
     dx[i] = dy[i] * s * (T(1) + xi * (T(1) - s));
@@ -54,9 +64,9 @@ void silu_backward(int64_t n, const T* x, const T* dy, T* dx) {
 }
 
 template <typename T>
-void gelu_tanh_forward(int64_t n, const T* x, T* y) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
+KILN_SIMD_CLONES void gelu_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
     const T xi = x[i];
     const T t = tanh_via_exp(kGeluC<T> * (xi + kGeluA<T> * xi * xi * xi));
     y[i] = T(0.5) * xi * (T(1) + t);
@@ -64,9 +74,9 @@ void gelu_tanh_forward(int64_t n, const T* x, T* y) {
 }
 
 template <typename T>
-void gelu_tanh_backward(int64_t n, const T* x, const T* dy, T* dx) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
+KILN_SIMD_CLONES void gelu_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
     const T xi = x[i];
     const T x2 = xi * xi;
     const T t = tanh_via_exp(kGeluC<T> * (xi + kGeluA<T> * x2 * xi));
@@ -76,23 +86,58 @@ void gelu_tanh_backward(int64_t n, const T* x, const T* dy, T* dx) {
 }
 
 template <typename T>
-void swiglu_forward(int64_t n, const T* gate, const T* up, T* out) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
+KILN_SIMD_CLONES void swiglu_fwd_range(int64_t i0, int64_t i1, const T* gate, const T* up,
+                                       T* out) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
     const T g = gate[i];
     out[i] = g * sigmoid(g) * up[i];
   }
 }
 
 template <typename T>
-void swiglu_backward(int64_t n, const T* gate, const T* up, const T* dout, T* dgate, T* dup) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
+KILN_SIMD_CLONES void swiglu_bwd_range(int64_t i0, int64_t i1, const T* gate, const T* up,
+                                       const T* dout, T* dgate, T* dup) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
     const T g = gate[i], u = up[i], d = dout[i];  // read all before writing (outputs may alias)
     const T s = sigmoid(g);
     dgate[i] = d * u * s * (T(1) + g * (T(1) - s));
     dup[i] = d * g * s;
   }
+}
+
+}  // namespace
+
+template <typename T>
+void silu_forward(int64_t n, const T* x, T* y) {
+  for_chunks(n, [&](int64_t i0, int64_t i1) { silu_fwd_range(i0, i1, x, y); });
+}
+
+template <typename T>
+void silu_backward(int64_t n, const T* x, const T* dy, T* dx) {
+  for_chunks(n, [&](int64_t i0, int64_t i1) { silu_bwd_range(i0, i1, x, dy, dx); });
+}
+
+template <typename T>
+void gelu_tanh_forward(int64_t n, const T* x, T* y) {
+  for_chunks(n, [&](int64_t i0, int64_t i1) { gelu_fwd_range(i0, i1, x, y); });
+}
+
+template <typename T>
+void gelu_tanh_backward(int64_t n, const T* x, const T* dy, T* dx) {
+  for_chunks(n, [&](int64_t i0, int64_t i1) { gelu_bwd_range(i0, i1, x, dy, dx); });
+}
+
+template <typename T>
+void swiglu_forward(int64_t n, const T* gate, const T* up, T* out) {
+  for_chunks(n, [&](int64_t i0, int64_t i1) { swiglu_fwd_range(i0, i1, gate, up, out); });
+}
+
+template <typename T>
+void swiglu_backward(int64_t n, const T* gate, const T* up, const T* dout, T* dgate, T* dup) {
+  for_chunks(n,
+             [&](int64_t i0, int64_t i1) { swiglu_bwd_range(i0, i1, gate, up, dout, dgate, dup); });
 }
 
 #define KILN_INSTANTIATE(T)                                                      \

@@ -68,20 +68,11 @@ class BlasSingleThreaded {
   int prev_ = 0;
 };
 
-// One block of query rows against keys [0, kend).
-//   q_blk: rows x D (row stride ldq), k_blk / v_blk: kend x D (row stride ldkv),
-//   o_blk: rows x D (row stride ldo), lse_blk: rows (stride lse_stride).
-//   Row r sees keys [0, min(kend, valid0 + r * valid_step)).
-//   s: scratch of rows * kend.
+// Row softmax of s: (rows, kend) in place; row r keeps its first min(kend, valid0 + r*step)
+// entries, the rest become 0. Writes each row's log-sum-exp.
 template <typename T>
-void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_blk, int64_t ldq,
-                   const T* k_blk, const T* v_blk, int64_t ldkv, int64_t valid0,
-                   int64_t valid_step, T* o_blk, int64_t ldo, T* lse_blk, int64_t lse_stride,
-                   T* s) {
-  if (rows == 1)
-    gemv(false, kend, D, scale, k_blk, ldkv, q_blk, T(0), s);
-  else
-    gemm(false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), s, kend);
+KILN_SIMD_CLONES void softmax_rows(int64_t rows, int64_t kend, int64_t valid0, int64_t valid_step,
+                                   T* s, T* lse_blk, int64_t lse_stride) {
   for (int64_t r = 0; r < rows; ++r) {
     T* sr = s + r * kend;
     const int64_t valid = std::min(kend, valid0 + r * valid_step);
@@ -98,9 +89,60 @@ void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_bl
     const T inv = T(1.0 / sum);
 #pragma omp simd
     for (int64_t j = 0; j < valid; ++j) sr[j] *= inv;
-    std::fill(sr + valid, sr + kend, T(0));
+    for (int64_t j = valid; j < kend; ++j) sr[j] = T(0);
     lse_blk[r * lse_stride] = T(double(mx) + std::log(sum));
   }
+}
+
+// Backward, per block: p holds scale * Q K^T (rows, kend); turn it into P = exp(S - lse) with
+// zeros right of the diagonal (row r sees i0 + r + 1 keys), and set di[r] = dout_r . out_r.
+template <typename T>
+KILN_SIMD_CLONES void backward_probs(int64_t rows, int64_t kend, int64_t i0, int64_t D,
+                                     const T* lse_blk, const T* oblk, const T* doblk,
+                                     int64_t ldo, T* p, T* di) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* pr = p + r * kend;
+    const int64_t valid = i0 + r + 1;
+    const T l = lse_blk[r];
+#pragma omp simd
+    for (int64_t j = 0; j < valid; ++j) pr[j] = detail::exp_fast(T(pr[j] - l));
+    for (int64_t j = valid; j < kend; ++j) pr[j] = T(0);
+    double acc = 0;
+    const T* dor = doblk + r * ldo;
+    const T* orow = oblk + r * ldo;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < D; ++d) acc += double(dor[d]) * double(orow[d]);
+    di[r] = T(acc);
+  }
+}
+
+// dS = P * (dP - Di), in place in dp: (rows, kend).
+template <typename T>
+KILN_SIMD_CLONES void backward_ds(int64_t rows, int64_t kend, const T* p, const T* di, T* dp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* pr = p + r * kend;
+    T* dr = dp + r * kend;
+    const T d = di[r];
+#pragma omp simd
+    for (int64_t j = 0; j < kend; ++j) dr[j] = pr[j] * (dr[j] - d);
+  }
+}
+
+// One block of query rows against keys [0, kend).
+//   q_blk: rows x D (row stride ldq), k_blk / v_blk: kend x D (row stride ldkv),
+//   o_blk: rows x D (row stride ldo), lse_blk: rows (stride lse_stride).
+//   Row r sees keys [0, min(kend, valid0 + r * valid_step)).
+//   s: scratch of rows * kend.
+template <typename T>
+void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_blk, int64_t ldq,
+                   const T* k_blk, const T* v_blk, int64_t ldkv, int64_t valid0,
+                   int64_t valid_step, T* o_blk, int64_t ldo, T* lse_blk, int64_t lse_stride,
+                   T* s) {
+  if (rows == 1)
+    gemv(false, kend, D, scale, k_blk, ldkv, q_blk, T(0), s);
+  else
+    gemm(false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), s, kend);
+  softmax_rows(rows, kend, valid0, valid_step, s, lse_blk, lse_stride);
   if (rows == 1)
     gemv(true, kend, D, T(1), v_blk, ldkv, s, T(0), o_blk);
   else
@@ -223,31 +265,12 @@ void attention_backward(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t 
           const T* lse_blk = lse + (b * Hq + h) * T_ + i0;
           // P = exp(scale * Q K^T - lse), zero right of the diagonal.
           gemm(false, true, rows, kend, D, sc, qblk, ldq, kb, ldkv, T(0), p.data(), kend);
-          for (int64_t r = 0; r < rows; ++r) {
-            T* pr = p.data() + r * kend;
-            const int64_t valid = i0 + r + 1;
-            const T l = lse_blk[r];
-#pragma omp simd
-            for (int64_t j = 0; j < valid; ++j) pr[j] = detail::exp_fast(T(pr[j] - l));
-            std::fill(pr + valid, pr + kend, T(0));
-            double acc = 0;  // Di = dout . out for this row
-            const T* dor = doblk + r * ldq;
-            const T* orow = oblk + r * ldq;
-#pragma omp simd reduction(+ : acc)
-            for (int64_t d = 0; d < D; ++d) acc += double(dor[d]) * double(orow[d]);
-            di[r] = T(acc);
-          }
+          backward_probs(rows, kend, i0, D, lse_blk, oblk, doblk, ldq, p.data(), di.data());
           // dV[0:kend] += P^T dO
           gemm(true, false, kend, D, rows, T(1), p.data(), kend, doblk, ldq, T(1), dvb, ldkv);
           // dP = dO V^T, then dS = P * (dP - Di) in place (zero where P is zero).
           gemm(false, true, rows, kend, D, T(1), doblk, ldq, vb, ldkv, T(0), dp.data(), kend);
-          for (int64_t r = 0; r < rows; ++r) {
-            const T* pr = p.data() + r * kend;
-            T* dr = dp.data() + r * kend;
-            const T d = di[r];
-#pragma omp simd
-            for (int64_t j = 0; j < kend; ++j) dr[j] = pr[j] * (dr[j] - d);
-          }
+          backward_ds(rows, kend, p.data(), di.data(), dp.data());
           // dQ = scale * dS K[0:kend] (each query row belongs to exactly one task: =)
           gemm(false, false, rows, D, kend, sc, dp.data(), kend, kb, ldkv, T(0), dq + off, ldq);
           // dK[0:kend] += scale * dS^T Q

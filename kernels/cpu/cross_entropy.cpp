@@ -26,6 +26,26 @@ void check_targets(int64_t N, int64_t V, const int32_t* targets, int32_t ignore_
   }
 }
 
+// Returns sum_v exp(row[v] - max) and sets mx = max_v row[v].
+template <typename T>
+KILN_SIMD_CLONES double row_max_sumexp(int64_t V, const T* row, T& mx_out) {
+  T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t v = 0; v < V; ++v) mx = row[v] > mx ? row[v] : mx;
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t v = 0; v < V; ++v) sum += double(detail::exp_fast(T(row[v] - mx)));
+  mx_out = mx;
+  return sum;
+}
+
+// drow[v] = g * exp(row[v] - l); drow may alias row.
+template <typename T>
+KILN_SIMD_CLONES void row_grad(int64_t V, const T* row, T l, T g, T* drow) {
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) drow[v] = g * detail::exp_fast(T(row[v] - l));
+}
+
 }  // namespace
 
 template <typename T>
@@ -35,14 +55,10 @@ void cross_entropy_forward(int64_t N, int64_t V, const T* logits, const int32_t*
 #pragma omp parallel for schedule(static) if (N * V >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const T* row = logits + n * V;
-    T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-    for (int64_t v = 0; v < V; ++v) mx = row[v] > mx ? row[v] : mx;
-    double sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t v = 0; v < V; ++v) sum += double(detail::exp_fast(T(row[v] - mx)));
-    // A row of all -inf has no finite max: its lse is -inf, as log(0) would be.
+    T mx;
+    const double sum = row_max_sumexp(V, row, mx);
     const double log_sum = std::log(sum);
+    // A row of all -inf has no finite max: its lse is -inf, as log(0) would be.
     lse[n] = std::isfinite(mx) ? T(double(mx) + log_sum) : mx;
     // (max - target) + log(sum) rather than lse - target: keeps the digits of a small loss when
     // the logits are large (lse rounded to T would lose them).
@@ -68,8 +84,7 @@ void cross_entropy_backward(int64_t N, int64_t V, const T* logits, const T* lse,
     }
     const T l = lse[n], g = dloss[n];
     const T target_logit = row[t];  // read before the row is overwritten when aliased
-#pragma omp simd
-    for (int64_t v = 0; v < V; ++v) drow[v] = g * detail::exp_fast(T(row[v] - l));
+    row_grad(V, row, l, g, drow);
     drow[t] = g * (detail::exp_fast(T(target_logit - l)) - T(1));
   }
 }
