@@ -1,0 +1,204 @@
+#include "models/config.h"
+
+#include <fstream>
+
+namespace kiln::models {
+
+void ModelConfig::validate() const {
+  auto positive = [](std::int64_t v, const char* field) {
+    KILN_CHECK(v > 0 && v < (std::int64_t{1} << 40), "[config] {} = {} must be positive", field, v);
+  };
+  positive(vocab_size, "vocab_size");
+  positive(dim, "dim (hidden_size)");
+  positive(n_layers, "n_layers (num_hidden_layers)");
+  positive(n_heads, "n_heads (num_attention_heads)");
+  positive(n_kv_heads, "n_kv_heads (num_key_value_heads)");
+  positive(head_dim, "head_dim");
+  positive(hidden_dim, "hidden_dim (intermediate_size)");
+  positive(max_seq_len, "max_seq_len (max_position_embeddings)");
+  KILN_CHECK(n_heads % n_kv_heads == 0,
+             "[config] num_attention_heads {} is not divisible by num_key_value_heads {}", n_heads,
+             n_kv_heads);
+  KILN_CHECK(head_dim % 2 == 0, "[config] head_dim {} must be even for RoPE", head_dim);
+  KILN_CHECK(norm_eps > 0 && norm_eps < 1, "[config] norm_eps {} out of range", norm_eps);
+  KILN_CHECK(rope_theta > 1, "[config] rope_theta {} must be > 1", rope_theta);
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  return {{"name", name},
+          {"vocab_size", vocab_size},
+          {"dim", dim},
+          {"n_layers", n_layers},
+          {"n_heads", n_heads},
+          {"n_kv_heads", n_kv_heads},
+          {"head_dim", head_dim},
+          {"hidden_dim", hidden_dim},
+          {"max_seq_len", max_seq_len},
+          {"norm_eps", norm_eps},
+          {"rope_theta", rope_theta},
+          {"rope_style", rope_style == ops::RopeStyle::Interleaved ? "interleaved" : "rotate_half"},
+          {"qk_norm", qk_norm},
+          {"qkv_bias", qkv_bias},
+          {"tie_embeddings", tie_embeddings},
+          {"layernorm", layernorm},
+          {"gelu_mlp", gelu_mlp},
+          {"bias", bias},
+          {"final_norm", final_norm},
+          {"init_std", init_std}};
+}
+
+ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
+  ModelConfig c;
+  try {
+    c.name = j.value("name", std::string("custom"));
+    c.vocab_size = j.at("vocab_size").get<std::int64_t>();
+    c.dim = j.at("dim").get<std::int64_t>();
+    c.n_layers = j.at("n_layers").get<std::int64_t>();
+    c.n_heads = j.at("n_heads").get<std::int64_t>();
+    c.n_kv_heads = j.value("n_kv_heads", c.n_heads);
+    c.head_dim = j.value("head_dim", std::int64_t{0});
+    c.hidden_dim = j.at("hidden_dim").get<std::int64_t>();
+    c.max_seq_len = j.at("max_seq_len").get<std::int64_t>();
+    c.norm_eps = j.value("norm_eps", 1e-5);
+    c.rope_theta = j.value("rope_theta", 10000.0);
+    std::string style = j.value("rope_style", std::string("interleaved"));
+    KILN_CHECK(style == "interleaved" || style == "rotate_half",
+               "[config] rope_style '{}' must be interleaved or rotate_half", style);
+    c.rope_style = style == "interleaved" ? ops::RopeStyle::Interleaved : ops::RopeStyle::RotateHalf;
+    c.qk_norm = j.value("qk_norm", false);
+    c.qkv_bias = j.value("qkv_bias", false);
+    c.tie_embeddings = j.value("tie_embeddings", true);
+    c.layernorm = j.value("layernorm", false);
+    c.gelu_mlp = j.value("gelu_mlp", false);
+    c.bias = j.value("bias", false);
+    c.final_norm = j.value("final_norm", true);
+    c.init_std = j.value("init_std", 0.02);
+  } catch (const nlohmann::json::exception& e) {
+    fail("[config] bad model config: {}", e.what());
+  }
+  if (c.head_dim == 0 && c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
+  c.validate();
+  return c;
+}
+
+std::int64_t llama2c_hidden_dim(std::int64_t dim, std::int64_t multiple) {
+  std::int64_t h = 2 * (4 * dim) / 3;
+  return multiple * ((h + multiple - 1) / multiple);
+}
+
+static ModelConfig llama2c(const char* name, std::int64_t dim, std::int64_t layers,
+                           std::int64_t heads, std::int64_t kv_heads, std::int64_t vocab,
+                           std::int64_t seq, std::int64_t hidden = 0) {
+  ModelConfig c;
+  c.name = name;
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.head_dim = dim / heads;
+  c.vocab_size = vocab;
+  c.max_seq_len = seq;
+  c.hidden_dim = hidden ? hidden : llama2c_hidden_dim(dim);
+  c.norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.rope_style = ops::RopeStyle::Interleaved;
+  c.tie_embeddings = true;
+  return c;
+}
+
+std::vector<std::string> preset_names() {
+  return {"shakespeare-char", "stories260K", "stories15M", "stories42M",
+          "stories110M",      "qwen3-0.6b",  "qwen3-8b"};
+}
+
+ModelConfig preset(const std::string& name) {
+  if (name == "stories260K") return llama2c("stories260K", 64, 5, 8, 4, 512, 512, 172);
+  if (name == "stories15M") return llama2c("stories15M", 288, 6, 6, 6, 32000, 256);
+  if (name == "stories42M") return llama2c("stories42M", 512, 8, 8, 8, 32000, 1024);
+  if (name == "stories110M") return llama2c("stories110M", 768, 12, 12, 12, 32000, 1024);
+  if (name == "shakespeare-char") {
+    // The CPU default: char-level (vocab set from the data), context 128.
+    ModelConfig c = llama2c("shakespeare-char", 192, 4, 4, 4, 65, 128, 512);
+    return c;
+  }
+  if (name == "qwen3-0.6b" || name == "qwen3-8b") {
+    ModelConfig c;
+    c.name = name;
+    c.vocab_size = 151936;
+    c.head_dim = 128;
+    c.norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.rope_style = ops::RopeStyle::RotateHalf;
+    c.qk_norm = true;
+    c.max_seq_len = 40960;
+    if (name == "qwen3-0.6b") {
+      c.dim = 1024, c.hidden_dim = 3072, c.n_layers = 28, c.n_heads = 16, c.n_kv_heads = 8;
+      c.tie_embeddings = true;
+    } else {
+      c.dim = 4096, c.hidden_dim = 12288, c.n_layers = 36, c.n_heads = 32, c.n_kv_heads = 8;
+      c.tie_embeddings = false;
+    }
+    return c;
+  }
+  std::string names;
+  for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  fail("[config] unknown preset '{}' (known: {})", name, names);
+}
+
+ModelConfig from_hf_config(const nlohmann::json& j) {
+  ModelConfig c;
+  auto get_int = [&](const char* field) -> std::int64_t {
+    KILN_CHECK(j.contains(field), "[config] config.json lacks field '{}'", field);
+    KILN_CHECK(j[field].is_number_integer(), "[config] field '{}' must be an integer", field);
+    return j[field].get<std::int64_t>();
+  };
+  KILN_CHECK(j.is_object(), "[config] config.json must be a JSON object");
+  std::string type = j.value("model_type", std::string());
+  KILN_CHECK(type == "qwen3" || type == "qwen2" || type == "llama" || type == "mistral",
+             "[config] unknown model_type '{}' (supported: qwen3, qwen2, llama, mistral)", type);
+  c.name = type;
+  c.vocab_size = get_int("vocab_size");
+  c.dim = get_int("hidden_size");
+  c.hidden_dim = get_int("intermediate_size");
+  c.n_layers = get_int("num_hidden_layers");
+  c.n_heads = get_int("num_attention_heads");
+  c.n_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                     ? get_int("num_key_value_heads")
+                     : c.n_heads;
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    c.head_dim = get_int("head_dim");
+  } else {
+    KILN_CHECK(c.n_heads > 0 && c.dim % c.n_heads == 0,
+               "[config] hidden_size {} is not divisible by num_attention_heads {}", c.dim,
+               c.n_heads);
+    c.head_dim = c.dim / c.n_heads;
+  }
+  c.max_seq_len = j.contains("max_position_embeddings") ? get_int("max_position_embeddings") : 4096;
+  c.norm_eps = j.value("rms_norm_eps", 1e-6);
+  double theta = 10000.0;
+  if (j.contains("rope_theta") && j["rope_theta"].is_number()) theta = j["rope_theta"].get<double>();
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].contains("rope_theta"))
+    theta = j["rope_parameters"]["rope_theta"].get<double>();
+  c.rope_theta = theta;
+  c.rope_style = ops::RopeStyle::RotateHalf;
+  c.tie_embeddings = j.value("tie_word_embeddings", false);
+  c.qk_norm = type == "qwen3";
+  c.qkv_bias = type == "qwen2" ? true : j.value("attention_bias", false);
+  c.validate();
+  return c;
+}
+
+ModelConfig load_hf_config(const std::string& path) {
+  std::ifstream f(path);
+  KILN_CHECK(f.good(), "[config] cannot open {}", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail("[config] {} is not valid JSON: {}", path, e.what());
+  }
+  return from_hf_config(j);
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,57 @@
+// Model configuration for the one decoder that covers LLaMA (llama2.c),
+// Mistral, Qwen2/2.5 and Qwen3, plus presets and Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tensor/ops.h"
+
+namespace kiln::models {
+
+struct ModelConfig {
+  std::string name;            // preset name or model_type
+  std::int64_t vocab_size = 0;
+  std::int64_t dim = 0;        // hidden_size
+  std::int64_t n_layers = 0;
+  std::int64_t n_heads = 0;
+  std::int64_t n_kv_heads = 0;
+  std::int64_t head_dim = 0;   // 0: dim / n_heads
+  std::int64_t hidden_dim = 0; // intermediate_size
+  std::int64_t max_seq_len = 0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  ops::RopeStyle rope_style = ops::RopeStyle::Interleaved;  // llama2.c; HF uses RotateHalf
+  bool qk_norm = false;         // Qwen3
+  bool qkv_bias = false;        // Qwen2
+  bool tie_embeddings = true;
+  bool layernorm = false;       // LayerNorm with bias instead of RMSNorm
+  bool gelu_mlp = false;        // GELU MLP (fc/proj) instead of SwiGLU
+  bool bias = false;            // biases on every linear (classic GPT block)
+  bool final_norm = true;
+  double init_std = 0.02;
+
+  std::int64_t q_dim() const { return n_heads * head_dim; }
+  std::int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // Fills head_dim and checks every field; failures name the field.
+  void validate() const;
+  nlohmann::json to_json() const;
+  static ModelConfig from_json(const nlohmann::json& j);
+};
+
+// llama2.c's rule: 4·dim, times 2/3, rounded up to a multiple of `multiple`.
+std::int64_t llama2c_hidden_dim(std::int64_t dim, std::int64_t multiple = 32);
+
+// stories260K, stories15M, stories42M, stories110M, shakespeare-char,
+// qwen3-0.6b, qwen3-8b.
+ModelConfig preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// A Hugging Face config.json (model_type qwen3, qwen2, llama, mistral).
+ModelConfig from_hf_config(const nlohmann::json& j);
+ModelConfig load_hf_config(const std::string& path);
+
+}  // namespace kiln::models

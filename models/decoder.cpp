@@ -1,0 +1,106 @@
+#include "models/decoder.h"
+
+#include <cmath>
+
+namespace kiln::models {
+
+namespace {
+
+nn::AttentionConfig attention_config(const ModelConfig& c) {
+  nn::AttentionConfig a;
+  a.dim = c.dim;
+  a.n_heads = c.n_heads;
+  a.n_kv_heads = c.n_kv_heads;
+  a.head_dim = c.head_dim;
+  a.qk_norm = c.qk_norm;
+  a.qkv_bias = c.qkv_bias || c.bias;
+  a.o_bias = c.bias;
+  a.norm_eps = c.norm_eps;
+  return a;
+}
+
+}  // namespace
+
+KVCache::KVCache(const ModelConfig& c, std::int64_t batch, std::int64_t max_len, DType dtype,
+                 Device device)
+    : capacity(max_len) {
+  KILN_CHECK(max_len > 0 && max_len <= c.max_seq_len,
+             "[kv_cache] context {} must be in [1, {}] (the model's max_seq_len)", max_len,
+             c.max_seq_len);
+  MemoryScope scope(MemCategory::KVCache);
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    k.push_back(Tensor::empty({batch, max_len, c.n_kv_heads, c.head_dim}, dtype, device));
+    v.push_back(Tensor::empty({batch, max_len, c.n_kv_heads, c.head_dim}, dtype, device));
+  }
+  for (std::int64_t l = 0; l < c.n_layers; ++l) layers.push_back({k[l], v[l], &len});
+}
+
+DecoderBody::DecoderBody(const ModelConfig& c, const nn::Init& init) {
+  embed_tokens = register_module("embed_tokens",
+                                 std::make_shared<nn::Embedding>(c.vocab_size, c.dim, init));
+  layers = register_module("layers", std::make_shared<nn::ModuleList<nn::DecoderLayer>>());
+  double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layers));
+  nn::MlpConfig m{c.dim, c.hidden_dim, c.gelu_mlp, c.bias};
+  for (std::int64_t l = 0; l < c.n_layers; ++l)
+    layers->push_back(std::make_shared<nn::DecoderLayer>(attention_config(c), m, c.layernorm,
+                                                         init, out_std));
+  if (c.final_norm)
+    norm = register_module("norm", std::make_shared<nn::Norm>(c.layernorm, c.dim, c.norm_eps, init));
+}
+
+DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, DType dtype, Device device)
+    : cfg(c) {
+  cfg.validate();
+  Generator gen(seed);
+  nn::Init init{&gen, cfg.init_std, dtype, device};
+  model = register_module("model", std::make_shared<DecoderBody>(cfg, init));
+  if (!cfg.tie_embeddings)
+    lm_head = register_module(
+        "lm_head", std::make_shared<nn::Linear>(cfg.dim, cfg.vocab_size, false, init, cfg.init_std));
+  rope = std::make_unique<nn::Rope>(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, cfg.rope_style,
+                                    dtype, device);
+}
+
+const Tensor& DecoderModel::lm_head_weight() const {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+Tensor DecoderModel::hidden(const Tensor& ids, std::int64_t pos_offset, KVCache* cache) {
+  KILN_CHECK(ids.dim() == 2 && ids.dtype() == DType::I32, "[model] ids must be i32 (B, T), got {} {}",
+             dtype_name(ids.dtype()), shape_str(ids.shape()));
+  std::int64_t T = ids.size(1);
+  KILN_CHECK(pos_offset + T <= cfg.max_seq_len,
+             "[model] sequence of {} tokens (from position {}) exceeds the model's context of {}",
+             T, pos_offset, cfg.max_seq_len);
+  Tensor h = model->embed_tokens->forward(ids);
+  for (std::size_t l = 0; l < model->layers->items.size(); ++l) {
+    const auto& layer = model->layers->items[l];
+    nn::LayerKV* kv = cache ? &cache->layers[l] : nullptr;
+    if (recompute && !cache && grad_enabled()) {
+      const nn::Rope* r = rope.get();
+      h = ag::checkpoint([layer, r](const std::vector<Tensor>& in) { return layer->forward(in[0], r); },
+                         {h});
+    } else {
+      h = layer->forward(h, rope.get(), pos_offset, kv);
+    }
+  }
+  if (model->norm) h = model->norm->forward(h);
+  return h;
+}
+
+Tensor DecoderModel::forward(const Tensor& ids, std::int64_t pos_offset, KVCache* cache) {
+  Tensor h = hidden(ids, pos_offset, cache);
+  MemLabelScope label("lm_head");
+  return ag::linear(h, lm_head_weight());
+}
+
+Tensor DecoderModel::loss(const Tensor& ids, const Tensor& targets, std::int32_t ignore_index) {
+  KILN_CHECK(targets.shape() == ids.shape(), "[model] targets {} do not match ids {}",
+             shape_str(targets.shape()), shape_str(ids.shape()));
+  Tensor logits = forward(ids);
+  MemLabelScope label("cross_entropy");
+  return ag::cross_entropy(ag::reshape(logits, {-1, cfg.vocab_size}), targets.reshape({-1}),
+                           ignore_index);
+}
+
+}  // namespace kiln::models
