@@ -1,6 +1,7 @@
 // Strided copy with dtype conversion, and fill. See copy.h for the conversion rules.
 // Strategy: drop size-1 dims and merge dims that are contiguous with each other in src, so a
-// contiguous source becomes one flat loop and a permuted one becomes (rows, inner) loops.
+// contiguous source becomes one flat loop and a permuted one becomes (rows, inner) loops, or
+// blocks of (mid, inner) loop nests for 3+ dims.
 // A 2-D transpose-like case (inner stride > 1, other dim contiguous) is tiled for cache use.
 #include "kernels/cpu/copy.h"
 
@@ -23,7 +24,11 @@ inline void convert_run(int64_t n, const Src* __restrict src, int64_t stride,
                         Dst* __restrict dst) {
   if (stride == 1) {
     if constexpr (std::is_same_v<Src, Dst>) {
-      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(Src));
+      if (n >= 64) {
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(Src));
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+      }
     } else {
       for (int64_t i = 0; i < n; ++i) dst[i] = convert_scalar<Dst>(src[i]);
     }
@@ -93,25 +98,36 @@ void copy_strided(int ndim, const int64_t* shape, const Src* src, const int64_t*
       }
     return;
   }
-  // General: rows over the leading nd-1 dims, a run over the last one.
   const int64_t inner = sh[nd - 1], inner_stride = st[nd - 1];
-  const int64_t rows = total / inner;
+  if (nd == 2) {
+    const int64_t rows = sh[0], row_stride = st[0];
+#pragma omp parallel for schedule(static) if (total > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r)
+      convert_run(inner, src + r * row_stride, inner_stride, dst + r * inner);
+    return;
+  }
+  // General: blocks over the leading nd-2 dims (odometer), each a (mid, inner) loop nest, so
+  // index arithmetic happens once per block rather than once per short run.
+  const int64_t mid = sh[nd - 2], mid_stride = st[nd - 2];
+  const int64_t blocks = total / (mid * inner);
 #pragma omp parallel if (total > kParallelMin)
   {
     const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-    const int64_t r0 = rows * tid / nt, r1 = rows * (tid + 1) / nt;
-    if (r0 < r1) {
-      // Multi-index of row r0, then step it like an odometer.
+    const int64_t b0 = blocks * tid / nt, b1 = blocks * (tid + 1) / nt;
+    if (b0 < b1) {
+      // Multi-index of block b0, then step it like an odometer.
       int64_t idx[kMaxDims];
-      int64_t rem = r0, off = 0;
-      for (int d = nd - 2; d >= 0; --d) {
+      int64_t rem = b0, off = 0;
+      for (int d = nd - 3; d >= 0; --d) {
         idx[d] = rem % sh[d];
         rem /= sh[d];
         off += idx[d] * st[d];
       }
-      for (int64_t r = r0; r < r1; ++r) {
-        convert_run(inner, src + off, inner_stride, dst + r * inner);
-        for (int d = nd - 2; d >= 0; --d) {
+      for (int64_t b = b0; b < b1; ++b) {
+        Dst* out = dst + b * mid * inner;
+        for (int64_t k = 0; k < mid; ++k)
+          convert_run(inner, src + off + k * mid_stride, inner_stride, out + k * inner);
+        for (int d = nd - 3; d >= 0; --d) {
           off += st[d];
           if (++idx[d] < sh[d]) break;
           off -= st[d] * sh[d];

@@ -98,6 +98,19 @@ void binary_impl(int ndim, const int64_t* shape, const T* a, const int64_t* a_st
   }
   const int64_t inner = sh[nd - 1], ia = sa[nd - 1], ib = sb[nd - 1];
   const int64_t rows = total / inner;
+  if (nd == 2 && ia == 1 && ib == 1) {
+    // (rows, C) with contiguous runs in both operands, e.g. bias add (rows, C) + (C): a plain
+    // row loop, no per-row index arithmetic.
+    const int64_t ra = sa[0], rb = sb[0];
+#pragma omp parallel for schedule(static) if (total > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* ar = a + r * ra;
+      const T* br = b + r * rb;
+      T* orow = out + r * inner;
+      for (int64_t j = 0; j < inner; ++j) orow[j] = f(ar[j], br[j]);
+    }
+    return;
+  }
 #pragma omp parallel if (total > kParallelMin)
   {
     const int nt = omp_get_num_threads(), tid = omp_get_thread_num();

@@ -207,6 +207,8 @@ std::vector<Layout> layouts() {
       {{2, 3, 0}, {0, 0, 1}, 1},                    // empty
       {{40000}, {3}, 120000},                       // long strided run (parallel)
       {{300, 200}, {200, 1}, 60000},                // contiguous, parallel
+      {{16, 4, 64, 16}, {4096, 16, 64, 1}, 65536},  // permute, parallel blocks
+      {{9, 5, 7, 300}, {2100, 300, 0, 1}, 18900},   // broadcast middle dim, parallel
   };
 }
 
