@@ -5,13 +5,14 @@
 // stored (untransposed) matrices: A is stored (M, K) with lda >= K, or (K, M) with lda >= M when
 // trans_a. When beta == 0, C is not read (NaNs in it do not leak).
 //
-// Threading: the installed OpenBLAS is the pthread build (libopenblas0-pthread 0.3.21), which has
-// its own thread pool and does not know about OpenMP. OpenBLAS already runs a GEMM on one thread
-// when M*N*K <= 65536 * GEMM_MULTITHREAD_THRESHOLD (= 262144). gemm_batched therefore
-// parallelizes over the batch with OpenMP only for such small matrices (each BLAS call is then
-// single-threaded: no oversubscription), and runs larger matrices one after another, each using
-// the OpenBLAS pool. Calling gemm from inside an OpenMP parallel region is safe (OpenBLAS 0.3.21
-// serializes concurrent use of its pool), but only small matrices run concurrently there.
+// Threading: CMake links Debian's OpenMP build of OpenBLAS (0.3.21) when it is installed, else
+// the pthread build. Either way OpenBLAS runs a GEMM on one thread when
+// M*N*K <= 65536 * GEMM_MULTITHREAD_THRESHOLD (= 262144), so gemm_batched parallelizes over the
+// batch with OpenMP only for such small matrices (each BLAS call then single-threaded: no
+// oversubscription) and runs larger ones one after another, each using BLAS's own threads.
+// Calling gemm from inside an OpenMP parallel region is safe with both builds: the OpenMP build
+// sees omp_in_parallel() and stays on the calling thread; the pthread build serializes
+// concurrent use of its pool (correct, but it can oversubscribe cores for large matrices).
 #pragma once
 
 #include <cstdint>
