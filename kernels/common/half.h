@@ -53,7 +53,7 @@ KILN_HOST_DEVICE inline float f16_to_float(f16 h) {
   const uint32_t sign = uint32_t(h.bits & 0x8000u) << 16;
   const uint32_t exp = (h.bits >> 10) & 0x1fu;
   uint32_t mant = h.bits & 0x3ffu;
-  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13));        // inf / NaN
   if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));  // normal
   if (mant == 0) return bits_float(sign);                                       // +-0
   // Subnormal: mant * 2^-24. Normalize so the leading 1 becomes the implicit bit.
@@ -83,7 +83,7 @@ KILN_HOST_DEVICE inline f16 float_to_f16(float f) {
     return f16{static_cast<uint16_t>(sign | h)};
   }
   // Subnormal half (or zero): result = round(value * 2^24) in units of 2^-24.
-  const uint32_t exp = x >> 23;  // biased float exponent, <= 112 here
+  const uint32_t exp = x >> 23;     // biased float exponent, <= 112 here
   if (exp < 102) return f16{sign};  // value < 2^-25: rounds to zero (2^-25 itself ties to 0)
   const uint32_t mant = (x & 0x7fffffu) | 0x800000u;
   const uint32_t shift = 126u - exp;  // in [14, 24]

@@ -20,8 +20,7 @@ constexpr int kMaxDims = 16;
 constexpr int64_t kParallelMin = 32768;  // elements below which threads cost more than they save
 
 template <typename Src, typename Dst>
-inline void convert_run(int64_t n, const Src* __restrict src, int64_t stride,
-                        Dst* __restrict dst) {
+inline void convert_run(int64_t n, const Src* __restrict src, int64_t stride, Dst* __restrict dst) {
   if (stride == 1) {
     if constexpr (std::is_same_v<Src, Dst>) {
       if (n >= 64) {
@@ -45,8 +44,7 @@ inline void convert_run(int64_t n, const Src* __restrict src, int64_t stride,
 template <typename Src, typename Dst>
 void copy_strided(int ndim, const int64_t* shape, const Src* src, const int64_t* src_strides,
                   Dst* dst) {
-  KILN_CHECK(ndim >= 0 && ndim <= kMaxDims, "[copy] ndim {} out of range [0, {}]", ndim,
-             kMaxDims);
+  KILN_CHECK(ndim >= 0 && ndim <= kMaxDims, "[copy] ndim {} out of range [0, {}]", ndim, kMaxDims);
   // Collapse: keep dims with size > 1, merge a dim into the next when stride[d] ==
   // stride[d+1] * shape[d+1].
   int64_t sh[kMaxDims], st[kMaxDims];
@@ -148,14 +146,14 @@ void fill(int64_t n, T value, T* dst) {
 // ---- explicit instantiations: every (Src, Dst) pair of the 7 element types ----------------------
 #define KILN_COPY_INST(S, D) \
   template void copy_strided<S, D>(int, const int64_t*, const S*, const int64_t*, D*);
-#define KILN_COPY_INST_FROM(S)                                                               \
-  KILN_COPY_INST(S, float)                                                                   \
-  KILN_COPY_INST(S, double)                                                                  \
-  KILN_COPY_INST(S, bf16)                                                                    \
-  KILN_COPY_INST(S, f16)                                                                     \
-  KILN_COPY_INST(S, int32_t)                                                                 \
-  KILN_COPY_INST(S, int64_t)                                                                 \
-  KILN_COPY_INST(S, uint8_t)                                                                 \
+#define KILN_COPY_INST_FROM(S) \
+  KILN_COPY_INST(S, float)     \
+  KILN_COPY_INST(S, double)    \
+  KILN_COPY_INST(S, bf16)      \
+  KILN_COPY_INST(S, f16)       \
+  KILN_COPY_INST(S, int32_t)   \
+  KILN_COPY_INST(S, int64_t)   \
+  KILN_COPY_INST(S, uint8_t)   \
   template void fill<S>(int64_t, S, S*);
 KILN_COPY_INST_FROM(float)
 KILN_COPY_INST_FROM(double)

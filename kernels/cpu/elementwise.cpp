@@ -154,12 +154,18 @@ void binary(BinaryOp op, int ndim, const int64_t* out_shape, const T* a, const i
   KILN_CHECK(ndim >= 0 && ndim <= kMaxDims, "[binary] ndim {} out of range [0, {}]", ndim,
              kMaxDims);
   switch (op) {
-    case BinaryOp::Add: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, AddF<T>{});
-    case BinaryOp::Sub: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, SubF<T>{});
-    case BinaryOp::Mul: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MulF<T>{});
-    case BinaryOp::Div: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, DivF<T>{});
-    case BinaryOp::Max: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MaxF<T>{});
-    case BinaryOp::Min: return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MinF<T>{});
+    case BinaryOp::Add:
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, AddF<T>{});
+    case BinaryOp::Sub:
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, SubF<T>{});
+    case BinaryOp::Mul:
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MulF<T>{});
+    case BinaryOp::Div:
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, DivF<T>{});
+    case BinaryOp::Max:
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MaxF<T>{});
+    case BinaryOp::Min:
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MinF<T>{});
   }
   fail("[binary] unknown op {}", static_cast<int>(op));
 }
@@ -168,16 +174,26 @@ template <typename T>
 void unary(UnaryOp op, int64_t n, const T* x, T* out) {
   KILN_CHECK(n >= 0, "[unary] negative size {}", n);
   switch (op) {
-    case UnaryOp::Neg: return map1(n, x, out, [](T v) { return -v; });
-    case UnaryOp::Exp: return map1(n, x, out, [](T v) { return std::exp(v); });
-    case UnaryOp::Log: return map1(n, x, out, [](T v) { return std::log(v); });
-    case UnaryOp::Sqrt: return map1(n, x, out, [](T v) { return std::sqrt(v); });
-    case UnaryOp::Rsqrt: return map1(n, x, out, [](T v) { return T(1) / std::sqrt(v); });
-    case UnaryOp::Abs: return map1(n, x, out, [](T v) { return std::abs(v); });
-    case UnaryOp::Square: return map1(n, x, out, [](T v) { return v * v; });
-    case UnaryOp::Reciprocal: return map1(n, x, out, [](T v) { return T(1) / v; });
-    case UnaryOp::Tanh: return map1(n, x, out, [](T v) { return std::tanh(v); });
-    case UnaryOp::Sigmoid: return map1(n, x, out, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+    case UnaryOp::Neg:
+      return map1(n, x, out, [](T v) { return -v; });
+    case UnaryOp::Exp:
+      return map1(n, x, out, [](T v) { return std::exp(v); });
+    case UnaryOp::Log:
+      return map1(n, x, out, [](T v) { return std::log(v); });
+    case UnaryOp::Sqrt:
+      return map1(n, x, out, [](T v) { return std::sqrt(v); });
+    case UnaryOp::Rsqrt:
+      return map1(n, x, out, [](T v) { return T(1) / std::sqrt(v); });
+    case UnaryOp::Abs:
+      return map1(n, x, out, [](T v) { return std::abs(v); });
+    case UnaryOp::Square:
+      return map1(n, x, out, [](T v) { return v * v; });
+    case UnaryOp::Reciprocal:
+      return map1(n, x, out, [](T v) { return T(1) / v; });
+    case UnaryOp::Tanh:
+      return map1(n, x, out, [](T v) { return std::tanh(v); });
+    case UnaryOp::Sigmoid:
+      return map1(n, x, out, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
   }
   fail("[unary] unknown op {}", static_cast<int>(op));
 }
@@ -208,13 +224,13 @@ void axpy(int64_t n, T alpha, const T* x, T* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-#define KILN_ELEMENTWISE_INST(T)                                                              \
-  template void binary<T>(BinaryOp, int, const int64_t*, const T*, const int64_t*, const T*,  \
-                          const int64_t*, T*);                                                \
-  template void unary<T>(UnaryOp, int64_t, const T*, T*);                                     \
-  template void scale_add<T>(int64_t, T, const T*, T, const T*, T*);                          \
-  template void add_scalar<T>(int64_t, const T*, T, T*);                                      \
-  template void mul_scalar<T>(int64_t, const T*, T, T*);                                      \
+#define KILN_ELEMENTWISE_INST(T)                                                             \
+  template void binary<T>(BinaryOp, int, const int64_t*, const T*, const int64_t*, const T*, \
+                          const int64_t*, T*);                                               \
+  template void unary<T>(UnaryOp, int64_t, const T*, T*);                                    \
+  template void scale_add<T>(int64_t, T, const T*, T, const T*, T*);                         \
+  template void add_scalar<T>(int64_t, const T*, T, T*);                                     \
+  template void mul_scalar<T>(int64_t, const T*, T, T*);                                     \
   template void axpy<T>(int64_t, T, const T*, T*);
 KILN_ELEMENTWISE_INST(float)
 KILN_ELEMENTWISE_INST(double)

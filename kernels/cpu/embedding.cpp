@@ -52,7 +52,7 @@ void embedding_backward(int64_t n_tokens, int64_t vocab, int64_t dim, const int3
   }
 }
 
-#define KILN_EMBEDDING_INST(T)                                                               \
+#define KILN_EMBEDDING_INST(T)                                                                 \
   template void embedding_forward<T>(int64_t, int64_t, int64_t, const int32_t*, const T*, T*); \
   template void embedding_backward<T>(int64_t, int64_t, int64_t, const int32_t*, const T*, T*);
 KILN_EMBEDDING_INST(float)

@@ -21,8 +21,8 @@ void check_args(const char* op, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   KILN_CHECK(M >= 0 && N >= 0 && K >= 0, "[{}] negative size M={} N={} K={}", op, M, N, K);
   KILN_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
                  ldc <= INT_MAX,
-             "[{}] size exceeds BLAS int range (M={} N={} K={} lda={} ldb={} ldc={})", op, M, N,
-             K, lda, ldb, ldc);
+             "[{}] size exceeds BLAS int range (M={} N={} K={} lda={} ldb={} ldc={})", op, M, N, K,
+             lda, ldb, ldc);
   const int64_t a_cols = ta ? M : K, b_cols = tb ? K : N;
   KILN_CHECK(lda >= std::max<int64_t>(1, a_cols), "[{}] lda {} < {}", op, lda, a_cols);
   KILN_CHECK(ldb >= std::max<int64_t>(1, b_cols), "[{}] ldb {} < {}", op, ldb, b_cols);
@@ -59,9 +59,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 }
 
 template <typename T>
-void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
-                  const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
-                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                  int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                  T* C, int64_t ldc, int64_t stride_c, int64_t batch) {
   check_args("gemm_batched", trans_a, trans_b, M, N, K, lda, ldb, ldc);
   KILN_CHECK(batch >= 0, "[gemm_batched] negative batch {}", batch);
   KILN_CHECK(stride_a >= 0 && stride_b >= 0 && stride_c >= 0,
@@ -72,12 +72,12 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T
   const double mnk = double(M) * double(N) * double(K);
   // Small matrices: one BLAS thread each, OpenMP over the batch. Skip the OpenMP team when the
   // whole batch is tiny or we are already inside a parallel region.
-  const bool par = batch > 1 && mnk <= kBlasSingleThreadMnk &&
-                   mnk * double(batch) >= 32768.0 && !omp_in_parallel();
+  const bool par = batch > 1 && mnk <= kBlasSingleThreadMnk && mnk * double(batch) >= 32768.0 &&
+                   !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t b = 0; b < batch; ++b)
-    blas_gemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb,
-              beta, C + b * stride_c, ldc);
+    blas_gemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
+              C + b * stride_c, ldc);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,

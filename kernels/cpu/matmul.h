@@ -26,8 +26,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 // stride_a / stride_b may be 0 to use one matrix for every batch entry; stride_c must be nonzero
 // when batch > 1 (each output is written once).
 template <typename T>
-void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
-                  const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
-                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c, int64_t batch);
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                  int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                  T* C, int64_t ldc, int64_t stride_c, int64_t batch);
 
 }  // namespace kiln::cpu

@@ -36,8 +36,7 @@ void random_normal(int64_t n, double mean, double std, uint64_t seed, uint64_t o
     box_muller(r.v[0], r.v[1], z[0], z[1]);
     box_muller(r.v[2], r.v[3], z[2], z[3]);
     const int64_t i0 = b * 4;
-    for (int64_t k = 0; k < 4 && i0 + k < n; ++k)
-      out[i0 + k] = tmean + tstd * static_cast<T>(z[k]);
+    for (int64_t k = 0; k < 4 && i0 + k < n; ++k) out[i0 + k] = tmean + tstd * static_cast<T>(z[k]);
   }
 }
 

@@ -142,8 +142,7 @@ void reduce(ReduceOp op, int64_t outer, int64_t dim, int64_t inner, const T* x, 
              dim, inner);
   if (outer == 0 || inner == 0) return;
   if (dim == 0) {
-    KILN_CHECK(op == ReduceOp::Sum || op == ReduceOp::Mean,
-               "[reduce] max/min over an empty dim");
+    KILN_CHECK(op == ReduceOp::Sum || op == ReduceOp::Mean, "[reduce] max/min over an empty dim");
     const T v = op == ReduceOp::Sum ? T(0) : std::numeric_limits<T>::quiet_NaN();
     for (int64_t i = 0; i < outer * inner; ++i) out[i] = v;
     return;
@@ -159,10 +158,18 @@ void reduce(ReduceOp op, int64_t outer, int64_t dim, int64_t inner, const T* x, 
   for (int64_t o = 0; o < outer; ++o) {
     const T* row = x + o * dim;
     switch (op) {
-      case ReduceOp::Sum: out[o] = static_cast<T>(run_sum(dim, row)); break;
-      case ReduceOp::Mean: out[o] = static_cast<T>(run_sum(dim, row) / double(dim)); break;
-      case ReduceOp::Max: out[o] = run_max(dim, row); break;
-      case ReduceOp::Min: out[o] = run_min(dim, row); break;
+      case ReduceOp::Sum:
+        out[o] = static_cast<T>(run_sum(dim, row));
+        break;
+      case ReduceOp::Mean:
+        out[o] = static_cast<T>(run_sum(dim, row) / double(dim));
+        break;
+      case ReduceOp::Max:
+        out[o] = run_max(dim, row);
+        break;
+      case ReduceOp::Min:
+        out[o] = run_min(dim, row);
+        break;
     }
   }
 }
@@ -210,10 +217,10 @@ double sum_squares(int64_t n, const T* x) {
   });
 }
 
-#define KILN_REDUCE_INST(T)                                                       \
-  template void reduce<T>(ReduceOp, int64_t, int64_t, int64_t, const T*, T*);     \
-  template void argmax<T>(int64_t, int64_t, int64_t, const T*, int64_t*);         \
-  template void sum_all<T>(int64_t, const T*, T*);                                \
+#define KILN_REDUCE_INST(T)                                                   \
+  template void reduce<T>(ReduceOp, int64_t, int64_t, int64_t, const T*, T*); \
+  template void argmax<T>(int64_t, int64_t, int64_t, const T*, int64_t*);     \
+  template void sum_all<T>(int64_t, const T*, T*);                            \
   template double sum_squares<T>(int64_t, const T*);
 KILN_REDUCE_INST(float)
 KILN_REDUCE_INST(double)

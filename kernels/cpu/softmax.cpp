@@ -93,10 +93,10 @@ void log_softmax_backward(int64_t rows, int64_t cols, const T* y, const T* dy, T
   }
 }
 
-#define KILN_SOFTMAX_INST(T)                                                      \
-  template void softmax_forward<T>(int64_t, int64_t, const T*, T*);               \
-  template void softmax_backward<T>(int64_t, int64_t, const T*, const T*, T*);    \
-  template void log_softmax_forward<T>(int64_t, int64_t, const T*, T*);           \
+#define KILN_SOFTMAX_INST(T)                                                   \
+  template void softmax_forward<T>(int64_t, int64_t, const T*, T*);            \
+  template void softmax_backward<T>(int64_t, int64_t, const T*, const T*, T*); \
+  template void log_softmax_forward<T>(int64_t, int64_t, const T*, T*);        \
   template void log_softmax_backward<T>(int64_t, int64_t, const T*, const T*, T*);
 KILN_SOFTMAX_INST(float)
 KILN_SOFTMAX_INST(double)

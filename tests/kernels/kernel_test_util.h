@@ -34,10 +34,10 @@ struct OpTestedRegistrar {
 #define KILN_TEST_CONCAT_INNER(a, b) a##b
 #define KILN_TEST_CONCAT(a, b) KILN_TEST_CONCAT_INNER(a, b)
 // Use at namespace scope in a test file: KILN_OP_TESTED(Op::Softmax);
-#define KILN_OP_TESTED(op)                                                              \
-  [[maybe_unused]] static const ::kiln::test::OpTestedRegistrar KILN_TEST_CONCAT( \
-      kiln_op_tested_, __LINE__) {                                                   \
-    op                                                                               \
+#define KILN_OP_TESTED(op)                                                                        \
+  [[maybe_unused]] static const ::kiln::test::OpTestedRegistrar KILN_TEST_CONCAT(kiln_op_tested_, \
+                                                                                 __LINE__) {      \
+    op                                                                                            \
   }
 
 // Sizes worth trying in every kernel: 1, odd, just past powers of two.
@@ -107,7 +107,7 @@ inline std::vector<double> ref_softmax(int64_t rows, int64_t cols, const std::ve
 
 // Row-wise log-softmax of x: (rows, cols), float64.
 inline std::vector<double> ref_log_softmax(int64_t rows, int64_t cols,
-                                          const std::vector<double>& x) {
+                                           const std::vector<double>& x) {
   std::vector<double> y(x.size());
   for (int64_t r = 0; r < rows; ++r) {
     double mx = -INFINITY;
@@ -153,8 +153,8 @@ double max_rel_diff(std::span<const A> a, std::span<const B> b, double floor = 1
 // Passes when every |actual - ref| <= atol + rtol*|ref| (NaN in either fails unless both NaN).
 // Usage: EXPECT_TRUE(all_close(std::span(out), std::span(ref), 1e-5, 1e-5));
 template <typename A, typename B>
-::testing::AssertionResult all_close(std::span<const A> actual, std::span<const B> ref,
-                                     double atol, double rtol) {
+::testing::AssertionResult all_close(std::span<const A> actual, std::span<const B> ref, double atol,
+                                     double rtol) {
   if (actual.size() != ref.size())
     return ::testing::AssertionFailure()
            << "size mismatch: " << actual.size() << " vs ref " << ref.size();

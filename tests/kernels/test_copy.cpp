@@ -17,22 +17,29 @@ namespace {
 KILN_OP_TESTED(Op::Copy);
 KILN_OP_TESTED(Op::Fill);
 
-// ---- plain references ----------------------------------------------------------------------------
+// ---- plain references
+// ----------------------------------------------------------------------------
 double ref_bf16_value(uint16_t b) {  // decode sign/exponent/mantissa fields by hand
   const int sign = b >> 15, exp = (b >> 7) & 0xff, mant = b & 0x7f;
   double v;
-  if (exp == 0xff) v = mant ? NAN : INFINITY;
-  else if (exp == 0) v = std::ldexp(mant, -126 - 7);
-  else v = std::ldexp(128 + mant, exp - 127 - 7);
+  if (exp == 0xff)
+    v = mant ? NAN : INFINITY;
+  else if (exp == 0)
+    v = std::ldexp(mant, -126 - 7);
+  else
+    v = std::ldexp(128 + mant, exp - 127 - 7);
   return sign ? -v : v;
 }
 
 double ref_f16_value(uint16_t h) {
   const int sign = h >> 15, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
   double v;
-  if (exp == 0x1f) v = mant ? NAN : INFINITY;
-  else if (exp == 0) v = std::ldexp(mant, -24);
-  else v = std::ldexp(1024 + mant, exp - 15 - 10);
+  if (exp == 0x1f)
+    v = mant ? NAN : INFINITY;
+  else if (exp == 0)
+    v = std::ldexp(mant, -24);
+  else
+    v = std::ldexp(1024 + mant, exp - 15 - 10);
   return sign ? -v : v;
 }
 
@@ -62,15 +69,18 @@ uint16_t ref_float_to_f16(float f) {
   uint32_t lo = 0, hi = 0x7bff;
   while (lo < hi) {
     const uint32_t mid = (lo + hi + 1) / 2;
-    if (ref_f16_value(uint16_t(mid)) <= ax) lo = mid;
-    else hi = mid - 1;
+    if (ref_f16_value(uint16_t(mid)) <= ax)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const uint32_t up = lo + 1;
   const double uv = up == 0x7c00 ? 65536.0 : ref_f16_value(uint16_t(up));
   return sign | uint16_t(pick_nearest(ax, lo, ref_f16_value(uint16_t(lo)), up, uv));
 }
 
-// ---- half.h --------------------------------------------------------------------------------------
+// ---- half.h
+// --------------------------------------------------------------------------------------
 TEST(Half, Bf16AllPatternsDecodeAndRoundTrip) {
   for (uint32_t b = 0; b < 65536; ++b) {
     const float f = bf16_to_float(bf16{uint16_t(b)});
@@ -146,7 +156,8 @@ TEST(Half, F16RoundingMatchesReference) {
     for (float f : {x, -x}) ASSERT_EQ(float_to_f16(f).bits, ref_float_to_f16(f)) << f;
 }
 
-// ---- copy ----------------------------------------------------------------------------------------
+// ---- copy
+// ----------------------------------------------------------------------------------------
 // Reference: walk the output in row-major order and read src at sum(idx * stride).
 template <typename Src, typename Dst>
 std::vector<Dst> ref_copy(const std::vector<int64_t>& shape, const Src* src,
@@ -193,16 +204,16 @@ struct Layout {
 
 std::vector<Layout> layouts() {
   return {
-      {{}, {}, 1},                                  // scalar
-      {{129}, {1}, 129},                            // contiguous
-      {{7, 33}, {33, 1}, 7 * 33},                   // contiguous 2-D
-      {{33, 7}, {1, 33}, 7 * 33},                   // transpose (tiled path)
-      {{129, 65}, {1, 129}, 129 * 65},              // larger transpose, odd edges
-      {{5, 1, 7}, {7, 0, 1}, 35},                   // size-1 dim
-      {{4, 7, 3}, {0, 3, 1}, 21},                   // broadcast outer
-      {{7, 5}, {1, 0}, 7},                          // broadcast inner
-      {{3, 4, 5, 6}, {120, 6, 24, 1}, 360},         // (B,H,T,D) <- (B,T,H,D) permute
-      {{6, 9}, {20, 2}, 120},                       // sliced, strided inner
+      {{}, {}, 1},                           // scalar
+      {{129}, {1}, 129},                     // contiguous
+      {{7, 33}, {33, 1}, 7 * 33},            // contiguous 2-D
+      {{33, 7}, {1, 33}, 7 * 33},            // transpose (tiled path)
+      {{129, 65}, {1, 129}, 129 * 65},       // larger transpose, odd edges
+      {{5, 1, 7}, {7, 0, 1}, 35},            // size-1 dim
+      {{4, 7, 3}, {0, 3, 1}, 21},            // broadcast outer
+      {{7, 5}, {1, 0}, 7},                   // broadcast inner
+      {{3, 4, 5, 6}, {120, 6, 24, 1}, 360},  // (B,H,T,D) <- (B,T,H,D) permute
+      {{6, 9}, {20, 2}, 120},                // sliced, strided inner
       {{1}, {1}, 1},
       {{2, 3, 0}, {0, 0, 1}, 1},                    // empty
       {{40000}, {3}, 120000},                       // long strided run (parallel)
@@ -222,7 +233,7 @@ TEST(Copy, FloatLayouts) {
 }
 
 TEST(Copy, AllDtypePairs) {
-  const std::vector<int64_t> shape = {5, 7}, strides = {1, 5};  // transpose
+  const std::vector<int64_t> shape = {5, 7}, strides = {1, 5};      // transpose
   const std::vector<int64_t> shape2 = {3, 33}, strides2 = {40, 1};  // rows with a gap
   auto both = [&]<typename S, typename D>() {
     check_copy<S, D>(shape, strides, 35, 3);

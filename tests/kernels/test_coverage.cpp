@@ -22,8 +22,8 @@ TEST(Coverage, EveryOpHasCpuKernel) {
 TEST(Coverage, EveryOpHasTest) {
   std::string missing;
   for (const auto& info : kOpList)
-    if (!test::tested_ops().count(info.op)) missing += std::string(missing.empty() ? "" : ", ") +
-                                                       std::string(info.name);
+    if (!test::tested_ops().count(info.op))
+      missing += std::string(missing.empty() ? "" : ", ") + std::string(info.name);
   EXPECT_TRUE(missing.empty()) << "ops without a registered test (KILN_OP_TESTED): " << missing;
 }
 

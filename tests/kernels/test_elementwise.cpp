@@ -19,12 +19,18 @@ using cpu::UnaryOp;
 
 double ref_binary(BinaryOp op, double a, double b) {
   switch (op) {
-    case BinaryOp::Add: return a + b;
-    case BinaryOp::Sub: return a - b;
-    case BinaryOp::Mul: return a * b;
-    case BinaryOp::Div: return a / b;
-    case BinaryOp::Max: return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
-    case BinaryOp::Min: return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
+    case BinaryOp::Add:
+      return a + b;
+    case BinaryOp::Sub:
+      return a - b;
+    case BinaryOp::Mul:
+      return a * b;
+    case BinaryOp::Div:
+      return a / b;
+    case BinaryOp::Max:
+      return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
+    case BinaryOp::Min:
+      return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
   }
   return NAN;
 }
@@ -75,23 +81,23 @@ void check_binary(BinaryOp op, const Case& c, uint64_t seed) {
 TEST(Binary, BroadcastCases) {
   const std::vector<Case> cases = {
       {{1}, {1}},
-      {{129}, {129}},                   // same shape
+      {{129}, {129}},  // same shape
       {{7, 33}, {7, 33}},
-      {{7, 33}, {1, 1}},                // b scalar
-      {{1, 1}, {7, 33}},                // a scalar
-      {{12, 33}, {1, 33}},              // bias add
-      {{12, 33}, {12, 1}},              // per-row scale
-      {{1, 33}, {7, 1}},                // outer product broadcast
-      {{3, 1, 5, 7}, {1, 4, 5, 1}},     // mixed
+      {{7, 33}, {1, 1}},             // b scalar
+      {{1, 1}, {7, 33}},             // a scalar
+      {{12, 33}, {1, 33}},           // bias add
+      {{12, 33}, {12, 1}},           // per-row scale
+      {{1, 33}, {7, 1}},             // outer product broadcast
+      {{3, 1, 5, 7}, {1, 4, 5, 1}},  // mixed
       {{2, 3, 4, 5, 6}, {2, 1, 4, 1, 6}},
-      {{300, 129}, {300, 129}},         // parallel
+      {{300, 129}, {300, 129}},  // parallel
       {{300, 129}, {1, 129}},
       {{40000}, {1}},
-      {{5, 0}, {5, 1}},                 // empty
+      {{5, 0}, {5, 1}},  // empty
   };
   uint64_t seed = 1;
-  for (auto op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max,
-                  BinaryOp::Min})
+  for (auto op :
+       {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min})
     for (const auto& c : cases) {
       check_binary<float>(op, c, seed += 2);
       check_binary<double>(op, c, seed += 2);
@@ -132,25 +138,35 @@ TEST(Binary, MaxMinPropagateNan) {
 
 double ref_unary(UnaryOp op, double x) {
   switch (op) {
-    case UnaryOp::Neg: return -x;
-    case UnaryOp::Exp: return std::exp(x);
-    case UnaryOp::Log: return std::log(x);
-    case UnaryOp::Sqrt: return std::sqrt(x);
-    case UnaryOp::Rsqrt: return 1 / std::sqrt(x);
-    case UnaryOp::Abs: return std::fabs(x);
-    case UnaryOp::Square: return x * x;
-    case UnaryOp::Reciprocal: return 1 / x;
-    case UnaryOp::Tanh: return std::tanh(x);
-    case UnaryOp::Sigmoid: return 1 / (1 + std::exp(-x));
+    case UnaryOp::Neg:
+      return -x;
+    case UnaryOp::Exp:
+      return std::exp(x);
+    case UnaryOp::Log:
+      return std::log(x);
+    case UnaryOp::Sqrt:
+      return std::sqrt(x);
+    case UnaryOp::Rsqrt:
+      return 1 / std::sqrt(x);
+    case UnaryOp::Abs:
+      return std::fabs(x);
+    case UnaryOp::Square:
+      return x * x;
+    case UnaryOp::Reciprocal:
+      return 1 / x;
+    case UnaryOp::Tanh:
+      return std::tanh(x);
+    case UnaryOp::Sigmoid:
+      return 1 / (1 + std::exp(-x));
   }
   return NAN;
 }
 
 TEST(Unary, AllOpsOddSizes) {
   uint64_t seed = 1;
-  for (auto op : {UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt,
-                  UnaryOp::Abs, UnaryOp::Square, UnaryOp::Reciprocal, UnaryOp::Tanh,
-                  UnaryOp::Sigmoid}) {
+  for (auto op :
+       {UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt, UnaryOp::Abs,
+        UnaryOp::Square, UnaryOp::Reciprocal, UnaryOp::Tanh, UnaryOp::Sigmoid}) {
     const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt ||
                           op == UnaryOp::Reciprocal;
     for (int64_t n : {1, 7, 33, 129, 70001}) {
@@ -172,7 +188,8 @@ TEST(Unary, AllOpsOddSizes) {
 
 TEST(Unary, ScaleAddAxpyScalars) {
   for (int64_t n : {1, 7, 33, 129, 50001}) {
-    auto x = test::random_uniform_vec<double>(n, 1 + n), y = test::random_uniform_vec<double>(n, 2 + n);
+    auto x = test::random_uniform_vec<double>(n, 1 + n),
+         y = test::random_uniform_vec<double>(n, 2 + n);
     std::vector<float> xf(x.begin(), x.end()), yf(y.begin(), y.end());
     std::vector<double> r_sa(n), r_ax(n), r_as(n), r_ms(n);
     for (int64_t i = 0; i < n; ++i) {

@@ -1,6 +1,5 @@
 // Tests for kernels/cpu/matmul.h against a float64 reference, all transpose combinations.
 #include <gtest/gtest.h>
-
 #include <omp.h>
 
 #include <vector>
@@ -65,7 +64,7 @@ TEST(Gemm, AlphaBetaAndLeadingDims) {
   uint64_t seed = 100;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      check_gemm<float>(ta, tb, 33, 17, 65, 0.5f, 1.0f, 3, seed += 3);   // accumulate
+      check_gemm<float>(ta, tb, 33, 17, 65, 0.5f, 1.0f, 3, seed += 3);  // accumulate
       check_gemm<float>(ta, tb, 33, 17, 65, -2.0f, 0.25f, 5, seed += 3);
       check_gemm<double>(ta, tb, 9, 129, 7, 1.5, -1.0, 2, seed += 3);
     }
@@ -86,8 +85,8 @@ TEST(Gemm, BetaZeroIgnoresNanAndKZero) {
 }
 
 template <typename T>
-void check_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t batch,
-                   bool bcast_a, bool bcast_b, T beta, uint64_t seed) {
+void check_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t batch, bool bcast_a,
+                   bool bcast_b, T beta, uint64_t seed) {
   const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
   const int64_t sa = bcast_a ? 0 : M * K, sb = bcast_b ? 0 : K * N, sc = M * N;
   auto A = test::random_uniform_vec<T>((bcast_a ? 1 : batch) * M * K, seed);
@@ -101,8 +100,8 @@ void check_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t ba
     auto r = ref_gemm(ta, tb, M, N, K, 1.0, a, lda, bb, ldb, beta, c, ldc);
     ref.insert(ref.end(), r.begin(), r.end());
   }
-  cpu::gemm_batched<T>(ta, tb, M, N, K, T(1), A.data(), lda, sa, B.data(), ldb, sb, beta,
-                       C.data(), ldc, sc, batch);
+  cpu::gemm_batched<T>(ta, tb, M, N, K, T(1), A.data(), lda, sa, B.data(), ldb, sb, beta, C.data(),
+                       ldc, sc, batch);
   const double tol = (std::is_same_v<T, float> ? 2e-6 : 1e-13) * double(K + 1);
   EXPECT_TRUE(test::all_close(C, ref, tol, tol)) << "batch " << batch << " M " << M;
 }
@@ -149,12 +148,11 @@ TEST(Gemm, RejectsBadArguments) {
   float x = 0;
   EXPECT_THROW(cpu::gemm<float>(false, false, -1, 1, 1, 1.f, &x, 1, &x, 1, 0.f, &x, 1), Error);
   EXPECT_THROW(cpu::gemm<float>(false, false, 2, 2, 3, 1.f, &x, 2, &x, 2, 0.f, &x, 2), Error);
-  EXPECT_THROW(cpu::gemm<float>(false, false, int64_t(1) << 32, 1, 1, 1.f, &x, 1, &x, 1, 0.f, &x,
-                                1),
-               Error);
-  EXPECT_THROW(cpu::gemm_batched<float>(false, false, 1, 1, 1, 1.f, &x, 1, 1, &x, 1, 1, 0.f, &x,
-                                        1, 0, 2),
-               Error);
+  EXPECT_THROW(
+      cpu::gemm<float>(false, false, int64_t(1) << 32, 1, 1, 1.f, &x, 1, &x, 1, 0.f, &x, 1), Error);
+  EXPECT_THROW(
+      cpu::gemm_batched<float>(false, false, 1, 1, 1, 1.f, &x, 1, 1, &x, 1, 1, 0.f, &x, 1, 0, 2),
+      Error);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // update rules over several steps, and (when /usr/bin/python3 has torch) against torch itself
 // via tests/kernels/adamw_ref.py.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -11,8 +12,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/optimizer.h"
@@ -127,8 +126,8 @@ TEST(AdamW, MatchesPyTorch) {
       f << '\n';
     }
   }
-  const std::string cmd = "/usr/bin/python3 " KILN_SOURCE_DIR "/tests/kernels/adamw_ref.py " +
-                          path.string();
+  const std::string cmd =
+      "/usr/bin/python3 " KILN_SOURCE_DIR "/tests/kernels/adamw_ref.py " + path.string();
   std::string out;
   if (FILE* pipe = ::popen(cmd.c_str(), "r")) {
     char buf[4096];

@@ -24,9 +24,12 @@ std::vector<double> ref_reduce(ReduceOp op, int64_t outer, int64_t dim, int64_t 
       double acc = op == ReduceOp::Max ? -INFINITY : op == ReduceOp::Min ? INFINITY : 0.0;
       for (int64_t d = 0; d < dim; ++d) {
         const double v = x[(o * dim + d) * inner + i];
-        if (op == ReduceOp::Max) acc = std::max(acc, v);
-        else if (op == ReduceOp::Min) acc = std::min(acc, v);
-        else acc += v;
+        if (op == ReduceOp::Max)
+          acc = std::max(acc, v);
+        else if (op == ReduceOp::Min)
+          acc = std::min(acc, v);
+        else
+          acc += v;
       }
       out[o * inner + i] = op == ReduceOp::Mean ? acc / double(dim) : acc;
     }
@@ -67,10 +70,10 @@ TEST(Reduce, OddShapes) {
 }
 
 TEST(Reduce, LargeShapesUseParallelPaths) {
-  check_reduce<float>(1, 100003, 1, 1);   // sum_all-like, chunked
-  check_reduce<float>(1, 3000, 64, 2);    // bias gradient: split-dim path
-  check_reduce<float>(2, 2049, 100, 3);   // split-dim, two outer rows, ragged tile
-  check_reduce<float>(500, 129, 1, 4);    // row reductions
+  check_reduce<float>(1, 100003, 1, 1);  // sum_all-like, chunked
+  check_reduce<float>(1, 3000, 64, 2);   // bias gradient: split-dim path
+  check_reduce<float>(2, 2049, 100, 3);  // split-dim, two outer rows, ragged tile
+  check_reduce<float>(500, 129, 1, 4);   // row reductions
   check_reduce<double>(3, 1000, 77, 5);
 }
 
