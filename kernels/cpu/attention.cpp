@@ -46,10 +46,11 @@ inline void gemv(bool ta, int64_t m, int64_t n, double alpha, const double* a, i
               x, 1, beta, y, 1);
 }
 
-// The installed OpenBLAS is the pthreads build: it does not notice that it is called from an
-// OpenMP region and would run each small per-head GEMM on its own thread pool, fighting our
-// threads. Pin it to one thread for the duration of the kernel. (The OpenMP build notices by
-// itself, and its openblas_set_num_threads would change OpenMP's thread count, so leave it.)
+// Per-head GEMMs are small and run inside our OpenMP region, one per thread. OpenBLAS's OpenMP
+// build (what CMake links when present) notices the active region and stays single-threaded.
+// The pthreads build does not: it would run each GEMM on its own thread pool and fight our
+// threads, so pin it to one thread for the duration of the kernel. (Only for that build: in the
+// OpenMP build openblas_set_num_threads would also change OpenMP's own thread count.)
 class BlasSingleThreaded {
  public:
   BlasSingleThreaded() {
