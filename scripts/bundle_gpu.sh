@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Builds kiln with CUDA for sm_90 in build-gpu/ and packs what a GPU machine needs to run the tests
+# and benchmarks into build-gpu/bundle/. Run it on a build machine that has the CUDA toolkit and
+# the Debian -dev packages (scripts/setup.sh); carry build-gpu/bundle (and the repository) to an
+# H100/H200 machine that has neither, and run scripts/gpu_check.sh there.
+#
+# bundle/ mirrors the build tree's layout for the executables (tests/test_*, apps/kiln, bench/*,
+# examples/*), so paths compiled into the tests (KILN_BINARY_DIR) can be mapped onto it:
+#   bundle/<dir>/<exe>   executables; their DT_RPATH is $ORIGIN/../lib
+#   bundle/lib/          the non-system shared libraries they need (OpenBLAS, HDF5, fmt, ...)
+#   bundle/lib/fallback/ libstdc++/libgcc_s, used only when the target's own are too old
+#   bundle/data/         real copies of the data files (scripts/get_data.sh)
+#   bundle/manifest.env  source/build paths compiled in, commit, toolkit versions
+# Not bundled: glibc, and the CUDA libraries (cudart, cuBLAS(Lt), cuDNN, NCCL), which the GPU
+# machine has in its toolkit or in PyTorch's nvidia-* wheels; gpu_check.sh finds them there.
+#
+# Environment: KILN_BUNDLE_TARGETS (default: all), KILN_BUNDLE_KEEP_GOING=1 (bundle what built
+# even when some targets fail; the manifest says so), KILN_BUNDLE_MAX_MIB (default 48, for the tarball).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+build=${KILN_GPU_BUILD_DIR:-build-gpu}
+case "$build" in /*) ;; *) build="$repo/$build" ;; esac
+bundle="$build/bundle"
+targets=${KILN_BUNDLE_TARGETS:-all}
+max_mib=${KILN_BUNDLE_MAX_MIB:-48}
+
+log() { echo "bundle_gpu: $*"; }
+
+# ---- build ----------------------------------------------------------------------------------------
+# DT_RPATH (not RUNPATH: --disable-new-dtags) so that the bundled libraries' own dependencies
+# (libhdf5 -> libsz, libcurl, ...) are found in bundle/lib too, without LD_LIBRARY_PATH, which
+# would leak into the Python subprocesses of the golden tests.
+cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 \
+  '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' \
+  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags
+build_ok=1
+# shellcheck disable=SC2086  # targets is a space-separated list
+if ! cmake --build "$build" -j"$(nproc)" --target $targets; then
+  build_ok=0
+  if [ "${KILN_BUNDLE_KEEP_GOING:-0}" != 1 ]; then
+    log "build failed (KILN_BUNDLE_KEEP_GOING=1 bundles what did build)" >&2
+    exit 1
+  fi
+  log "WARNING: build failed; bundling the executables that exist"
+  cmake --build "$build" -j"$(nproc)" --target $targets -- -k >/dev/null 2>&1 || true
+fi
+
+# ---- executables ----------------------------------------------------------------------------------
+rm -rf "$bundle"
+mkdir -p "$bundle/lib/fallback"
+is_elf_exe() { [ -f "$1" ] && [ -x "$1" ] && [ "$(head -c 4 "$1" | od -An -c | tr -d ' ')" = '177ELF' ]; }
+exes=()
+for dir in tests apps bench examples; do
+  [ -d "$build/$dir" ] || continue
+  while IFS= read -r f; do
+    is_elf_exe "$f" || continue
+    case "$f" in *.so | *.so.*) continue ;; esac
+    rel=${f#"$build"/}
+    mkdir -p "$bundle/$(dirname "$rel")"
+    cp "$f" "$bundle/$rel"
+    strip --strip-debug "$bundle/$rel" 2>/dev/null || true
+    exes+=("$rel")
+  done < <(find "$build/$dir" -maxdepth 1 -type f | sort)
+done
+[ ${#exes[@]} -gt 0 ] || { log "no executables found under $build" >&2; exit 1; }
+log "executables: ${exes[*]}"
+
+# ---- shared libraries -----------------------------------------------------------------------------
+# The sonames the GPU machine provides itself (glibc, the kernel's vdso, the CUDA stack).
+system_lib() {
+  case "$1" in
+    linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | \
+      libresolv.so* | libutil.so*) return 0 ;;
+    libcuda.so* | libcudart.so* | libcublas.so* | libcublasLt.so* | libcudnn*.so* | libnccl.so* | \
+      libnvrtc*.so* | libnvJitLink.so* | libcufft*.so* | libcurand.so* | libcusparse*.so*) return 0 ;;
+  esac
+  return 1
+}
+declare -A seen=()
+for rel in "${exes[@]}"; do
+  # "libfoo.so.1 => /usr/lib/.../libfoo.so.1 (0x...)"; ldd lists transitive dependencies too.
+  while read -r name _ path _; do
+    [ -n "${path:-}" ] && [ -f "$path" ] || continue
+    [ -z "${seen[$name]:-}" ] || continue
+    seen[$name]=1
+    if system_lib "$name"; then continue; fi
+    case "$name" in
+      libstdc++.so* | libgcc_s.so*) cp -L "$path" "$bundle/lib/fallback/$name" ;;
+      *) cp -L "$path" "$bundle/lib/$name" ;;
+    esac
+  done < <(ldd "$bundle/$rel" | grep '=> /')
+done
+log "libraries: $(find "$bundle/lib" -maxdepth 1 -type f -printf '%f ' | sort)"
+
+# ---- data and manifest ----------------------------------------------------------------------------
+KILN_DATA_COPY=1 "$repo/scripts/get_data.sh" "$bundle/data" >/dev/null
+
+commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+dirty=$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+cuda_version=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")$/\1/p' \
+  "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -1)
+{
+  echo "KILN_BUNDLE_SOURCE_DIR='$repo'"
+  echo "KILN_BUNDLE_BINARY_DIR='$build'"
+  echo "KILN_BUNDLE_COMMIT='$commit'"
+  echo "KILN_BUNDLE_DIRTY_FILES='$dirty'"
+  echo "KILN_BUNDLE_DATE='$(date -u +%Y-%m-%dT%H:%M:%SZ)'"
+  echo "KILN_BUNDLE_BUILD_OK='$build_ok'"
+  echo "KILN_BUNDLE_NVCC='nvcc ${cuda_version:-unknown}'"
+  echo "KILN_BUNDLE_CUDA_ARCH='90'"
+  echo "KILN_BUNDLE_EXES='${exes[*]}'"
+} >"$bundle/manifest.env"
+
+# The folder is ~50 MiB (OpenBLAS alone is 36 MiB); gzip brings it to about a third, which leaves
+# room under a 64 MiB carry limit. gpu_check.sh unpacks the tarball when the folder is absent.
+tar -C "$build" -czf "$build/bundle.tar.gz" bundle
+dir_kib=$(du -sk "$bundle" | cut -f1)
+tar_kib=$(du -sk "$build/bundle.tar.gz" | cut -f1)
+log "bundle: $bundle ($((dir_kib / 1024)) MiB), $build/bundle.tar.gz ($((tar_kib / 1024)) MiB)," \
+  "commit ${commit:0:12}, build_ok=$build_ok"
+log "carry ${build#"$repo"/}/bundle.tar.gz (or the folder) and run: scripts/gpu_check.sh OUTDIR"
+if [ "$tar_kib" -gt $((max_mib * 1024)) ]; then
+  log "bundle.tar.gz is larger than ${max_mib} MiB: too big to carry" >&2
+  exit 1
+fi
