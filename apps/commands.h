@@ -1,0 +1,15 @@
+// Subcommands of the `kiln` binary. Each registers its options on the CLI11
+// app and returns the function that runs it.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace kiln::apps {
+
+using Run = std::function<int()>;
+Run add_train_command(CLI::App& app);
+Run add_sample_command(CLI::App& app);
+
+}  // namespace kiln::apps

@@ -1,0 +1,36 @@
+// kiln: one binary, subcommands.
+#include <cstdio>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "apps/commands.h"
+#include "kernels/common/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: a from-scratch C++/CUDA tensor and autograd framework for small LLMs"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, kiln::apps::Run> runs;
+  auto add = [&](const char* name, const char* help, auto adder) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    runs[sub] = adder(*sub);
+  };
+  add("train", "Train a decoder (LLaMA-style) on a text file", kiln::apps::add_train_command);
+  add("sample", "Generate text from a training checkpoint", kiln::apps::add_sample_command);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, run] : runs)
+      if (sub->parsed()) return run();
+  } catch (const kiln::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,62 @@
+// The training loop behind `kiln train`: data, model, AdamW with cosine LR,
+// clipping, periodic validation on the held-out tail, JSONL log, progress bar,
+// checkpoints and bit-exact resume.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "models/checkpoint.h"
+#include "tensor/memory.h"
+
+namespace kiln::models {
+
+struct TrainOptions {
+  std::string data_path;
+  std::string tokenizer = "char";  // char | byte | llama2c:PATH
+  std::string preset = "shakespeare-char";
+  std::string device = "auto";     // auto | cpu | cuda
+  std::int64_t batch = 32;
+  std::int64_t seq = 128;
+  std::int64_t steps = 2000;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  std::int64_t warmup = 100;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double clip = 1.0;
+  std::int64_t eval_interval = 250;
+  std::int64_t eval_batches = 20;
+  std::int64_t log_interval = 10;
+  std::int64_t ckpt_interval = 0;  // 0: checkpoint only at the end
+  std::string out_dir = "runs/default";
+  bool resume = false;             // continue from out_dir/ckpt.h5
+  std::uint64_t seed = 1337;
+  bool recompute = false;
+  double time_limit_s = 0;         // 0: none; else stop after this much training time
+  int progress = -1;               // -1: when stderr is a terminal
+  int threads = 0;                 // 0: OpenMP default
+
+  nlohmann::json to_json() const;
+};
+
+struct TrainResult {
+  std::int64_t steps_done = 0;
+  double final_train_loss = 0;
+  double final_val_loss = 0;
+  double best_val_loss = 0;
+  double train_seconds = 0;
+  double tokens_per_second = 0;
+  MemStats memory;
+  std::string checkpoint;
+};
+
+TrainResult train(const TrainOptions& o, std::ostream& log);
+
+// Mean loss over n batches of the sampler's data (no grad).
+double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::int64_t batch,
+                std::int64_t seq, std::int64_t n_batches, std::uint64_t seed);
+
+}  // namespace kiln::models
