@@ -105,7 +105,8 @@ for rc_file in sorted(glob.glob(f"{work}/tests/*.rc")):
                 r["passed"] += 1
         r["result"] = "pass" if rc == 0 and r["failed"] == 0 else "fail"
     else:
-        r["result"] = "crashed"  # no XML: it did not start, or died before writing it
+        # No XML: it did not start or died before writing it (or is not a gtest binary).
+        r["result"] = "crashed" if rc != 0 else "no_report"
     for k in totals:
         totals[k] += r[k]
     tests[name] = r
@@ -237,26 +238,33 @@ if command -v python3 >/dev/null; then
   while IFS= read -r d; do [ -d "$d" ] && site_dirs+=("$d"); done < <(python3 -c \
     'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null | sort -u)
 fi
+base_ld_path=${LD_LIBRARY_PATH:-}
 cuda_lib_dirs=""
 missing_libs=""
-for so in $(missing_sonames); do
-  found=""
-  for d in "${candidate_dirs[@]+"${candidate_dirs[@]}"}"; do
-    [ -e "$d/$so" ] && { found="$d"; break; }
-  done
-  if [ -z "$found" ]; then
-    # PyTorch's wheels: site-packages/nvidia/{cudnn,nccl,cu13,...}/lib/<soname>, torch/lib
-    for sp in "${site_dirs[@]+"${site_dirs[@]}"}"; do
-      hit=$(find "$sp/nvidia" "$sp/torch/lib" -maxdepth 3 -name "$so" 2>/dev/null | head -1)
-      [ -n "$hit" ] && { found=$(dirname "$hit"); break; }
+# Several passes: ldd cannot see the dependencies of a library it did not find (cuDNN's wheel
+# needs cuBLASLt from another wheel, say).
+for _pass in 1 2 3; do
+  added=0
+  for so in $(missing_sonames); do
+    found=""
+    for d in "${candidate_dirs[@]+"${candidate_dirs[@]}"}"; do
+      [ -e "$d/$so" ] && { found="$d"; break; }
     done
-  fi
-  if [ -n "$found" ]; then
-    case ":$cuda_lib_dirs:" in *":$found:"*) ;; *) cuda_lib_dirs="${cuda_lib_dirs:+$cuda_lib_dirs:}$found" ;; esac
-    say "$so: $found"
-  fi
+    if [ -z "$found" ]; then
+      # PyTorch's wheels: site-packages/nvidia/{cudnn,nccl,cu13,...}/lib/<soname>, torch/lib
+      for sp in "${site_dirs[@]+"${site_dirs[@]}"}"; do
+        hit=$(find "$sp/nvidia" "$sp/torch/lib" -maxdepth 3 -name "$so" 2>/dev/null | head -1)
+        [ -n "$hit" ] && { found=$(dirname "$hit"); break; }
+      done
+    fi
+    if [ -n "$found" ]; then
+      case ":$cuda_lib_dirs:" in *":$found:"*) ;; *) cuda_lib_dirs="${cuda_lib_dirs:+$cuda_lib_dirs:}$found" added=1 ;; esac
+      say "$so: $found"
+    fi
+  done
+  [ -z "$cuda_lib_dirs" ] || export LD_LIBRARY_PATH="$cuda_lib_dirs${base_ld_path:+:$base_ld_path}"
+  [ "$added" = 1 ] || break
 done
-[ -z "$cuda_lib_dirs" ] || export LD_LIBRARY_PATH="$cuda_lib_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 missing_libs=$(missing_sonames | tr '\n' ' ')
 [ -z "${missing_libs// /}" ] || note "libraries not found anywhere: $missing_libs"
 
