@@ -1,12 +1,12 @@
 #include "models/weights.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
 #include <set>
-
-#include <fmt/format.h>
 
 namespace kiln::models {
 
@@ -15,8 +15,8 @@ namespace fs = std::filesystem;
 Tensor tensor_from_bytes(std::string_view st_dtype, const Shape& shape, const void* data,
                          std::size_t nbytes) {
   DType dt = dtype_from_safetensors(st_dtype);
-  KILN_CHECK(io::dtype_size(st_dtype) == dtype_size(dt),
-             "[weights] dtype {} cannot be held as {}", st_dtype, dtype_name(dt));
+  KILN_CHECK(io::dtype_size(st_dtype) == dtype_size(dt), "[weights] dtype {} cannot be held as {}",
+             st_dtype, dtype_name(dt));
   for (auto d : shape) KILN_CHECK(d >= 0, "[weights] negative dim in shape {}", shape_str(shape));
   std::int64_t n = shape_numel(shape);  // overflow-checked
   KILN_CHECK(static_cast<std::uint64_t>(n) <= SIZE_MAX / dtype_size(dt) &&
@@ -32,8 +32,9 @@ Tensor tensor_from_bytes(std::string_view st_dtype, const Shape& shape, const vo
 
 void save_safetensors(const nn::Module& m, const std::string& path, DType dtype,
                       io::Metadata metadata) {
-  KILN_CHECK(is_floating(dtype), "[save_safetensors] {}: weights must be saved as a float dtype, not {}",
-             path, dtype_name(dtype));
+  KILN_CHECK(is_floating(dtype),
+             "[save_safetensors] {}: weights must be saved as a float dtype, not {}", path,
+             dtype_name(dtype));
   std::string st_dtype(dtype_safetensors_name(dtype));
   // The writer does not copy: `keep` owns the converted buffers until write().
   std::vector<Tensor> keep;
@@ -127,7 +128,8 @@ void load_safetensors(nn::Module& m, const std::string& path_or_dir, const LoadO
     if (!unexpected.empty()) msg += fmt::format("\n  unexpected: {}", fmt::join(unexpected, ", "));
     if (!mis_shaped.empty()) msg += fmt::format("\n  wrong shape: {}", fmt::join(mis_shaped, ", "));
     if (!bad_dtype.empty())
-      msg += fmt::format("\n  not a float dtype (F32/F16/BF16/F64): {}", fmt::join(bad_dtype, ", "));
+      msg +=
+          fmt::format("\n  not a float dtype (F32/F16/BF16/F64): {}", fmt::join(bad_dtype, ", "));
     fail("{}", msg);
   }
 
@@ -184,8 +186,8 @@ std::unique_ptr<DecoderModel> load_llama2c_model(const std::string& bin_path) {
     if (it == ck.tensors.end())
       missing.push_back(name);
     else if (it->second.shape != p.shape())
-      mis_shaped.push_back(fmt::format("{} (file {}, model {})", name,
-                                       shape_str(it->second.shape), shape_str(p.shape())));
+      mis_shaped.push_back(fmt::format("{} (file {}, model {})", name, shape_str(it->second.shape),
+                                       shape_str(p.shape())));
   }
   for (const auto& [name, t] : ck.tensors)
     if (!known.count(name)) unexpected.push_back(name);

@@ -5,16 +5,17 @@
 //
 // These tests never skip: without /usr/bin/python3 + torch they FAIL, since
 // they are the acceptance check that kiln computes what PyTorch computes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "models/weights.h"
@@ -142,24 +143,33 @@ class GoldenTest : public ::testing::Test {
     fs::create_directories(dir_ / "in");
   }
   void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
+    // Kept after a failure, or with KILN_GOLDEN_KEEP=1, to re-run the reference by hand.
+    if (!HasFailure() && !std::getenv("KILN_GOLDEN_KEEP")) fs::remove_all(dir_);
   }
 
   void write_inputs(const DecoderModel& m, const Tensor& ids, const Tensor& targets) {
     const ModelConfig& c = m.cfg;
     nlohmann::json cfg = {
-        {"vocab_size", c.vocab_size},     {"dim", c.dim},
-        {"n_layers", c.n_layers},         {"n_heads", c.n_heads},
-        {"n_kv_heads", c.n_kv_heads},     {"head_dim", c.head_dim},
-        {"hidden_dim", c.hidden_dim},     {"norm_eps", c.norm_eps},
+        {"vocab_size", c.vocab_size},
+        {"dim", c.dim},
+        {"n_layers", c.n_layers},
+        {"n_heads", c.n_heads},
+        {"n_kv_heads", c.n_kv_heads},
+        {"head_dim", c.head_dim},
+        {"hidden_dim", c.hidden_dim},
+        {"norm_eps", c.norm_eps},
         {"rope_theta", c.rope_theta},
         {"rope_style", c.rope_style == ops::RopeStyle::Interleaved ? "interleaved" : "rotate_half"},
-        {"qk_norm", c.qk_norm},           {"qkv_bias", c.qkv_bias},
+        {"qk_norm", c.qk_norm},
+        {"qkv_bias", c.qkv_bias},
         {"tie_embeddings", c.tie_embeddings}};
     std::ofstream(dir_ / "in" / "config.json") << cfg.dump(2);
-    nlohmann::json tr = {{"lr", kAdamW.lr},       {"beta1", kAdamW.beta1},
-                         {"beta2", kAdamW.beta2}, {"eps", kAdamW.eps},
-                         {"weight_decay", kAdamW.weight_decay}, {"steps", kSteps}};
+    nlohmann::json tr = {{"lr", kAdamW.lr},
+                         {"beta1", kAdamW.beta1},
+                         {"beta2", kAdamW.beta2},
+                         {"eps", kAdamW.eps},
+                         {"weight_decay", kAdamW.weight_decay},
+                         {"steps", kSteps}};
     std::ofstream(dir_ / "in" / "train.json") << tr.dump(2);
     models::save_safetensors(m, (dir_ / "in" / "weights.safetensors").string());
     io::SafetensorsWriter w;
@@ -202,6 +212,7 @@ class GoldenTest : public ::testing::Test {
       auto logits = m.forward(ids).to_double_vector();
       ASSERT_EQ(logits.size(), ref.at("logits").size());
       double d = max_abs_diff(logits, ref.at("logits"));
+      worst_["logits"] = d;
       EXPECT_LE(d, 1e-4) << "logits max abs diff (logits max " << max_abs(ref.at("logits")) << ")";
       EXPECT_GT(max_abs(ref.at("logits")), 0.5);  // not a degenerate model
     }
@@ -210,7 +221,9 @@ class GoldenTest : public ::testing::Test {
     Tensor loss = m.loss(ids, targets);
     double l = loss.item();
     ASSERT_EQ(ref.at("loss").size(), 1u);
-    EXPECT_LE(std::fabs(l - ref.at("loss")[0]), 1e-5) << "loss " << l << " vs " << ref.at("loss")[0];
+    worst_["loss"] = std::fabs(l - ref.at("loss")[0]);
+    EXPECT_LE(std::fabs(l - ref.at("loss")[0]), 1e-5)
+        << "loss " << l << " vs " << ref.at("loss")[0];
     backward(loss);
     std::size_t n_grads = 0;
     for (const auto& [name, p] : m.named_parameters()) {
@@ -222,6 +235,7 @@ class GoldenTest : public ::testing::Test {
       double scale = max_abs(it->second);
       EXPECT_GT(scale, 0.0) << name;
       double rel = max_abs_diff(g, it->second) / scale;
+      worst_["grad (rel)"] = std::max(worst_["grad (rel)"], rel);
       EXPECT_LE(rel, 1e-4) << "grad." << name << " relative error (max |grad| " << scale << ")";
       ++n_grads;
     }
@@ -239,6 +253,7 @@ class GoldenTest : public ::testing::Test {
       opt.zero_grad();
       Tensor ls = t.loss(ids, targets);
       double v = ls.item();
+      worst_["adamw loss"] = std::max(worst_["adamw loss"], std::fabs(v - ref_losses[s]));
       EXPECT_LE(std::fabs(v - ref_losses[s]), 1e-5)
           << "AdamW step " << s << ": kiln loss " << v << ", torch " << ref_losses[s];
       backward(ls);
@@ -249,9 +264,17 @@ class GoldenTest : public ::testing::Test {
     for (const auto& [name, p] : t.named_parameters()) {
       const auto& f = ref.at("final." + name);
       double rel = max_abs_diff(p.to_double_vector(), f) / max_abs(f);
+      worst_["final weights (rel)"] = std::max(worst_["final weights (rel)"], rel);
       EXPECT_LE(rel, 1e-4) << "final." << name;
     }
+    // One line of margins, for reading the log (not asserted).
+    std::string line = cfg.name + ": loss " + std::to_string(ref_losses.front()) + " -> " +
+                       std::to_string(ref_losses.back()) + "; worst";
+    for (const auto& [k, v] : worst_) line += " " + k + " " + fmt::format("{:.2e}", v);
+    std::printf("%s\n", line.c_str());
   }
+
+  std::map<std::string, double> worst_;
 
   fs::path dir_;
 };

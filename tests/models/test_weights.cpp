@@ -190,10 +190,12 @@ TEST_F(WeightsTest, LoadsShardedFolderAndSingleFileFolder) {
     Tensor t = p.detach().to(dt).contiguous();
     keep.push_back(t);
     expect[name] = t.to_float_vector();
-    bool first = name.find("layers.1.") == std::string::npos && name.find("lm_head") == std::string::npos;
-    (first ? w1 : w2).add(name, std::string(dtype_safetensors_name(dt)), t.shape(), t.raw_data(),
-                          t.nbytes());
-    weight_map[name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    bool first =
+        name.find("layers.1.") == std::string::npos && name.find("lm_head") == std::string::npos;
+    (first ? w1 : w2)
+        .add(name, std::string(dtype_safetensors_name(dt)), t.shape(), t.raw_data(), t.nbytes());
+    weight_map[name] =
+        first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
     ++i;
   }
   w1.write((dir_ / "sharded" / "model-00001-of-00002.safetensors").string());
@@ -235,10 +237,10 @@ TEST_F(WeightsTest, MismatchErrorListsEveryNameAndLoadsNothing) {
   ASSERT_FALSE(msg.empty());
   EXPECT_NE(msg.find("[load_safetensors]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("bad.safetensors"), std::string::npos) << msg;
-  for (const char* s : {"missing: ", "model.layers.1.mlp.up_proj.weight", "model.norm.weight",
-                        "unexpected: ", "model.layers.0.self_attn.rotary_emb.inv_freq",
-                        "model.layers.0.bad_dtype", "wrong shape: ",
-                        "model.layers.0.self_attn.k_proj.weight (file (8, 16), model (16, 16))"})
+  for (const char* s :
+       {"missing: ", "model.layers.1.mlp.up_proj.weight", "model.norm.weight",
+        "unexpected: ", "model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.0.bad_dtype",
+        "wrong shape: ", "model.layers.0.self_attn.k_proj.weight (file (8, 16), model (16, 16))"})
     EXPECT_NE(msg.find(s), std::string::npos) << "'" << s << "' not in: " << msg;
   EXPECT_EQ(values(b), before);  // validation happens before any copy
 
@@ -325,7 +327,8 @@ void write_llama2c_legacy(const DecoderModel& m, const std::string& p) {
   put("model.norm.weight");
   // freq_cis_real / freq_cis_imag (seq_len, head_size/2): ignored by readers; garbage here.
   std::vector<float> junk(static_cast<std::size_t>(c.max_seq_len * c.head_dim), 7.0f);
-  f.write(reinterpret_cast<const char*>(junk.data()), static_cast<std::streamsize>(junk.size() * 4));
+  f.write(reinterpret_cast<const char*>(junk.data()),
+          static_cast<std::streamsize>(junk.size() * 4));
   if (!c.tie_embeddings) put("lm_head.weight");
 }
 
