@@ -46,6 +46,8 @@ Run add_train_command(CLI::App& app) {
   app.add_flag("--recompute", o->recompute, "Per-layer activation checkpointing");
   app.add_option("--time-limit", o->time_limit_s, "Stop training after this many seconds (0: none)")
       ->capture_default_str();
+  app.add_option("--stop-at", o->stop_at, "Stop (and checkpoint) at this step; resume later")
+      ->capture_default_str();
   app.add_option("--threads", o->threads, "CPU threads (0: OpenMP default)")->capture_default_str();
   app.add_option("--progress", o->progress, "Progress bar: 1 on, 0 off, -1 when stderr is a terminal")
       ->capture_default_str();

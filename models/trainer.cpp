@@ -155,6 +155,7 @@ TrainResult train(const TrainOptions& o, std::ostream& log) {
   };
 
   while (st.step < o.steps) {
+    if (o.stop_at > 0 && st.step >= o.stop_at) break;
     if (o.time_limit_s > 0 && train_secs >= o.time_limit_s) {
       log << fmt::format("time limit of {:.0f} s reached at step {}\n", o.time_limit_s, st.step);
       break;

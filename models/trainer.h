@@ -36,6 +36,7 @@ struct TrainOptions {
   std::uint64_t seed = 1337;
   bool recompute = false;
   double time_limit_s = 0;         // 0: none; else stop after this much training time
+  std::int64_t stop_at = 0;        // 0: none; else stop (and checkpoint) at this step
   int progress = -1;               // -1: when stderr is a terminal
   int threads = 0;                 // 0: OpenMP default
 
