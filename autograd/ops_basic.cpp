@@ -120,7 +120,9 @@ struct SumAllNode final : Node {
   double scale;
   std::string_view name() const override { return "sum_all"; }
   std::vector<Tensor> backward(std::vector<Tensor>& g) override {
-    Tensor out = ops::full(in_shape, g[0].item() * scale, g[0].dtype(), g[0].device());
+    // Meta tensors have no value to read (the dry run only needs the allocation).
+    double up = g[0].device().is_meta() ? 1.0 : g[0].item();
+    Tensor out = ops::full(in_shape, up * scale, g[0].dtype(), g[0].device());
     return {out};
   }
 };
