@@ -168,6 +168,41 @@ TEST(Engine, BackwardPhaseAndTemporariesReturn) {
   EXPECT_GT(s.peak[static_cast<std::size_t>(MemCategory::Temporaries)], tmp0);
 }
 
+// The dry run: backward on meta tensors allocates exactly what the CPU run allocates.
+TEST(Engine, MetaBackwardMatchesCpuAllocations) {
+  auto run = [](Device d) {
+    auto& tr = MemoryTracker::get(d.type);
+    std::int64_t base = tr.stats().total;
+    std::vector<std::int64_t> totals;
+    {
+      MemoryScope w(MemCategory::Weights);
+      Tensor x = Tensor::empty({6, 10}, DType::F32, d), m = Tensor::empty({12, 10}, DType::F32, d);
+      if (d.is_cpu()) {
+        ops::fill_(x, 0.5);
+        ops::fill_(m, 0.25);
+      }
+      x.set_requires_grad(true);
+      m.set_requires_grad(true);
+      Tensor loss;
+      {
+        MemoryScope act(MemCategory::Activations);
+        Tensor h = ag::softmax(ag::linear(x, m));
+        loss = ag::add(ag::mean_all(ag::mul(h, h)), ag::sum_all(ag::mean(h, 0)));
+      }
+      totals.push_back(tr.stats().total - base);
+      backward(loss);
+      totals.push_back(tr.stats().total - base);
+      EXPECT_EQ(x.grad().device(), d);
+    }
+    totals.push_back(tr.stats().total - base);
+    return totals;
+  };
+  auto cpu = run(Device::cpu());
+  auto meta = run(Device::meta());
+  EXPECT_EQ(cpu, meta);
+  EXPECT_EQ(meta.back(), 0);
+}
+
 // ---- checkpointing --------------------------------------------------------------------------
 
 struct Block {

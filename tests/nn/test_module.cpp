@@ -318,6 +318,45 @@ TEST(Memory, NoLeakAcrossTrainingSteps) {
   for (std::size_t i = 0; i < kNumMemCategories; ++i) EXPECT_EQ(now[i], base[i]) << i;
 }
 
+// The dry run on meta charges exactly what the CPU run charges, category by category, at the end
+// of a step and at its peak.
+TEST(Memory, MetaDryRunMatchesCpuStep) {
+  auto run = [](Device d) {
+    auto& tr = MemoryTracker::get(d.type);
+    auto base = tr.stats();
+    std::vector<std::int64_t> out;
+    {
+      DecoderModel m(tiny(false), 1, DType::F32, d);
+      AdamW opt(m.named_parameters(), AdamWOptions{});
+      Tensor ids, tg;
+      {
+        MemoryScope in(MemCategory::Inputs);
+        ids = Tensor::empty({2, 7}, DType::I32, d);
+        tg = Tensor::empty({2, 7}, DType::I32, d);
+        if (d.is_cpu()) {
+          ops::fill_(ids, 3);
+          ops::fill_(tg, 4);
+        }
+      }
+      tr.reset_peaks();
+      train_step(m, opt, ids, tg);
+      auto s = tr.stats();
+      for (std::size_t i = 0; i < kNumMemCategories; ++i) {
+        out.push_back(s.current[i] - base.current[i]);
+        out.push_back(s.at_peak[i] - base.current[i]);
+      }
+      out.push_back(s.total_peak - base.total);
+      out.push_back(static_cast<std::int64_t>(s.peak_phase));
+    }
+    out.push_back(tr.stats().total - base.total);
+    return out;
+  };
+  auto cpu = run(Device::cpu());
+  auto meta = run(Device::meta());
+  EXPECT_EQ(cpu, meta);
+  EXPECT_EQ(meta.back(), 0);
+}
+
 TEST(Memory, Stories15MIdentity) {
   const auto C = DeviceType::CPU;
   std::int64_t w0 = cat(C, MemCategory::Weights), g0 = cat(C, MemCategory::Gradients),
