@@ -158,13 +158,18 @@ TEST(GradCheck, Views) {
   gradcheck([](auto& v) { return ag::narrow(v[0], 2, 1, 2); }, {x}, "narrow");
   gradcheck([](auto& v) { return ag::narrow(ag::narrow(v[0], 1, 1, 2), 0, 1, 1); }, {x},
             "narrow twice");
-  gradcheck([](auto& v) { return ag::contiguous(ag::permute(v[0], {2, 0, 1})); }, {x},
-            "contiguous");
+  gradcheck(
+      [](auto& v) {
+        return ag::contiguous(ag::permute(v[0], {2, 0, 1}));
+      },
+      {x}, "contiguous");
   Tensor y = randt({3, 1}, 9);
   gradcheck([](auto& v) { return ag::expand(v[0], {2, 3, 4}); }, {y}, "expand");
   // A view used by a differentiable op downstream.
   gradcheck(
-      [](auto& v) { return ag::mul(ag::transpose(v[0], 1, 2), ag::expand(v[1], {2, 4, 3})); },
+      [](auto& v) {
+        return ag::mul(ag::transpose(v[0], 1, 2), ag::expand(v[1], {2, 4, 3}));
+      },
       {x, randt({4, 1}, 10)}, "mul of views");
 }
 
@@ -227,8 +232,11 @@ TEST(GradCheck, Embedding) {
   Tensor table = randt({6, 4}, 41);
   Tensor ids = ops::from_vector(std::vector<std::int32_t>{5, 0, 2, 5, 5, 1, 0}, {7});
   gradcheck([ids](auto& v) { return ag::embedding(ids, v[0]); }, {table}, "leaf table");
-  gradcheck([ids](auto& v) { return ag::embedding(ids.reshape({1, 7}), ag::affine(v[0], 0.5)); },
-            {table}, "non-leaf table");
+  gradcheck(
+      [ids](auto& v) {
+        return ag::embedding(ids.reshape({1, 7}), ag::affine(v[0], 0.5));
+      },
+      {table}, "non-leaf table");
 }
 
 TEST(GradCheck, Norms) {
@@ -251,9 +259,9 @@ TEST(GradCheck, Rope) {
   for (auto style : {RopeStyle::Interleaved, RopeStyle::RotateHalf})
     for (std::int64_t off : {0, 4}) {
       Tensor c = cos, s = sin;
-      gradcheck([c, s, style, off](auto& v) { return ag::rope(v[0], c, s, style, off); }, {x},
-                "rope " + std::to_string(static_cast<int>(style)) + " offset " +
-                    std::to_string(off));
+      gradcheck(
+          [c, s, style, off](auto& v) { return ag::rope(v[0], c, s, style, off); }, {x},
+          "rope " + std::to_string(static_cast<int>(style)) + " offset " + std::to_string(off));
     }
 }
 

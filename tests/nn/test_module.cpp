@@ -131,10 +131,10 @@ TEST(Module, PresetParameterCounts) {
     std::int64_t count;
     Device device;
   };
-  for (Case c : {Case{"stories260K", 260032, Device::cpu()},
-                 Case{"stories15M", 15191712, Device::meta()},
-                 Case{"stories42M", 41689600, Device::meta()},
-                 Case{"stories110M", 109529856, Device::meta()}}) {
+  for (Case c :
+       {Case{"stories260K", 260032, Device::cpu()}, Case{"stories15M", 15191712, Device::meta()},
+        Case{"stories42M", 41689600, Device::meta()},
+        Case{"stories110M", 109529856, Device::meta()}}) {
     ModelConfig cfg = models::preset(c.name);
     EXPECT_EQ(closed_form(cfg), c.count) << c.name;
     std::int64_t w0 = cat(DeviceType::Meta, MemCategory::Weights);

@@ -5,12 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numbers>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "nn/optim.h"
 
@@ -129,10 +128,11 @@ TEST(Optim, AdamWMatchesTorch) {
   AdamW opt(pr.params, o);
   // Decay only on matrices and higher.
   for (const auto& s : opt.state()) EXPECT_EQ(s.decay, s.param.dim() >= 2) << s.name;
-  for (const auto& s : opt.state()) EXPECT_EQ(s.m.storage()->category(), MemCategory::OptimizerState);
+  for (const auto& s : opt.state())
+    EXPECT_EQ(s.m.storage()->category(), MemCategory::OptimizerState);
   pr.cfg["optimizer"] = "adamw";
-  pr.cfg["adamw"] = {{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
-                     {"weight_decay", o.weight_decay}};
+  pr.cfg["adamw"] = {
+      {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
   std::vector<std::vector<V>> want;
   Torch st = run_torch({pr.cfg}, "adamw", want);
   if (st == Torch::Missing) GTEST_SKIP() << "/usr/bin/python3 with torch not available";

@@ -76,12 +76,24 @@ TEST(Ops, BinaryBroadcastNonContiguous) {
         for (int k = 0; k < 5; ++k) {
           double x = av[i * 5 + k], y = bv[j * 5 + k], r = 0;
           switch (op) {
-            case ops::Binary::Add: r = x + y; break;
-            case ops::Binary::Sub: r = x - y; break;
-            case ops::Binary::Mul: r = x * y; break;
-            case ops::Binary::Div: r = x / y; break;
-            case ops::Binary::Max: r = std::max(x, y); break;
-            case ops::Binary::Min: r = std::min(x, y); break;
+            case ops::Binary::Add:
+              r = x + y;
+              break;
+            case ops::Binary::Sub:
+              r = x - y;
+              break;
+            case ops::Binary::Mul:
+              r = x * y;
+              break;
+            case ops::Binary::Div:
+              r = x / y;
+              break;
+            case ops::Binary::Max:
+              r = std::max(x, y);
+              break;
+            case ops::Binary::Min:
+              r = std::min(x, y);
+              break;
           }
           want[(i * 4 + j) * 5 + k] = r;
         }
@@ -308,8 +320,8 @@ TEST(Ops, LinearWithAndWithoutBias) {
     for (int j = 0; j < 2; ++j)
       for (int o = 0; o < 6; ++o) want_t[(i * 2 + j) * 6 + o] = want[(j * 3 + i) * 6 + o];
   EXPECT_TRUE(close(ops::linear(xt, w, b), want_t));
-  EXPECT_TRUE(close(ops::linear(x.to(DType::F32), w.to(DType::F32), b.to(DType::F32)), want,
-                    1e-5, 1e-5));
+  EXPECT_TRUE(
+      close(ops::linear(x.to(DType::F32), w.to(DType::F32), b.to(DType::F32)), want, 1e-5, 1e-5));
   EXPECT_THROW(ops::linear(x, randt({6, 10}, 1), b), Error);
 }
 
@@ -401,8 +413,8 @@ TEST(Ops, RmsNormLayerNorm) {
 }
 
 // x: (B, T, H, D) logical values; reference rotation with angles in double.
-V ref_rope(const V& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D,
-           double theta, ops::RopeStyle style, std::int64_t off) {
+V ref_rope(const V& x, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D, double theta,
+           ops::RopeStyle style, std::int64_t off) {
   V y(x.size());
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t t = 0; t < T; ++t)
@@ -425,7 +437,7 @@ TEST(Ops, RopeBothStyles) {
   auto [cos, sin] = ops::rope_tables(16, D, 10000.0, DType::F64);
   EXPECT_EQ(cos.shape(), (Shape{16, D / 2}));
   auto [cos32, sin32] = ops::rope_tables(16, D, 10000.0, DType::BF16);
-  EXPECT_EQ(cos32.dtype(), DType::F32);  // tables in the compute dtype
+  EXPECT_EQ(cos32.dtype(), DType::F32);                // tables in the compute dtype
   Tensor x = randt({B, H, T, D}, 60).transpose(1, 2);  // (B, T, H, D), strided
   for (auto style : {ops::RopeStyle::Interleaved, ops::RopeStyle::RotateHalf})
     for (std::int64_t off : {0, 3}) {
@@ -465,8 +477,8 @@ TEST(Ops, Activations) {
 
 // Causal GQA attention reference. q: (B, Tq, Hq, D), k/v: (B, Tk, Hkv, D) logical values.
 void ref_attention(const V& q, const V& k, const V& v, std::int64_t B, std::int64_t Tq,
-                   std::int64_t Tk, std::int64_t Hq, std::int64_t Hkv, std::int64_t D,
-                   double scale, std::int64_t off, V& out, V& lse) {
+                   std::int64_t Tk, std::int64_t Hq, std::int64_t Hkv, std::int64_t D, double scale,
+                   std::int64_t off, V& out, V& lse) {
   out.assign(B * Tq * Hq * D, 0.0);
   lse.assign(B * Hq * Tq, 0.0);
   for (std::int64_t b = 0; b < B; ++b)
@@ -509,7 +521,8 @@ TEST(Ops, AttentionGqaOffsetAndCacheView) {
     auto [o, l] = ops::attention(q, k, v, scale, 0);
     EXPECT_TRUE(close(o, out, 1e-11, 1e-11));
     EXPECT_TRUE(close(l, lse, 1e-11, 1e-11));
-    auto [o32, l32] = ops::attention(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), scale, 0);
+    auto [o32, l32] =
+        ops::attention(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), scale, 0);
     EXPECT_TRUE(close(o32, out, 1e-5, 1e-5));
     auto [ob, lb] =
         ops::attention(q.to(DType::BF16), k.to(DType::BF16), v.to(DType::BF16), scale, 0);
@@ -533,13 +546,13 @@ TEST(Ops, AttentionGqaOffsetAndCacheView) {
     EXPECT_TRUE(close(l, lse, 1e-11, 1e-11));
     // A permuted (non-dense) k is copied, with the same result.
     Tensor kp = randt({B, Hkv, Tk, D}, 86).transpose(1, 2);
-    ref_attention(q.to_double_vector(), kp.to_double_vector(), v.to_double_vector(), B, Tq, Tk,
-                  Hq, Hkv, D, scale, off, out, lse);
+    ref_attention(q.to_double_vector(), kp.to_double_vector(), v.to_double_vector(), B, Tq, Tk, Hq,
+                  Hkv, D, scale, off, out, lse);
     Tensor vp = v.contiguous();
     EXPECT_THROW(ops::attention(q, k, vp, scale, off), Error);  // batch strides differ
     auto [o2, l2] = ops::attention(q, kp, kp, scale, off);
-    ref_attention(q.to_double_vector(), kp.to_double_vector(), kp.to_double_vector(), B, Tq, Tk,
-                  Hq, Hkv, D, scale, off, out, lse);
+    ref_attention(q.to_double_vector(), kp.to_double_vector(), kp.to_double_vector(), B, Tq, Tk, Hq,
+                  Hkv, D, scale, off, out, lse);
     EXPECT_TRUE(close(o2, out, 1e-11, 1e-11));
     EXPECT_THROW(ops::attention(q, k, v, scale, 5), Error);  // needs keys up to 8
     EXPECT_THROW(ops::attention(q, randt({B, Tk, 3, D}, 1), randt({B, Tk, 3, D}, 2), scale, off),
@@ -570,7 +583,8 @@ TEST(Ops, CrossEntropyIgnoreIndex) {
   V wd(N * Vc, 0.0);
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < Vc; ++c)
-      if (tg[n] != -100) wd[n * Vc + c] = dl[n] * (std::exp(lv[n * Vc + c] - lse[n]) - (c == tg[n]));
+      if (tg[n] != -100)
+        wd[n * Vc + c] = dl[n] * (std::exp(lv[n * Vc + c] - lse[n]) - (c == tg[n]));
   EXPECT_TRUE(close(d, wd, 1e-12, 1e-12));
   auto [l32, s32] = ops::cross_entropy(logits.to(DType::BF16), targets, -100);
   EXPECT_EQ(l32.dtype(), DType::F32);
@@ -662,7 +676,8 @@ TEST(Ops, Bf16ComputesInF32) {
   EXPECT_EQ(s.to_double_vector(), ops::affine(a.to(DType::F32), 2.0).to_double_vector());
   Tensor sm = ops::softmax(a);
   EXPECT_EQ(sm.dtype(), DType::BF16);
-  EXPECT_EQ(sm.to_double_vector(), ops::softmax(a.to(DType::F32)).to(DType::BF16).to_double_vector());
+  EXPECT_EQ(sm.to_double_vector(),
+            ops::softmax(a.to(DType::F32)).to(DType::BF16).to_double_vector());
   Tensor w = ops::ones({6}, DType::BF16);
   auto [y, rstd] = ops::rmsnorm(a, w, 1e-5);
   EXPECT_EQ(y.dtype(), DType::BF16);

@@ -5,11 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tensor/ops.h"
 #include "tensor/storage.h"
@@ -50,8 +49,8 @@ TEST(DType, ParseAndNames) {
   EXPECT_EQ(parse_dtype("bool"), DType::Bool);
   EXPECT_THROW(parse_dtype("f8"), Error);
   EXPECT_THROW(parse_dtype(""), Error);
-  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64,
-                  DType::Bool}) {
+  for (DType t :
+       {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64, DType::Bool}) {
     EXPECT_EQ(parse_dtype(dtype_name(t)), t);
     EXPECT_EQ(dtype_from_safetensors(dtype_safetensors_name(t)), t);
   }
@@ -300,8 +299,8 @@ TEST(Meta, OpsAllocateAndTrackWithoutData) {
     Tensor c3 = ops::matmul(a3, b3);
     EXPECT_EQ(c3.shape(), (Shape{4, 7, 11}));
     EXPECT_EQ(c3.dtype(), DType::BF16);
-    EXPECT_EQ(total(M) - before, round64(4 * 7 * 9 * 2) + round64(4 * 9 * 11 * 2) +
-                                     round64(4 * 7 * 11 * 2));
+    EXPECT_EQ(total(M) - before,
+              round64(4 * 7 * 9 * 2) + round64(4 * 9 * 11 * 2) + round64(4 * 7 * 11 * 2));
 
     before = total(M);
     Tensor g = Tensor::empty({16}, DType::F32, Device::meta());
