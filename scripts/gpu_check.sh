@@ -10,7 +10,7 @@
 #      CUDA toolkit or in PyTorch's nvidia-* wheels, and puts their folders on LD_LIBRARY_PATH;
 #   3. maps the source/build paths compiled into the tests onto this checkout and the bundle;
 #   4. runs every test binary directly (gtest XML; ctest's files hold the build machine's paths),
-#      then every benchmark binary, then bench/gpu_bench.sh WORKDIR BUNDLE if it exists (the hook
+#      then every Google Benchmark binary in bench/, then bench/gpu_bench.sh WORKDIR BUNDLE if it exists (the hook
 #      for end-to-end benchmarks against PyTorch; it writes its results as WORKDIR/*.json);
 #   5. writes OUTDIR/results.json, OUTDIR/summary.md, OUTDIR/gpu_check.log and
 #      OUTDIR/details.tar.gz (per-binary logs, gtest XML, benchmark JSON). OUTDIR stays at five
@@ -298,6 +298,12 @@ done
 for rel in "${exes[@]}"; do
   case "$rel" in bench/*) ;; *) continue ;; esac
   name=$(basename "$rel")
+  # Only Google Benchmark binaries take --benchmark_out; others (a CLI driver with a PyTorch peer,
+  # say) belong in the bench/gpu_bench.sh hook, which knows their flags.
+  if ! grep -qa 'benchmark_out_format' "$bundle/$rel"; then
+    say "benchmark $name is not a Google Benchmark binary: skipped (run it from bench/gpu_bench.sh)"
+    continue
+  fi
   say "benchmark $name"
   (cd "$bundle/bench" && timeout "${KILN_BENCH_TIMEOUT:-600}" "./$name" \
     --benchmark_out="$work/bench/$name.json" --benchmark_out_format=json) >"$work/bench/$name.log" 2>&1 ||
