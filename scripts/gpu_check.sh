@@ -10,8 +10,8 @@
 #      CUDA toolkit or in PyTorch's nvidia-* wheels, and puts their folders on LD_LIBRARY_PATH;
 #   3. maps the source/build paths compiled into the tests onto this checkout and the bundle;
 #   4. runs every test binary directly (gtest XML; ctest's files hold the build machine's paths),
-#      then every Google Benchmark binary in bench/, then bench/gpu_bench.sh WORKDIR BUNDLE if it exists (the hook
-#      for end-to-end benchmarks against PyTorch; it writes its results as WORKDIR/*.json);
+#      then every Google Benchmark binary in bench/, then bench/gpu_bench.sh WORKDIR BUNDLE if it
+#      exists (the hook for end-to-end benchmarks against PyTorch; it writes WORKDIR/*.json);
 #   5. writes OUTDIR/results.json, OUTDIR/summary.md, OUTDIR/gpu_check.log and
 #      OUTDIR/details.tar.gz (per-binary logs, gtest XML, benchmark JSON). OUTDIR stays at five
 #      files, so that it can be copied back from machines that return only a few.
