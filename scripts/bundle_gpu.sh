@@ -14,8 +14,9 @@
 # Not bundled: glibc, and the CUDA libraries (cudart, cuBLAS(Lt), cuDNN, NCCL), which the GPU
 # machine has in its toolkit or in PyTorch's nvidia-* wheels; gpu_check.sh finds them there.
 #
-# Environment: KILN_BUNDLE_TARGETS (default: all), KILN_BUNDLE_KEEP_GOING=1 (bundle what built
-# even when some targets fail; the manifest says so), KILN_BUNDLE_MAX_MIB (default 48, for the tarball).
+# Environment: KILN_BUNDLE_TARGETS (default: all); KILN_BUNDLE_KEEP_GOING=1 (bundle what built
+# even when some targets fail; the manifest says so); KILN_BUNDLE_MAX_MIB (tarball limit, 48);
+# KILN_GPU_BUILD_DIR (default build-gpu).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
