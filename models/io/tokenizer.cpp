@@ -11,6 +11,7 @@
 
 #include "kernels/common/error.h"
 #include "models/io/mapped_file.h"
+#include "models/io/qwen_tokenizer.h"
 
 namespace kiln::io {
 
@@ -308,7 +309,14 @@ std::unique_ptr<Tokenizer> make_tokenizer(std::string_view spec, std::string_vie
     KILN_CHECK(!path.empty(), "[tokenizer] spec 'llama2c:' needs a path to tokenizer.bin");
     return std::make_unique<Llama2cTokenizer>(path);
   }
-  fail("[tokenizer] unknown tokenizer spec '{}' (expected byte, char or llama2c:PATH)", spec);
+  constexpr std::string_view kQwen = "qwen:";
+  if (spec.substr(0, kQwen.size()) == kQwen) {
+    std::string dir(spec.substr(kQwen.size()));
+    KILN_CHECK(!dir.empty(), "[tokenizer] spec 'qwen:' needs a model folder");
+    return QwenTokenizer::from_dir(dir);
+  }
+  fail("[tokenizer] unknown tokenizer spec '{}' (expected byte, char, llama2c:PATH or qwen:DIR)",
+       spec);
 }
 
 }  // namespace kiln::io
