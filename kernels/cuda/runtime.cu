@@ -28,22 +28,6 @@ const char* base_name(const char* path) {
   return slash ? slash + 1 : path;
 }
 
-const char* cublas_status_name(int code) {
-  switch (static_cast<cublasStatus_t>(code)) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
-    default: return "CUBLAS_STATUS_UNKNOWN";
-  }
-}
-
 }  // namespace
 
 namespace detail {
@@ -55,7 +39,9 @@ void throw_cuda_error(int code, const char* call, const char* file, int line) {
 }
 
 void throw_cublas_error(int code, const char* call, const char* file, int line) {
-  fail("[cublas] {}:{} {}: {} ({})", base_name(file), line, call, cublas_status_name(code), code);
+  const auto st = static_cast<cublasStatus_t>(code);
+  fail("[cublas] {}:{} {}: {}: {}", base_name(file), line, call, cublasLtGetStatusName(st),
+       cublasLtGetStatusString(st));
 }
 
 void throw_cudnn_error(int code, const char* call, const char* file, int line) {
@@ -70,7 +56,8 @@ void throw_nccl_error(int code, const char* call, const char* file, int line) {
 
 }  // namespace detail
 
-// ---- devices -------------------------------------------------------------------------------------
+// ---- devices
+// -------------------------------------------------------------------------------------
 
 int device_count() {
   int n = 0;
@@ -133,7 +120,8 @@ int driver_version() {
   return v;
 }
 
-// ---- raw memory ------------------------------------------------------------------------------------
+// ---- raw memory
+// ------------------------------------------------------------------------------------
 
 void* device_malloc(size_t bytes) {
   if (bytes == 0) return nullptr;
@@ -176,7 +164,8 @@ void memset_async(void* dst, int byte_value, size_t bytes, StreamHandle stream) 
   KILN_CUDA_CHECK(cudaMemsetAsync(dst, byte_value, bytes, stream));
 }
 
-// ---- streams ---------------------------------------------------------------------------------------
+// ---- streams
+// ---------------------------------------------------------------------------------------
 
 Stream::Stream() { KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
 
@@ -200,7 +189,8 @@ void Stream::synchronize() const { stream_synchronize(stream_); }
 
 void stream_synchronize(StreamHandle stream) { KILN_CUDA_CHECK(cudaStreamSynchronize(stream)); }
 
-// ---- library handles -------------------------------------------------------------------------------
+// ---- library handles
+// -------------------------------------------------------------------------------
 
 namespace {
 
@@ -261,7 +251,8 @@ size_t runtime_reserved_bytes() {
   return handles_for_current_device().workspace.bytes;
 }
 
-// ---- versions --------------------------------------------------------------------------------------
+// ---- versions
+// --------------------------------------------------------------------------------------
 
 int cublaslt_version() { return static_cast<int>(cublasLtGetVersion()); }
 int cudnn_version() { return static_cast<int>(cudnnGetVersion()); }

@@ -21,21 +21,22 @@ struct cudnnContext;     // cudnnHandle_t
 
 namespace kiln::cuda {
 
-using StreamHandle = CUstream_st*;  // same type as cudaStream_t; nullptr = the legacy default stream
+using StreamHandle =
+    CUstream_st*;  // same type as cudaStream_t; nullptr = the legacy default stream
 
 struct DeviceInfo {
   int index = 0;
-  std::string name;            // "NVIDIA H100 80GB HBM3"
-  int sm_major = 0;            // compute capability, 9.0 on Hopper
+  std::string name;  // "NVIDIA H100 80GB HBM3"
+  int sm_major = 0;  // compute capability, 9.0 on Hopper
   int sm_minor = 0;
   int multiprocessors = 0;
-  size_t total_memory = 0;     // bytes
+  size_t total_memory = 0;  // bytes
   size_t l2_cache_bytes = 0;
   double bf16_peak_tflops = 0;  // 0 = unknown; measured by bench/, not guessed from the name
 };
 
 struct MemInfo {
-  size_t free_bytes = 0;   // as the driver reports them (cudaMemGetInfo) on the current device
+  size_t free_bytes = 0;  // as the driver reports them (cudaMemGetInfo) on the current device
   size_t total_bytes = 0;
 };
 
@@ -57,35 +58,36 @@ namespace detail {
 }  // namespace detail
 
 // Each check evaluates its argument once and throws kiln::Error on any non-success status.
-#define KILN_CUDA_CHECK(call)                                                              \
-  do {                                                                                     \
-    const int kiln_status_ = static_cast<int>(call);                                       \
-    if (kiln_status_ != 0)                                                                 \
-      ::kiln::cuda::detail::throw_cuda_error(kiln_status_, #call, __FILE__, __LINE__);     \
+#define KILN_CUDA_CHECK(call)                                                          \
+  do {                                                                                 \
+    const int kiln_status_ = static_cast<int>(call);                                   \
+    if (kiln_status_ != 0)                                                             \
+      ::kiln::cuda::detail::throw_cuda_error(kiln_status_, #call, __FILE__, __LINE__); \
   } while (0)
-#define KILN_CUBLAS_CHECK(call)                                                            \
-  do {                                                                                     \
-    const int kiln_status_ = static_cast<int>(call);                                       \
-    if (kiln_status_ != 0)                                                                 \
-      ::kiln::cuda::detail::throw_cublas_error(kiln_status_, #call, __FILE__, __LINE__);   \
+#define KILN_CUBLAS_CHECK(call)                                                          \
+  do {                                                                                   \
+    const int kiln_status_ = static_cast<int>(call);                                     \
+    if (kiln_status_ != 0)                                                               \
+      ::kiln::cuda::detail::throw_cublas_error(kiln_status_, #call, __FILE__, __LINE__); \
   } while (0)
-#define KILN_CUDNN_CHECK(call)                                                             \
-  do {                                                                                     \
-    const int kiln_status_ = static_cast<int>(call);                                       \
-    if (kiln_status_ != 0)                                                                 \
-      ::kiln::cuda::detail::throw_cudnn_error(kiln_status_, #call, __FILE__, __LINE__);    \
+#define KILN_CUDNN_CHECK(call)                                                          \
+  do {                                                                                  \
+    const int kiln_status_ = static_cast<int>(call);                                    \
+    if (kiln_status_ != 0)                                                              \
+      ::kiln::cuda::detail::throw_cudnn_error(kiln_status_, #call, __FILE__, __LINE__); \
   } while (0)
-#define KILN_NCCL_CHECK(call)                                                              \
-  do {                                                                                     \
-    const int kiln_status_ = static_cast<int>(call);                                       \
-    if (kiln_status_ != 0)                                                                 \
-      ::kiln::cuda::detail::throw_nccl_error(kiln_status_, #call, __FILE__, __LINE__);     \
+#define KILN_NCCL_CHECK(call)                                                          \
+  do {                                                                                 \
+    const int kiln_status_ = static_cast<int>(call);                                   \
+    if (kiln_status_ != 0)                                                             \
+      ::kiln::cuda::detail::throw_nccl_error(kiln_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
 constexpr bool compiled_with_cuda() { return true; }
 
-// ---- devices -------------------------------------------------------------------------------------
-// Number of visible CUDA devices; 0 (never an exception) when there is no driver or no GPU.
+// ---- devices
+// ------------------------------------------------------------------------------------- Number of
+// visible CUDA devices; 0 (never an exception) when there is no driver or no GPU.
 int device_count();
 DeviceInfo device_info(int device);
 int current_device();
@@ -95,9 +97,10 @@ void device_synchronize();
 int runtime_version();  // CUDART_VERSION style, 13000 = 13.0
 int driver_version();   // 0 when no driver is installed
 
-// ---- raw memory ------------------------------------------------------------------------------------
-// cudaMalloc / cudaFree. bytes == 0 gives nullptr; device_free(nullptr) is a no-op.
-// Out of memory throws kiln::Error naming the size and the free/total memory.
+// ---- raw memory
+// ------------------------------------------------------------------------------------ cudaMalloc /
+// cudaFree. bytes == 0 gives nullptr; device_free(nullptr) is a no-op. Out of memory throws
+// kiln::Error naming the size and the free/total memory.
 void* device_malloc(size_t bytes);
 void device_free(void* ptr);
 
@@ -108,8 +111,9 @@ void memcpy_d2h(void* dst, const void* src, size_t bytes, StreamHandle stream = 
 void memcpy_d2d(void* dst, const void* src, size_t bytes, StreamHandle stream = nullptr);
 void memset_async(void* dst, int byte_value, size_t bytes, StreamHandle stream = nullptr);
 
-// ---- streams ---------------------------------------------------------------------------------------
-// Owning, non-blocking stream (cudaStreamNonBlocking) on the current device.
+// ---- streams
+// --------------------------------------------------------------------------------------- Owning,
+// non-blocking stream (cudaStreamNonBlocking) on the current device.
 class Stream {
  public:
   Stream();
@@ -129,7 +133,8 @@ void stream_synchronize(StreamHandle stream);
 
 // ---- library handles (per device, created on first use, live until process exit) --------------
 cublasLtContext* cublaslt_handle();
-Workspace cublaslt_workspace();  // 32 MiB (cuBLAS's recommendation for Hopper), made with the handle
+Workspace
+cublaslt_workspace();  // 32 MiB (cuBLAS's recommendation for Hopper), made with the handle
 cudnnContext* cudnn_handle();
 // Bytes the runtime itself holds on the current device (today: the cuBLASLt workspace), for the
 // memory report's Runtime row. The CUDA context's own footprint is not included: the report
@@ -164,9 +169,15 @@ inline void* device_malloc(size_t) { no_cuda("device_malloc"); }
 inline void device_free(void* ptr) {
   if (ptr) no_cuda("device_free");
 }
-inline void memcpy_h2d(void*, const void*, size_t, StreamHandle = nullptr) { no_cuda("memcpy_h2d"); }
-inline void memcpy_d2h(void*, const void*, size_t, StreamHandle = nullptr) { no_cuda("memcpy_d2h"); }
-inline void memcpy_d2d(void*, const void*, size_t, StreamHandle = nullptr) { no_cuda("memcpy_d2d"); }
+inline void memcpy_h2d(void*, const void*, size_t, StreamHandle = nullptr) {
+  no_cuda("memcpy_h2d");
+}
+inline void memcpy_d2h(void*, const void*, size_t, StreamHandle = nullptr) {
+  no_cuda("memcpy_d2h");
+}
+inline void memcpy_d2d(void*, const void*, size_t, StreamHandle = nullptr) {
+  no_cuda("memcpy_d2d");
+}
 inline void memset_async(void*, int, size_t, StreamHandle = nullptr) { no_cuda("memset_async"); }
 inline void stream_synchronize(StreamHandle) { no_cuda("stream_synchronize"); }
 inline size_t runtime_reserved_bytes() { return 0; }

@@ -158,7 +158,7 @@ TEST_F(CudaDevice, OutOfMemoryIsAClearErrorAndNotSticky) {
 }
 
 TEST_F(CudaDevice, NvccBuiltKernelRuns) {
-  const size_t n = 1000003;  // several blocks plus a partial one
+  const size_t n = 1000003;            // several blocks plus a partial one
   const unsigned start = 4000000000u;  // wraps around 2^32 inside the range
   auto* d = static_cast<unsigned*>(device_malloc(n * sizeof(unsigned)));
   Stream stream;
