@@ -21,8 +21,8 @@ struct cudnnContext;     // cudnnHandle_t
 
 namespace kiln::cuda {
 
-using StreamHandle =
-    CUstream_st*;  // same type as cudaStream_t; nullptr = the legacy default stream
+// Same type as cudaStream_t; nullptr is the legacy default stream.
+using StreamHandle = CUstream_st*;
 
 struct DeviceInfo {
   int index = 0;
