@@ -11,5 +11,6 @@ namespace kiln::apps {
 using Run = std::function<int()>;
 Run add_train_command(CLI::App& app);
 Run add_sample_command(CLI::App& app);
+Run add_tokenize_command(CLI::App& app);
 
 }  // namespace kiln::apps
