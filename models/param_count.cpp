@@ -1,10 +1,10 @@
 #include "models/param_count.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "models/decoder.h"
 
@@ -33,15 +33,16 @@ std::string with_commas(std::int64_t v) {
   return v < 0 ? "-" + out : out;
 }
 
-std::string attention_kind(const ModelConfig& c) {
+std::string attention_kind(const ModelConfig &c) {
   if (c.n_kv_heads == c.n_heads) return "MHA";
   if (c.n_kv_heads == 1) return "MQA";
   return "GQA";
 }
 
-std::string describe(const ModelConfig& c) {
+std::string describe(const ModelConfig &c) {
   return fmt::format(
-      "vocab {}, dim {}, {} layers, {}/{} heads ({}), head_dim {}, intermediate {}, {} MLP, {}{}{}, "
+      "vocab {}, dim {}, {} layers, {}/{} heads ({}), head_dim {}, "
+      "intermediate {}, {} MLP, {}{}{}, "
       "{}{}",
       c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, attention_kind(c), c.head_dim,
       c.hidden_dim, c.gelu_mlp ? "GELU" : "SwiGLU", c.layernorm ? "LayerNorm" : "RMSNorm",
@@ -52,7 +53,7 @@ std::string describe(const ModelConfig& c) {
 
 }  // namespace
 
-ParamCount count_params(const ModelConfig& cfg) {
+ParamCount count_params(const ModelConfig &cfg) {
   ModelConfig c = cfg;
   c.validate();
   ParamCount pc;
@@ -66,7 +67,7 @@ ParamCount count_params(const ModelConfig& cfg) {
 
   row("model.embed_tokens.weight", "embedding", table, 1);
   // Attention: q (dim -> H·D), k/v (dim -> Hkv·D), o (H·D -> dim).
-  auto linear = [&](const std::string& prefix, const std::string& name, std::int64_t in,
+  auto linear = [&](const std::string &prefix, const std::string &name, std::int64_t in,
                     std::int64_t out, bool bias) {
     row("layers.*." + prefix + name + ".weight", name, mul(in, out), L);
     if (bias) row("layers.*." + prefix + name + ".bias", name + " bias", out, L);
@@ -88,9 +89,10 @@ ParamCount count_params(const ModelConfig& cfg) {
     linear("mlp.", "up_proj", c.dim, c.hidden_dim, c.bias);
     linear("mlp.", "down_proj", c.hidden_dim, c.dim, c.bias);
   }
-  for (const char* norm : {"input_layernorm", "post_attention_layernorm"}) {
+  for (const char *norm : {"input_layernorm", "post_attention_layernorm"}) {
     row(fmt::format("layers.*.{}.weight", norm), norm, c.dim, L);
-    if (c.layernorm) row(fmt::format("layers.*.{}.bias", norm), fmt::format("{} bias", norm), c.dim, L);
+    if (c.layernorm)
+      row(fmt::format("layers.*.{}.bias", norm), fmt::format("{} bias", norm), c.dim, L);
   }
   if (c.final_norm) {
     row("model.norm.weight", "final norm", c.dim, 1);
@@ -102,12 +104,12 @@ ParamCount count_params(const ModelConfig& cfg) {
     row("lm_head.weight", "lm_head", table, 1);
   }
 
-  for (const auto& r : pc.rows) pc.total = add(pc.total, mul(r.per_layer, r.layers));
+  for (const auto &r : pc.rows) pc.total = add(pc.total, mul(r.per_layer, r.layers));
   pc.embedding = c.tie_embeddings ? table : mul(2, table);
   return pc;
 }
 
-std::string param_row_key(const std::string& name) {
+std::string param_row_key(const std::string &name) {
   const std::string prefix = "model.layers.";
   if (name.rfind(prefix, 0) != 0) return name;
   std::size_t dot = name.find('.', prefix.size());
@@ -115,13 +117,13 @@ std::string param_row_key(const std::string& name) {
   return "layers.*" + name.substr(dot);
 }
 
-std::map<std::string, std::int64_t> count_meta_params(const ModelConfig& c) {
+std::map<std::string, std::int64_t> count_meta_params(const ModelConfig &c) {
   // On meta, random init and fills allocate no memory and run no kernel; the
   // tracker sees the bytes, released when the model goes out of scope.
   DecoderModel model(c, 0, DType::F32, Device::meta());
   std::map<std::string, std::int64_t> out;
   std::int64_t total = 0;
-  for (const auto& [name, t] : model.named_parameters()) {
+  for (const auto &[name, t] : model.named_parameters()) {
     KILN_CHECK(t.device().is_meta(), "[params] parameter {} is not on the meta device", name);
     out[param_row_key(name)] += t.numel();
     total = add(total, t.numel());
@@ -130,7 +132,7 @@ std::map<std::string, std::int64_t> count_meta_params(const ModelConfig& c) {
   return out;
 }
 
-ModelConfig apply_what_if(ModelConfig c, const WhatIf& w) {
+ModelConfig apply_what_if(ModelConfig c, const WhatIf &w) {
   std::vector<std::string> changes;
   if (w.kv_heads) {
     KILN_CHECK(*w.kv_heads > 0, "[params] --kv-heads {} must be positive", *w.kv_heads);
@@ -171,20 +173,22 @@ ModelConfig apply_what_if(ModelConfig c, const WhatIf& w) {
   }
   if (!changes.empty()) {
     std::string s;
-    for (auto& ch : changes) s += (s.empty() ? "" : ", ") + ch;
+    for (auto &ch : changes) s += (s.empty() ? "" : ", ") + ch;
     c.name += " + what-if (" + s + ")";
   }
   c.validate();
   return c;
 }
 
-ModelConfig resolve_model_config(const std::string& spec) {
+ModelConfig resolve_model_config(const std::string &spec) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(spec, ec)) {
     fs::path cfg = fs::path(spec) / "config.json";
     KILN_CHECK(fs::is_regular_file(cfg, ec), "[config] folder {} has no config.json", spec);
-    return load_hf_config(cfg.string());
+    ModelConfig c = load_hf_config(cfg.string());
+    c.name = spec + " (" + c.name + ")";
+    return c;
   }
   if (fs::is_regular_file(spec, ec)) {
     std::ifstream f(spec);
@@ -192,42 +196,44 @@ ModelConfig resolve_model_config(const std::string& spec) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception& e) {
+    } catch (const nlohmann::json::exception &e) {
       fail("[config] {} is not valid JSON: {}", spec, e.what());
     }
-    if (j.is_object() && j.contains("model_type")) return from_hf_config(j);
-    return ModelConfig::from_json(j);
+    ModelConfig c =
+        j.is_object() && j.contains("model_type") ? from_hf_config(j) : ModelConfig::from_json(j);
+    c.name = spec + " (" + c.name + ")";
+    return c;
   }
   KILN_CHECK(spec.find('/') == std::string::npos && !spec.ends_with(".json"),
              "[config] no such file or folder: {}", spec);
   return preset(spec);
 }
 
-nlohmann::json param_report_json(const ModelConfig& c, const ParamCount& formula,
-                                 const std::map<std::string, std::int64_t>& actual) {
-  auto get = [&](const std::string& k) {
+nlohmann::json param_report_json(const ModelConfig &c, const ParamCount &formula,
+                                 const std::map<std::string, std::int64_t> &actual) {
+  auto get = [&](const std::string &k) {
     auto it = actual.find(k);
     return it == actual.end() ? std::int64_t{0} : it->second;
   };
   nlohmann::json rows = nlohmann::json::array();
   bool identical = true;
   std::set<std::string> known{"total"};
-  for (const auto& r : formula.rows) {
+  for (const auto &r : formula.rows) {
     known.insert(r.key);
     std::int64_t a = get(r.key);
     identical = identical && a == r.total();
-    rows.push_back({{"key", r.key},
-                    {"label", r.label},
-                    {"per_layer", r.per_layer},
-                    {"layers", r.layers},
-                    {"total", r.total()},
-                    {"tied", r.tied},
-                    {"percent", 100.0 * static_cast<double>(r.total()) /
-                                    static_cast<double>(formula.total)},
-                    {"actual", a}});
+    rows.push_back(
+        {{"key", r.key},
+         {"label", r.label},
+         {"per_layer", r.per_layer},
+         {"layers", r.layers},
+         {"total", r.total()},
+         {"tied", r.tied},
+         {"percent", 100.0 * static_cast<double>(r.total()) / static_cast<double>(formula.total)},
+         {"actual", a}});
   }
   nlohmann::json unexpected = nlohmann::json::object();
-  for (const auto& [k, v] : actual)
+  for (const auto &[k, v] : actual)
     if (!known.count(k)) unexpected[k] = v, identical = false;
   identical = identical && get("total") == formula.total;
   return {{"model", c.name},
@@ -242,42 +248,46 @@ nlohmann::json param_report_json(const ModelConfig& c, const ParamCount& formula
           {"non_embedding", formula.non_embedding()}};
 }
 
-std::string param_report_text(const ModelConfig& c, const ParamCount& formula,
-                              const std::map<std::string, std::int64_t>& actual, bool* identical) {
+std::string param_report_text(const ModelConfig &c, const ParamCount &formula,
+                              const std::map<std::string, std::int64_t> &actual, bool *identical) {
   nlohmann::json j = param_report_json(c, formula, actual);
   std::string s = fmt::format("{}: {}\n\n", c.name, describe(c));
-  s += fmt::format("{:<34} {:>15} {:>17} {:>8}\n", "component", "per layer",
+  s += fmt::format("{:<34} {:>15} {:>20} {:>8}\n", "component", "per layer",
                    fmt::format("total (x{} layers)", c.n_layers), "% total");
-  s += std::string(77, '-') + "\n";
-  for (const auto& r : j["rows"]) {
+  s += std::string(80, '-') + "\n";
+  for (const auto &r : j["rows"]) {
     const bool per_layer = r["layers"].get<std::int64_t>() > 1 ||
                            r["key"].get<std::string>().rfind("layers.*.", 0) == 0;
-    std::string label = per_layer ? "  " + r["label"].get<std::string>() : r["label"].get<std::string>();
+    std::string label =
+        per_layer ? "  " + r["label"].get<std::string>() : r["label"].get<std::string>();
     std::string per = per_layer ? with_commas(r["per_layer"].get<std::int64_t>()) : "";
     std::string tot = r["tied"].get<bool>() ? "tied" : with_commas(r["total"].get<std::int64_t>());
-    s += fmt::format("{:<34} {:>15} {:>17} {:>7.2f}%", label, per, tot, r["percent"].get<double>());
+    s += fmt::format(
+        "{:<34} {:>15} {:>20} {:>8}", label, per, tot,
+        r["tied"].get<bool>() ? "" : fmt::format("{:.2f}%", r["percent"].get<double>()));
     if (r["actual"].get<std::int64_t>() != r["total"].get<std::int64_t>())
       s += fmt::format("  (actual {})", with_commas(r["actual"].get<std::int64_t>()));
     s += "\n";
   }
-  for (const auto& [k, v] : j["unexpected_actual_rows"].items())
-    s += fmt::format("{:<34} {:>15} {:>17}  (in the model, not in the formula)\n", k, "",
+  for (const auto &[k, v] : j["unexpected_actual_rows"].items())
+    s += fmt::format("{:<34} {:>15} {:>20}  (in the model, not in the formula)\n", k, "",
                      with_commas(v.get<std::int64_t>()));
-  s += std::string(77, '-') + "\n";
+  s += std::string(80, '-') + "\n";
   std::int64_t per_layer_sum = 0;
-  for (const auto& r : formula.rows)
+  for (const auto &r : formula.rows)
     if (r.key.rfind("layers.*.", 0) == 0) per_layer_sum += r.per_layer;
   s += fmt::format("{:<34} {:>15}\n", "one layer", with_commas(per_layer_sum));
   std::int64_t ft = j["formula_total"], at = j["actual_total"];
-  s += fmt::format("{:<34} {:>33}\n", "formula total", with_commas(ft));
-  s += fmt::format("{:<34} {:>33}  ", "actual total (meta-device model)", with_commas(at));
+  s += fmt::format("{:<34} {:>36}\n", "formula total", with_commas(ft));
+  s += fmt::format("{:<34} {:>36}  ", "actual total (meta-device model)", with_commas(at));
   const bool same = j["identical"].get<bool>();
   s += same ? "identical\n"
             : fmt::format("DIFFERENT: actual - formula = {}\n", with_commas(at - ft));
-  s += fmt::format("{:<34} {:>33}  ({:.2f}%; total minus the vocab x dim embedding{})\n",
-                   "non-embedding", with_commas(formula.non_embedding()),
-                   100.0 * static_cast<double>(formula.non_embedding()) / static_cast<double>(ft),
-                   c.tie_embeddings ? ", tied" : " and the untied lm_head");
+  s += fmt::format(
+      "{:<34} {:>36}  ({:.2f}%; excludes {})\n", "non-embedding",
+      with_commas(formula.non_embedding()),
+      100.0 * static_cast<double>(formula.non_embedding()) / static_cast<double>(ft),
+      c.tie_embeddings ? "the vocab x dim embedding" : "embedding and lm_head, vocab x dim each");
   if (identical) *identical = same;
   return s;
 }

@@ -5,11 +5,10 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "models/config.h"
 
@@ -17,8 +16,9 @@ namespace kiln::models {
 
 // One row of the table. Per-layer rows have `layers` = n_layers; the others 1.
 struct ParamRow {
-  std::string key;    // the HF name, "layers.*." for per-layer rows: "layers.*.mlp.up_proj.weight"
-  std::string label;  // for the table: "q_proj", "q_proj bias", "QK-norm q_norm", ...
+  std::string key;             // the HF name, "layers.*." for per-layer rows:
+                               // "layers.*.mlp.up_proj.weight"
+  std::string label;           // for the table: "q_proj", "q_proj bias", "QK-norm q_norm", ...
   std::int64_t per_layer = 0;  // count in one layer (or the whole count when layers = 1)
   std::int64_t layers = 1;
   bool tied = false;  // the LM head row of a tied model: shares the embedding, counts 0
@@ -35,15 +35,15 @@ struct ParamCount {
 };
 
 // The formula. Overflow-checked: an absurd config fails instead of wrapping.
-ParamCount count_params(const ModelConfig& c);
+ParamCount count_params(const ModelConfig &c);
 
 // Builds DecoderModel(c) on Device::meta() and sums numel per row key (see
 // ParamRow::key); "total" holds the sum over all parameters.
-std::map<std::string, std::int64_t> count_meta_params(const ModelConfig& c);
+std::map<std::string, std::int64_t> count_meta_params(const ModelConfig &c);
 
 // The row key of a parameter name: "model.layers.3.self_attn.q_proj.weight"
 // -> "layers.*.self_attn.q_proj.weight"; other names are returned unchanged.
-std::string param_row_key(const std::string& name);
+std::string param_row_key(const std::string &name);
 
 // What-ifs applied on top of a loaded config (unset fields keep the config's).
 struct WhatIf {
@@ -58,17 +58,18 @@ struct WhatIf {
   }
 };
 // Returns the modified config, validated; the name gets a "+what-if" suffix.
-ModelConfig apply_what_if(ModelConfig c, const WhatIf& w);
+ModelConfig apply_what_if(ModelConfig c, const WhatIf &w);
 
 // A preset name, a config.json (Hugging Face, or kiln's own ModelConfig JSON
 // when it has no "model_type"), or a folder holding config.json.
-ModelConfig resolve_model_config(const std::string& spec);
+ModelConfig resolve_model_config(const std::string &spec);
 
 // The table as JSON: config, rows (with actual counts), totals and "identical".
-nlohmann::json param_report_json(const ModelConfig& c, const ParamCount& formula,
-                                 const std::map<std::string, std::int64_t>& actual);
-// The aligned text table; `identical` is set when every row and the total match.
-std::string param_report_text(const ModelConfig& c, const ParamCount& formula,
-                              const std::map<std::string, std::int64_t>& actual, bool* identical);
+nlohmann::json param_report_json(const ModelConfig &c, const ParamCount &formula,
+                                 const std::map<std::string, std::int64_t> &actual);
+// The aligned text table; `identical` is set when every row and the total
+// match.
+std::string param_report_text(const ModelConfig &c, const ParamCount &formula,
+                              const std::map<std::string, std::int64_t> &actual, bool *identical);
 
 }  // namespace kiln::models
