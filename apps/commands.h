@@ -12,5 +12,6 @@ using Run = std::function<int()>;
 Run add_train_command(CLI::App& app);
 Run add_sample_command(CLI::App& app);
 Run add_tokenize_command(CLI::App& app);
+Run add_params_command(CLI::App& app);
 
 }  // namespace kiln::apps

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   add("train", "Train a decoder (LLaMA-style) on a text file", kiln::apps::add_train_command);
   add("sample", "Generate text from a training checkpoint", kiln::apps::add_sample_command);
   add("tokenize", "Text to token ids (or --decode ids to text)", kiln::apps::add_tokenize_command);
+  add("params", "Per-component parameter counts, formula vs model", kiln::apps::add_params_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
