@@ -48,6 +48,8 @@ Run add_train_command(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--stop-at", o->stop_at, "Stop (and checkpoint) at this step; resume later")
       ->capture_default_str();
+  app.add_option("--mem-timeline", o->mem_timeline,
+                 "Write every allocation/free of the first step as JSON lines to this file");
   app.add_option("--threads", o->threads, "CPU threads (0: OpenMP default)")->capture_default_str();
   app.add_option("--progress", o->progress, "Progress bar: 1 on, 0 off, -1 when stderr is a terminal")
       ->capture_default_str();

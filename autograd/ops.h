@@ -64,7 +64,8 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training);
 
 // Activation checkpointing: runs fn without recording, saves only `inputs`,
 // and re-runs fn with recording during backward. fn must be deterministic
-// given its inputs (dropout re-seeds from the saved generator state).
+// given its inputs: random ops inside fn (dropout) would draw a new mask on
+// recomputation, so they are not supported there (the decoders use none).
 using CheckpointFn = std::function<Tensor(const std::vector<Tensor>&)>;
 Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
 

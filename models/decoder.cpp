@@ -57,6 +57,8 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, DType dtype
   if (!cfg.tie_embeddings)
     lm_head = register_module(
         "lm_head", std::make_shared<nn::Linear>(cfg.dim, cfg.vocab_size, false, init, cfg.init_std));
+  // Full HF names on the tensors, for messages ("gradient ... for leaf model.norm.weight").
+  for (auto& [name, p] : named_parameters()) p.set_name(name);
   rope = std::make_unique<nn::Rope>(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, cfg.rope_style,
                                     dtype, device);
 }

@@ -160,6 +160,11 @@ TrainResult train(const TrainOptions& o, std::ostream& log) {
       log << fmt::format("time limit of {:.0f} s reached at step {}\n", o.time_limit_s, st.step);
       break;
     }
+    const bool record_timeline = !o.mem_timeline.empty() && st.step == meta.state.step;
+    if (record_timeline) {
+      tracker.reset_peaks();
+      tracker.set_timeline(true);
+    }
     auto t0 = Clock::now();
     double lr = nn::cosine_lr(st.step, o.warmup, o.steps, o.lr, o.min_lr);
     opt.lr = lr;
@@ -179,6 +184,11 @@ TrainResult train(const TrainOptions& o, std::ostream& log) {
     opt.zero_grad();
     st.step++;
     st.data_position = sampler.position();
+    if (record_timeline) {
+      tracker.dump_timeline(o.mem_timeline);
+      tracker.set_timeline(false);
+      log << fmt::format("memory timeline of step {} written to {}\n", st.step, o.mem_timeline);
+    }
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     train_secs += ms / 1000.0;
     tokens_done += o.batch * o.seq;

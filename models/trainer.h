@@ -39,6 +39,7 @@ struct TrainOptions {
   std::int64_t stop_at = 0;        // 0: none; else stop (and checkpoint) at this step
   int progress = -1;               // -1: when stderr is a terminal
   int threads = 0;                 // 0: OpenMP default
+  std::string mem_timeline;        // if set: JSON lines of every allocation in the first step
 
   nlohmann::json to_json() const;
 };
