@@ -1,13 +1,13 @@
 // kiln tokenize: text -> token ids, or ids -> text, with a Hugging Face model folder's Qwen
 // tokenizer (--model DIR) or any tokenizer spec (--tokenizer byte | llama2c:PATH | qwen:DIR).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cctype>
 #include <charconv>
 #include <fstream>
 #include <iostream>
 #include <sstream>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "apps/commands.h"
 #include "kernels/common/error.h"
@@ -47,12 +47,18 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 std::string escape(std::string_view bytes) {
   std::string out;
   for (unsigned char c : bytes) {
-    if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\\') out += "\\\\";
-    else if (c >= 0x20 && c < 0x7f) out.push_back(static_cast<char>(c));
-    else out += fmt::format("\\x{:02x}", c);
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\\')
+      out += "\\\\";
+    else if (c >= 0x20 && c < 0x7f)
+      out.push_back(static_cast<char>(c));
+    else
+      out += fmt::format("\\x{:02x}", c);
   }
   return out;
 }
@@ -64,10 +70,12 @@ Run add_tokenize_command(CLI::App& app) {
   auto* model = app.add_option("--model", o->model,
                                "Model folder with tokenizer.json, or vocab.json + merges.txt "
                                "[+ tokenizer_config.json]");
-  auto* spec = app.add_option("--tokenizer", o->spec, "Tokenizer spec: byte, llama2c:PATH, qwen:DIR");
+  auto* spec =
+      app.add_option("--tokenizer", o->spec, "Tokenizer spec: byte, llama2c:PATH, qwen:DIR");
   model->excludes(spec);
   auto* text = app.add_option("--text", o->text, "Text to encode");
-  auto* file = app.add_option("--file", o->file, "Encode this file's bytes")->check(CLI::ExistingFile);
+  auto* file =
+      app.add_option("--file", o->file, "Encode this file's bytes")->check(CLI::ExistingFile);
   auto* dec = app.add_option("--decode", o->decode, "Token ids to decode, e.g. 1,2,3");
   text->excludes(file)->excludes(dec);
   file->excludes(dec);
@@ -78,9 +86,8 @@ Run add_tokenize_command(CLI::App& app) {
                "[tokenize] give --model DIR or --tokenizer SPEC");
     KILN_CHECK(text->count() + file->count() + dec->count() == 1,
                "[tokenize] give one of --text, --file or --decode");
-    std::unique_ptr<io::Tokenizer> tok = o->model.empty()
-                                             ? io::make_tokenizer(o->spec)
-                                             : io::QwenTokenizer::from_dir(o->model);
+    std::unique_ptr<io::Tokenizer> tok =
+        o->model.empty() ? io::make_tokenizer(o->spec) : io::QwenTokenizer::from_dir(o->model);
     if (dec->count()) {
       std::cout << tok->decode(parse_ids(o->decode)) << std::flush;
       return 0;

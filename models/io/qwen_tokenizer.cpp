@@ -112,24 +112,196 @@ struct BuiltinToken {
   bool special;
 };
 constexpr BuiltinToken kQwenAdded[] = {
-    {"<|endoftext|>", true},      {"<|im_start|>", true},       {"<|im_end|>", true},
-    {"<|object_ref_start|>", true}, {"<|object_ref_end|>", true}, {"<|box_start|>", true},
-    {"<|box_end|>", true},        {"<|quad_start|>", true},     {"<|quad_end|>", true},
-    {"<|vision_start|>", true},   {"<|vision_end|>", true},     {"<|vision_pad|>", true},
-    {"<|image_pad|>", true},      {"<|video_pad|>", true},      {"<tool_call>", false},
-    {"</tool_call>", false},      {"<|fim_prefix|>", false},    {"<|fim_middle|>", false},
-    {"<|fim_suffix|>", false},    {"<|fim_pad|>", false},       {"<|repo_name|>", false},
-    {"<|file_sep|>", false},      {"<tool_response>", false},   {"</tool_response>", false},
+    {"<|endoftext|>", true},      {"<|im_start|>", true},
+    {"<|im_end|>", true},         {"<|object_ref_start|>", true},
+    {"<|object_ref_end|>", true}, {"<|box_start|>", true},
+    {"<|box_end|>", true},        {"<|quad_start|>", true},
+    {"<|quad_end|>", true},       {"<|vision_start|>", true},
+    {"<|vision_end|>", true},     {"<|vision_pad|>", true},
+    {"<|image_pad|>", true},      {"<|video_pad|>", true},
+    {"<tool_call>", false},       {"</tool_call>", false},
+    {"<|fim_prefix|>", false},    {"<|fim_middle|>", false},
+    {"<|fim_suffix|>", false},    {"<|fim_pad|>", false},
+    {"<|repo_name|>", false},     {"<|file_sep|>", false},
+    {"<tool_response>", false},   {"</tool_response>", false},
     {"<think>", false},           {"</think>", false},
 };
 
-int32_t checked_id(const json& v, const std::string& source, std::string_view token) {
-  KILN_CHECK(v.is_number_integer(), "[qwen_tokenizer] {}: id of token '{}' is not an integer",
-             source, token);
-  const int64_t id = v.get<int64_t>();
-  KILN_CHECK(id >= 0 && id < kMaxVocab, "[qwen_tokenizer] {}: id {} of token '{}' is outside [0, {})",
-             source, id, token, kMaxVocab);
-  return static_cast<int32_t>(id);
+// Streams vocab.json or tokenizer.json with nlohmann's SAX interface, keeping only what the BPE
+// needs. A DOM of the 151k-entry vocabulary and merge list costs more than all the rest of
+// loading; here vocabulary entries and merges go straight into vectors, and everything else in
+// tokenizer.json (normalizer, pre_tokenizer, decoder, ...) is skipped.
+class BpeJsonReader final : public nlohmann::json_sax<json> {
+ public:
+  enum class Mode { kVocab, kTokenizerJson };
+  BpeJsonReader(Mode mode, std::string source) : mode_(mode), source_(std::move(source)) {}
+
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::vector<AddedToken> added;
+  bool has_model = false, has_vocab = false, has_merges = false, ignore_merges = false;
+  std::string model_type;
+
+  // Parses [data, data + n); throws kiln::Error on malformed JSON or a misplaced value.
+  void run(const uint8_t* data, size_t n) {
+    bool ok =
+        n > 0 ? json::sax_parse(data, data + n, this) : json::sax_parse(std::string_view{}, this);
+    if (!error_.empty()) fail("[qwen_tokenizer] {}: {}", source_, error_);
+    KILN_CHECK(ok, "[qwen_tokenizer] {}: malformed JSON", source_);
+  }
+
+  bool null() override { return scalar(Kind::kNull); }
+  bool boolean(bool v) override { return scalar(Kind::kBool, 0, v); }
+  bool number_integer(number_integer_t v) override { return scalar(Kind::kInt, v); }
+  bool number_unsigned(number_unsigned_t v) override {
+    return scalar(Kind::kInt,
+                  v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v));
+  }
+  bool number_float(number_float_t, const string_t&) override { return scalar(Kind::kFloat); }
+  bool string(string_t& v) override { return scalar(Kind::kString, 0, false, &v); }
+  bool binary(binary_t&) override { return scalar(Kind::kFloat); }
+  bool key(string_t& k) override {
+    frames_.back().key = std::move(k);
+    return true;
+  }
+  bool start_object(std::size_t) override { return open(false); }
+  bool start_array(std::size_t) override { return open(true); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    if (error_.empty()) error_ = fmt::format("malformed JSON: {}", e.what());
+    return false;
+  }
+
+ private:
+  enum class Kind { kNull, kBool, kInt, kFloat, kString };
+  struct Frame {
+    bool array;
+    std::string key;  // objects: the current member's key
+  };
+  // Key of frame i, "" for arrays.
+  std::string_view k(size_t i) const {
+    return frames_[i].array ? std::string_view() : frames_[i].key;
+  }
+  size_t depth() const { return frames_.size(); }
+  bool in_vocab() const {
+    return mode_ == Mode::kVocab
+               ? depth() == 1 && !frames_[0].array
+               : depth() == 3 && k(0) == "model" && k(1) == "vocab" && !frames_[2].array;
+  }
+  bool in_merges() const {
+    return mode_ == Mode::kTokenizerJson && depth() == 3 && k(0) == "model" && k(1) == "merges";
+  }
+  bool in_merge_pair() const {
+    return mode_ == Mode::kTokenizerJson && depth() == 4 && k(0) == "model" && k(1) == "merges" &&
+           frames_[3].array;
+  }
+  bool in_added() const {
+    return mode_ == Mode::kTokenizerJson && depth() == 3 && k(0) == "added_tokens" &&
+           frames_[1].array && !frames_[2].array;
+  }
+  bool err(std::string msg) {
+    if (error_.empty()) error_ = std::move(msg);
+    return false;
+  }
+
+  bool scalar(Kind kind, int64_t i = 0, bool b = false, std::string* s = nullptr) {
+    if (depth() == 0)
+      return err(mode_ == Mode::kVocab ? "the vocabulary is not a JSON object"
+                                       : "no \"model\" object");
+    if (in_vocab()) {
+      const std::string& tok = frames_.back().key;
+      if (kind != Kind::kInt) return err(fmt::format("id of token '{}' is not an integer", tok));
+      if (i < 0 || i >= kMaxVocab)
+        return err(fmt::format("id {} of token '{}' is outside [0, {})", i, tok, kMaxVocab));
+      vocab.emplace_back(tok, static_cast<int32_t>(i));
+    } else if (in_merges()) {
+      if (kind != Kind::kString) return bad_merge();
+      const size_t sp = s->find(' ');
+      if (sp == std::string::npos || sp == 0 || sp + 1 == s->size() ||
+          s->find(' ', sp + 1) != std::string::npos)
+        return err(fmt::format("merge {} '{}' is not two tokens separated by a space",
+                               merges.size() + 1, *s));
+      merges.emplace_back(s->substr(0, sp), s->substr(sp + 1));
+    } else if (in_merge_pair()) {
+      if (kind != Kind::kString) return bad_merge();
+      pair_.push_back(std::move(*s));
+    } else if (in_added()) {
+      const std::string& f = frames_.back().key;
+      if (f == "id") {
+        if (kind != Kind::kInt || i < 0 || i >= kMaxVocab)
+          return err(fmt::format("added token {}: 'id' is not an integer in [0, {})",
+                                 added.size() + 1, kMaxVocab));
+        added_.id = static_cast<int32_t>(i);
+      } else if (f == "content") {
+        if (kind != Kind::kString)
+          return err(fmt::format("added token {}: 'content' is not a string", added.size() + 1));
+        added_.content = std::move(*s);
+        has_content_ = true;
+      } else if (f == "special") {
+        added_.special = kind == Kind::kBool && b;
+      }
+    } else if (mode_ == Mode::kTokenizerJson && depth() == 2 && k(0) == "model") {
+      if (k(1) == "type" && kind == Kind::kString) model_type = *s;
+      if (k(1) == "ignore_merges" && kind == Kind::kBool) ignore_merges = b;
+    }
+    return true;
+  }
+  bool bad_merge() {
+    return err(fmt::format("merge {} is neither \"a b\" nor [\"a\", \"b\"]", merges.size() + 1));
+  }
+
+  bool open(bool array) {
+    if (depth() == 0 && mode_ == Mode::kVocab && array)
+      return err("the vocabulary is not a JSON object");
+    if (depth() == 0 && mode_ == Mode::kTokenizerJson && array) return err("no \"model\" object");
+    if (in_vocab())
+      return err(fmt::format("id of token '{}' is not an integer", frames_.back().key));
+    if (in_merge_pair()) return bad_merge();
+    if (in_merges()) {
+      if (!array) return bad_merge();
+      pair_.clear();
+    }
+    if (mode_ == Mode::kTokenizerJson) {
+      if (depth() == 1 && k(0) == "model" && !array) has_model = true;
+      if (depth() == 2 && k(0) == "model" && k(1) == "vocab" && !array) has_vocab = true;
+      if (depth() == 2 && k(0) == "model" && k(1) == "merges" && array) has_merges = true;
+      if (depth() == 2 && k(0) == "added_tokens" && frames_[1].array && !array) {
+        added_ = AddedToken{-1, {}, false};
+        has_content_ = false;
+      }
+    }
+    frames_.push_back({array, {}});
+    return true;
+  }
+
+  bool close() {
+    if (in_merge_pair()) {
+      if (pair_.size() != 2) return bad_merge();
+      merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+    }
+    if (in_added()) {
+      if (added_.id < 0 || !has_content_)
+        return err(fmt::format("added token {} needs 'id' and 'content'", added.size() + 1));
+      added.push_back(std::move(added_));
+    }
+    frames_.pop_back();
+    return true;
+  }
+
+  Mode mode_;
+  std::string source_;
+  std::vector<Frame> frames_;
+  std::vector<std::string> pair_;
+  AddedToken added_{-1, {}, false};
+  bool has_content_ = false;
+  std::string error_;
+};
+
+void read_bpe_json(BpeJsonReader& r, const std::string& path, const char* what) {
+  KILN_CHECK(fs::exists(path), "[qwen_tokenizer] {} '{}' does not exist", what, path);
+  MappedFile f(path);
+  r.run(f.data(), f.size());
 }
 
 }  // namespace
@@ -162,20 +334,22 @@ struct QwenTokenizer::Cache {
 
 // ---- loading ----------------------------------------------------------------------------------
 
-QwenTokenizer::QwenTokenizer() : regex_(std::make_unique<Regex>()), cache_(std::make_unique<Cache>()) {
+QwenTokenizer::QwenTokenizer()
+    : regex_(std::make_unique<Regex>()), cache_(std::make_unique<Cache>()) {
   std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
 }
 QwenTokenizer::~QwenTokenizer() = default;
 
 namespace {
 
-// vocab object -> tokens (spelling by id).
-void load_vocab(const json& vocab, const std::string& source, std::vector<std::string>& tokens) {
-  KILN_CHECK(vocab.is_object(), "[qwen_tokenizer] {}: the vocabulary is not a JSON object", source);
+// (token, id) pairs -> tokens (spelling by id).
+void load_vocab(const std::vector<std::pair<std::string, int32_t>>& vocab,
+                const std::string& source, std::vector<std::string>& tokens) {
   KILN_CHECK(!vocab.empty(), "[qwen_tokenizer] {}: the vocabulary is empty", source);
-  for (const auto& [tok, v] : vocab.items()) {
-    const int32_t id = checked_id(v, source, tok);
-    if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
+  int32_t max_id = 0;
+  for (const auto& [tok, id] : vocab) max_id = std::max(max_id, id);
+  tokens.assign(static_cast<size_t>(max_id) + 1, std::string());
+  for (const auto& [tok, id] : vocab) {
     KILN_CHECK(tokens[id].empty(), "[qwen_tokenizer] {}: id {} is used by '{}' and '{}'", source,
                id, tokens[id], tok);
     KILN_CHECK(!tok.empty(), "[qwen_tokenizer] {}: empty token for id {}", source, id);
@@ -187,18 +361,17 @@ std::vector<AddedToken> added_from_config(const json& cfg, const std::string& so
   std::vector<AddedToken> added;
   if (!cfg.contains("added_tokens_decoder")) return added;
   const json& dec = cfg["added_tokens_decoder"];
-  KILN_CHECK(dec.is_object(), "[qwen_tokenizer] {}: added_tokens_decoder is not an object",
-             source);
+  KILN_CHECK(dec.is_object(), "[qwen_tokenizer] {}: added_tokens_decoder is not an object", source);
   for (const auto& [key, v] : dec.items()) {
     int64_t id = -1;
     auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
     KILN_CHECK(ec == std::errc() && p == key.data() + key.size() && id >= 0 && id < kMaxVocab,
-               "[qwen_tokenizer] {}: added token id '{}' is not an integer in [0, {})", source,
-               key, kMaxVocab);
+               "[qwen_tokenizer] {}: added token id '{}' is not an integer in [0, {})", source, key,
+               kMaxVocab);
     KILN_CHECK(v.is_object() && v.contains("content") && v["content"].is_string(),
                "[qwen_tokenizer] {}: added token {} has no string 'content'", source, id);
-    added.push_back({static_cast<int32_t>(id), v["content"].get<std::string>(),
-                     v.value("special", false)});
+    added.push_back(
+        {static_cast<int32_t>(id), v["content"].get<std::string>(), v.value("special", false)});
   }
   return added;
 }
@@ -223,52 +396,17 @@ std::unique_ptr<QwenTokenizer> QwenTokenizer::from_dir(const std::string& dir) {
 std::unique_ptr<QwenTokenizer> QwenTokenizer::from_tokenizer_json(const std::string& path,
                                                                   const std::string& config_path) {
   std::unique_ptr<QwenTokenizer> t(new QwenTokenizer());
-  const json j = parse_json_file(path, "tokenizer.json");
-  KILN_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
-             "[qwen_tokenizer] {}: no \"model\" object", path);
-  const json& model = j["model"];
-  if (model.contains("type") && !model["type"].is_null())
-    KILN_CHECK(model["type"] == "BPE", "[qwen_tokenizer] {}: model type {} is not BPE", path,
-               model["type"].dump());
-  KILN_CHECK(model.contains("vocab"), "[qwen_tokenizer] {}: model has no vocab", path);
-  KILN_CHECK(model.contains("merges") && model["merges"].is_array(),
-             "[qwen_tokenizer] {}: model has no merges array", path);
-  load_vocab(model["vocab"], path, t->tokens_);
-  t->ignore_merges_ = model.value("ignore_merges", false);
-
-  std::vector<std::pair<std::string, std::string>> merges;
-  merges.reserve(model["merges"].size());
-  size_t rank = 0;
-  for (const json& m : model["merges"]) {
-    ++rank;
-    if (m.is_string()) {
-      const std::string& s = m.get_ref<const std::string&>();
-      const size_t sp = s.find(' ');
-      KILN_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() &&
-                     s.find(' ', sp + 1) == std::string::npos,
-                 "[qwen_tokenizer] {}: merge {} '{}' is not two tokens separated by a space",
-                 path, rank, s);
-      merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-    } else {
-      KILN_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(),
-                 "[qwen_tokenizer] {}: merge {} is neither \"a b\" nor [\"a\", \"b\"]: {}", path,
-                 rank, m.dump());
-      merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-    }
-  }
-
-  std::vector<AddedToken> added;
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-    KILN_CHECK(j["added_tokens"].is_array(), "[qwen_tokenizer] {}: added_tokens is not an array",
-               path);
-    for (const json& a : j["added_tokens"]) {
-      KILN_CHECK(a.is_object() && a.contains("id") && a.contains("content") &&
-                     a["content"].is_string(),
-                 "[qwen_tokenizer] {}: added token needs 'id' and 'content': {}", path, a.dump());
-      const std::string content = a["content"].get<std::string>();
-      added.push_back({checked_id(a["id"], path, content), content, a.value("special", false)});
-    }
-  }
+  BpeJsonReader r(BpeJsonReader::Mode::kTokenizerJson, path);
+  read_bpe_json(r, path, "tokenizer.json");
+  KILN_CHECK(r.has_model, "[qwen_tokenizer] {}: no \"model\" object", path);
+  KILN_CHECK(r.model_type.empty() || r.model_type == "BPE",
+             "[qwen_tokenizer] {}: model type '{}' is not BPE", path, r.model_type);
+  KILN_CHECK(r.has_vocab, "[qwen_tokenizer] {}: model has no vocab object", path);
+  KILN_CHECK(r.has_merges, "[qwen_tokenizer] {}: model has no merges array", path);
+  load_vocab(r.vocab, path, t->tokens_);
+  t->ignore_merges_ = r.ignore_merges;
+  std::vector<std::pair<std::string, std::string>> merges = std::move(r.merges);
+  std::vector<AddedToken> added = std::move(r.added);
   t->finish(path, std::move(merges), std::move(added), config_path, /*builtin_added=*/false);
   return t;
 }
@@ -277,7 +415,11 @@ std::unique_ptr<QwenTokenizer> QwenTokenizer::from_vocab_merges(const std::strin
                                                                 const std::string& merges_path,
                                                                 const std::string& config_path) {
   std::unique_ptr<QwenTokenizer> t(new QwenTokenizer());
-  load_vocab(parse_json_file(vocab_path, "vocab.json"), vocab_path, t->tokens_);
+  {
+    BpeJsonReader r(BpeJsonReader::Mode::kVocab, vocab_path);
+    read_bpe_json(r, vocab_path, "vocab.json");
+    load_vocab(r.vocab, vocab_path, t->tokens_);
+  }
 
   KILN_CHECK(fs::exists(merges_path), "[qwen_tokenizer] merges.txt '{}' does not exist",
              merges_path);
@@ -335,17 +477,20 @@ void QwenTokenizer::finish(const std::string& source,
   for (size_t r = 0; r < merges.size(); ++r) {
     const auto& [a, b] = merges[r];
     auto ia = ids_.find(a), ib = ids_.find(b);
-    KILN_CHECK(ia != ids_.end(), "[qwen_tokenizer] {}: merge {} '{} {}': '{}' is not in the vocabulary",
-               source, r + 1, a, b, a);
-    KILN_CHECK(ib != ids_.end(), "[qwen_tokenizer] {}: merge {} '{} {}': '{}' is not in the vocabulary",
-               source, r + 1, a, b, b);
+    KILN_CHECK(ia != ids_.end(),
+               "[qwen_tokenizer] {}: merge {} '{} {}': '{}' is not in the vocabulary", source,
+               r + 1, a, b, a);
+    KILN_CHECK(ib != ids_.end(),
+               "[qwen_tokenizer] {}: merge {} '{} {}': '{}' is not in the vocabulary", source,
+               r + 1, a, b, b);
     joined = a;
     joined += b;
     auto ij = ids_.find(joined);
     KILN_CHECK(ij != ids_.end(),
                "[qwen_tokenizer] {}: merge {} '{} {}': the result '{}' is not in the vocabulary",
                source, r + 1, a, b, joined);
-    const uint64_t key = (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
+    const uint64_t key =
+        (static_cast<uint64_t>(ia->second) << 32) | static_cast<uint32_t>(ib->second);
     merges_.insert_or_assign(key, std::pair{static_cast<int32_t>(r), ij->second});
   }
 
@@ -358,8 +503,8 @@ void QwenTokenizer::finish(const std::string& source,
   if (added.empty() && builtin_added) {
     const int32_t base = static_cast<int32_t>(tokens_.size());
     for (size_t k = 0; k < std::size(kQwenAdded); ++k)
-      added.push_back({base + static_cast<int32_t>(k), kQwenAdded[k].content,
-                       kQwenAdded[k].special});
+      added.push_back(
+          {base + static_cast<int32_t>(k), kQwenAdded[k].content, kQwenAdded[k].special});
   }
 
   // Ids -> bytes. Added tokens may extend the id range or take over an existing id.

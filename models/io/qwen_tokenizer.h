@@ -93,16 +93,16 @@ class QwenTokenizer final : public Tokenizer {
               std::vector<AddedToken> added, const std::string& config_path, bool builtin_added);
   void encode_span(std::string_view text, std::vector<int32_t>& out) const;
 
-  std::string source_;                      // file name(s), for messages
-  std::vector<std::string> tokens_;         // id -> vocab.json spelling ("" for gaps)
-  std::vector<std::string> bytes_;          // id -> decoded bytes
-  std::vector<uint8_t> kind_;               // id -> 0 none, 1 vocab, 2 added, 3 added special
+  std::string source_;                            // file name(s), for messages
+  std::vector<std::string> tokens_;               // id -> vocab.json spelling ("" for gaps)
+  std::vector<std::string> bytes_;                // id -> decoded bytes
+  std::vector<uint8_t> kind_;                     // id -> 0 none, 1 vocab, 2 added, 3 added special
   std::unordered_map<std::string, int32_t> ids_;  // vocab.json spelling -> id
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
-  int32_t byte_id_[256];                    // id of each single byte's token
-  std::vector<AddedToken> added_;           // by id
-  std::vector<int32_t> added_by_len_;       // indices into added_, longest content first
+  int32_t byte_id_[256];               // id of each single byte's token
+  std::vector<AddedToken> added_;      // by id
+  std::vector<int32_t> added_by_len_;  // indices into added_, longest content first
   int32_t eos_id_ = -1;
   bool ignore_merges_ = false;  // tokenizer.json model.ignore_merges: whole-word lookup first
   std::unique_ptr<Regex> regex_;

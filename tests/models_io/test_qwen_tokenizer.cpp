@@ -263,7 +263,9 @@ TEST_F(QwenReal, StreamingNeverSplitsACharacter) {
   ASSERT_GE(lead, 0);
   EXPECT_EQ(s.push(lead), "");
   EXPECT_EQ(s.pending(), 1u);
-  EXPECT_EQ(s.push(tok_->token_to_id("a")), "\xe2" "a");  // invalid: passed through, not held
+  EXPECT_EQ(s.push(tok_->token_to_id("a")),
+            "\xe2"
+            "a");  // invalid: passed through, not held
   EXPECT_EQ(s.push(lead), "");
   EXPECT_EQ(s.flush(), "\xe2");
 }
@@ -305,14 +307,16 @@ TEST_F(QwenReal, NfcBeforeSplitting) {
 TEST(UnicodeNfc, HandCases) {
   using unicode::nfc;
   EXPECT_EQ(nfc("plain ascii"), "plain ascii");
-  EXPECT_EQ(nfc("e\xcc\x81"), "\xc3\xa9");                       // e + acute -> é
-  EXPECT_EQ(nfc("\xe2\x84\xab"), "\xc3\x85");                    // Angstrom sign -> Å
-  EXPECT_EQ(nfc("a\xcc\x82\xcc\xa3"), "\xe1\xba\xad");           // a + ^ + dot below -> ậ (reorder)
-  EXPECT_EQ(nfc("\xe1\x84\x80\xe1\x85\xa1"), "\xea\xb0\x80");    // Hangul L + V -> 가
-  EXPECT_EQ(nfc("\xea\xb0\x80\xe1\x86\xa8"), "\xea\xb0\x81");    // LV + T -> 각
-  EXPECT_EQ(nfc("\xe0\xa5\x98"), "\xe0\xa4\x95\xe0\xa4\xbc");    // U+0958 is excluded: stays split
-  EXPECT_EQ(nfc("\xcd\x84"), "\xcc\x88\xcc\x81");                // U+0344 -> U+0308 U+0301
-  EXPECT_EQ(nfc("\xff" "e\xcc\x81"), "\xff\xc3\xa9");             // invalid byte passes through
+  EXPECT_EQ(nfc("e\xcc\x81"), "\xc3\xa9");                     // e + acute -> é
+  EXPECT_EQ(nfc("\xe2\x84\xab"), "\xc3\x85");                  // Angstrom sign -> Å
+  EXPECT_EQ(nfc("a\xcc\x82\xcc\xa3"), "\xe1\xba\xad");         // a + ^ + dot below -> ậ (reorder)
+  EXPECT_EQ(nfc("\xe1\x84\x80\xe1\x85\xa1"), "\xea\xb0\x80");  // Hangul L + V -> 가
+  EXPECT_EQ(nfc("\xea\xb0\x80\xe1\x86\xa8"), "\xea\xb0\x81");  // LV + T -> 각
+  EXPECT_EQ(nfc("\xe0\xa5\x98"), "\xe0\xa4\x95\xe0\xa4\xbc");  // U+0958 is excluded: stays split
+  EXPECT_EQ(nfc("\xcd\x84"), "\xcc\x88\xcc\x81");              // U+0344 -> U+0308 U+0301
+  EXPECT_EQ(nfc("\xff"
+                "e\xcc\x81"),
+            "\xff\xc3\xa9");  // invalid byte passes through
   EXPECT_TRUE(unicode::quick_is_nfc("F\xc3\xbchrer"));
   EXPECT_FALSE(unicode::quick_is_nfc("e\xcc\x81"));
 }
@@ -323,9 +327,10 @@ TEST(UnicodeNfc, MatchesPythonUnicodedata) {
   // Random strings over code points where NFC does real work: bases, precomposed letters,
   // combining marks of several classes, Hangul jamo and syllables, singletons, exclusions.
   const std::vector<char32_t> pool = {
-      'a', 'e', 'o', 'A', 'u', ' ', 0xE9, 0xC5, 0x212B, 0x2126, 0x300, 0x301, 0x302, 0x308,
-      0x323, 0x327, 0x328, 0x31B, 0x345, 0x344, 0x340, 0x1100, 0x1161, 0x11A8, 0xAC00, 0xAC01,
-      0x0915, 0x093C, 0x0958, 0x0B47, 0x0B3E, 0x1E9B, 0x1F00, 0x3B1, 0x3099, 0x304B, 0xF900};
+      'a',    'e',    'o',    'A',    'u',    ' ',    0xE9,   0xC5,   0x212B, 0x2126,
+      0x300,  0x301,  0x302,  0x308,  0x323,  0x327,  0x328,  0x31B,  0x345,  0x344,
+      0x340,  0x1100, 0x1161, 0x11A8, 0xAC00, 0xAC01, 0x0915, 0x093C, 0x0958, 0x0B47,
+      0x0B3E, 0x1E9B, 0x1F00, 0x3B1,  0x3099, 0x304B, 0xF900};
   std::mt19937 rng(11);
   std::vector<std::string> strs;
   for (int k = 0; k < 400; ++k) {
@@ -336,10 +341,10 @@ TEST(UnicodeNfc, MatchesPythonUnicodedata) {
   TempDir dir;
   json in = strs;
   spit(dir.path() / "in.json", in.dump());
-  const std::string cmd = "python3 -c \"import json,sys,unicodedata as u; "
-                          "print(json.dumps([u.normalize('NFC', s) for s in json.load(open(sys.argv[1]))]))\" " +
-                          (dir.path() / "in.json").string() + " > " +
-                          (dir.path() / "out.json").string();
+  const std::string cmd =
+      "python3 -c \"import json,sys,unicodedata as u; "
+      "print(json.dumps([u.normalize('NFC', s) for s in json.load(open(sys.argv[1]))]))\" " +
+      (dir.path() / "in.json").string() + " > " + (dir.path() / "out.json").string();
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   const json out = json::parse(slurp((dir.path() / "out.json").string()));
   ASSERT_EQ(out.size(), strs.size());
@@ -354,9 +359,9 @@ namespace {
 // 256 byte symbols (ids 0..255 in byte order), then merged tokens from `merges`.
 struct Tiny {
   std::vector<std::pair<std::string, std::string>> merges = {
-      {"h", "e"},  {"l", "l"},       {"he", "ll"}, {"hell", "o"}, {"Ġ", "w"},
-      {"o", "r"},  {"Ġw", "or"},     {"Ġwor", "l"}, {"Ġworl", "d"}, {"a", "a"},
-      {"aa", "a"}, {"Ġ", "Ġ"},       {"ĠĠ", "Ġ"}};
+      {"h", "e"},  {"l", "l"},   {"he", "ll"},  {"hell", "o"},  {"Ġ", "w"},
+      {"o", "r"},  {"Ġw", "or"}, {"Ġwor", "l"}, {"Ġworl", "d"}, {"a", "a"},
+      {"aa", "a"}, {"Ġ", "Ġ"},   {"ĠĠ", "Ġ"}};
   json vocab = json::object();
   Tiny() {
     for (int b = 0; b < 256; ++b) vocab[byte_symbol(static_cast<unsigned char>(b))] = b;
@@ -399,8 +404,8 @@ TEST(QwenTiny, BothMergeFormatsAndVocabMerges) {
   spit(dir.path() / "split" / "merges.txt", t.merges_txt());
   json cfg = {{"eos_token", "<|end|>"}, {"added_tokens_decoder", json::object()}};
   for (const json& a : t.added())
-    cfg["added_tokens_decoder"][std::to_string(a["id"].get<int>())] = {
-        {"content", a["content"]}, {"special", a["special"]}};
+    cfg["added_tokens_decoder"][std::to_string(a["id"].get<int>())] = {{"content", a["content"]},
+                                                                       {"special", a["special"]}};
   spit(dir.path() / "split" / "tokenizer_config.json", cfg.dump());
 
   auto s = QwenTokenizer::from_tokenizer_json((dir.path() / "strings.json").string());
@@ -441,9 +446,9 @@ TEST(QwenTiny, BothMergeFormatsAndVocabMerges) {
   EXPECT_EQ(s->encode("<x><y><x>hell<x>"), want);
   EXPECT_EQ(s->encode("aaaaaaa"), ids_of("aaaaaaa"));
   // Rank order, not greedy-longest: (a a) everywhere first, then (aa a) once.
-  EXPECT_EQ(s->encode("aaaaaaa"), (std::vector<int32_t>{t.vocab["aa"].get<int32_t>(),
-                                                        t.vocab["aa"].get<int32_t>(),
-                                                        t.vocab["aaa"].get<int32_t>()}));
+  EXPECT_EQ(s->encode("aaaaaaa"),
+            (std::vector<int32_t>{t.vocab["aa"].get<int32_t>(), t.vocab["aa"].get<int32_t>(),
+                                  t.vocab["aaa"].get<int32_t>()}));
   EXPECT_TRUE(s->is_special(300));
   EXPECT_FALSE(s->is_special(301));
 }
@@ -457,10 +462,12 @@ TEST(QwenTiny, BadFiles) {
     spit(d / "merges.txt", merges);
   };
   // Missing files.
-  expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "neither tokenizer.json nor vocab.json");
+  expect_error([&] { QwenTokenizer::from_dir(d.string()); },
+               "neither tokenizer.json nor vocab.json");
   expect_error([&] { QwenTokenizer::from_dir((d / "nope").string()); }, "is not a directory");
-  expect_error([&] { QwenTokenizer::from_vocab_merges((d / "v.json").string(), (d / "m.txt").string()); },
-               "does not exist");
+  expect_error(
+      [&] { QwenTokenizer::from_vocab_merges((d / "v.json").string(), (d / "m.txt").string()); },
+      "does not exist");
   spit(d / "vocab.json", t.vocab.dump());
   expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "merges.txt is missing");
   // Malformed JSON.
@@ -488,7 +495,8 @@ TEST(QwenTiny, BadFiles) {
   write_split(t.vocab.dump(), t.merges_txt() + "q xyz\n");
   expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "'xyz' is not in the vocabulary");
   write_split(t.vocab.dump(), t.merges_txt() + "q r\n");
-  expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "the result 'qr' is not in the vocabulary");
+  expect_error([&] { QwenTokenizer::from_dir(d.string()); },
+               "the result 'qr' is not in the vocabulary");
   write_split(t.vocab.dump(), t.merges_txt() + "hello\n");
   expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "not two tokens");
   // tokenizer.json problems.
