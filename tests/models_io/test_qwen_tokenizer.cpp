@@ -295,6 +295,37 @@ TEST_F(QwenReal, HeapBpeMatchesNaiveBpe) {
   }
 }
 
+TEST_F(QwenReal, FullSizeTokenizerJsonGivesTheSameIds) {
+  // The HF tokenizer.json layout at full size (merges as pairs, as newer files write them), with
+  // the added tokens and eos_token of a tokenizer_config.json next to it.
+  json tj = {{"version", "1.0"},
+             {"normalizer", {{"type", "NFC"}}},
+             {"model", {{"type", "BPE"}, {"ignore_merges", false}}}};
+  tj["model"]["vocab"] = json::parse(slurp(kQwenDir + "/vocab.json"));
+  json merges = json::array();
+  std::istringstream m(slurp(kQwenDir + "/merges.txt"));
+  std::string line;
+  while (std::getline(m, line)) {
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    size_t sp = line.find(' ');
+    merges.push_back(json::array({line.substr(0, sp), line.substr(sp + 1)}));
+  }
+  tj["model"]["merges"] = std::move(merges);
+  tj["added_tokens"] = json::array();
+  for (const AddedToken& a : tok_->added_tokens())
+    tj["added_tokens"].push_back({{"id", a.id}, {"content", a.content}, {"special", a.special}});
+  TempDir dir;
+  spit(dir.path() / "tokenizer.json", tj.dump());
+  spit(dir.path() / "tokenizer_config.json", json({{"eos_token", "<|im_end|>"}}).dump());
+  auto t = QwenTokenizer::from_dir(dir.path().string());
+  EXPECT_EQ(t->vocab_size(), tok_->vocab_size());
+  EXPECT_EQ(t->num_merges(), tok_->num_merges());
+  EXPECT_EQ(t->eos_id(), 151645);
+  for (const Case& c : load_cases()) EXPECT_EQ(t->encode(c.text), c.ids) << c.text;
+  const std::string chat = "<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>";
+  EXPECT_EQ(t->encode(chat), tok_->encode(chat));
+}
+
 TEST_F(QwenReal, NfcBeforeSplitting) {
   // "é" written as e + U+0301 is normalised to U+00E9 first.
   EXPECT_EQ(tok_->encode("Caf\x65\xcc\x81"), tok_->encode("Caf\xc3\xa9"));
@@ -514,6 +545,19 @@ TEST(QwenTiny, BadFiles) {
   tj["model"]["merges"].push_back("Ġworld nope");
   spit(d / "tokenizer.json", tj.dump());
   expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "'nope' is not in the vocabulary");
+  tj = t.tokenizer_json(false);
+  tj["added_tokens"].push_back({{"id", 310}});
+  spit(d / "tokenizer.json", tj.dump());
+  expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "needs 'id' and 'content'");
+  tj = t.tokenizer_json(false);
+  tj["model"]["vocab"] = json::array({"a"});
+  spit(d / "tokenizer.json", tj.dump());
+  expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "model has no vocab object");
+  tj = t.tokenizer_json(false);
+  tj["model"]["vocab"]["Ġworld"] = {{"nested", 1}};
+  spit(d / "tokenizer.json", tj.dump());
+  expect_error([&] { QwenTokenizer::from_dir(d.string()); },
+               "id of token 'Ġworld' is not an integer");
   tj = t.tokenizer_json(false);
   tj["model"]["type"] = "WordPiece";
   spit(d / "tokenizer.json", tj.dump());
