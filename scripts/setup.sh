@@ -10,7 +10,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libgtest-dev libbenchmark-dev
-  libhdf5-dev libopenblas-dev libpcre2-dev
+  libhdf5-dev libopenblas-dev libopenblas-openmp-dev libpcre2-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   python3 python3-torch python3-numpy python3-h5py
 )
