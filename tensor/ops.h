@@ -120,10 +120,12 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
 // logits: (N, V), targets: i32 (N). Returns per-row loss (N) and lse (N).
 std::tuple<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& targets,
                                          std::int32_t ignore_index);
-// dloss: per-row upstream gradient (N). In place into logits' storage if
-// `in_place` (saves a (N, V) buffer).
+// dloss: per-row upstream gradient (N). With `in_place`, and logits contiguous
+// in their compute dtype, dlogits overwrite the logits and share their storage
+// (saves a (N, V) buffer); otherwise a new buffer.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,
-                              const Tensor& dloss, std::int32_t ignore_index);
+                              const Tensor& dloss, std::int32_t ignore_index,
+                              bool in_place = false);
 
 // Returns y and the keep mask (u8).
 std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator& gen);

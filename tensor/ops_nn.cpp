@@ -376,12 +376,24 @@ std::tuple<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& tar
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,
-                              const Tensor& dloss, std::int32_t ignore_index) {
+                              const Tensor& dloss, std::int32_t ignore_index, bool in_place) {
   std::int64_t N = logits.size(0), V = logits.size(1);
   KILN_CHECK(dloss.numel() == N, "[cross_entropy] dloss has {} elements, want {}", dloss.numel(),
              N);
-  Computed cl(logits, true), cdl(dloss, true);
+  Computed cdl(dloss, true);
   Tensor ct = targets.contiguous();
+  if (in_place && logits.is_contiguous() && logits.dtype() == compute_dtype(logits.dtype())) {
+    // The kernel reads each row's target logit before overwriting the row, so it may alias.
+    Tensor d = logits.detach();
+    if (skip_kernel(d, "cross_entropy")) return d;
+    dispatch_compute(d.dtype(), "cross_entropy", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      cpu::cross_entropy_backward<T>(N, V, d.data<T>(), lse.data<T>(), ct.data<std::int32_t>(),
+                                     ignore_index, cdl.t.data<T>(), d.data<T>());
+    });
+    return d;
+  }
+  Computed cl(logits, true);
   return map_kernel("cross_entropy", logits, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
     cpu::cross_entropy_backward<T>(N, V, cl.t.data<T>(), lse.data<T>(), ct.data<std::int32_t>(),
