@@ -71,5 +71,11 @@ Edge edge_of(const Tensor& t);
 // Wires `node` to the inputs and makes it the grad_fn of the outputs.
 void attach(const std::shared_ptr<Node>& node, std::initializer_list<const Tensor*> inputs,
             std::initializer_list<Tensor*> outputs);
+// attach() for the common single-output op: returns `out` recorded by `node`.
+template <typename N>
+Tensor record(Tensor out, std::shared_ptr<N> node, std::initializer_list<const Tensor*> inputs) {
+  attach(node, inputs, {&out});
+  return out;
+}
 
 }  // namespace kiln

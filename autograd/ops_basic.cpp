@@ -8,13 +8,6 @@ namespace kiln::ag {
 
 namespace {
 
-// Output i of a single-output node records the node.
-template <typename N>
-Tensor record(Tensor out, std::shared_ptr<N> node, std::initializer_list<const Tensor*> inputs) {
-  attach(node, inputs, {&out});
-  return out;
-}
-
 struct BinaryNode final : Node {
   Binary op;
   Tensor a, b;  // saved only when the backward needs them
