@@ -148,7 +148,7 @@ md.append(f"| **all** | | {totals['passed']} | {totals['failed']} | {totals['ski
 failed = [t for r in tests.values() for t in r["failed_tests"]]
 if failed:
     md += ["", "Failed tests:", *[f"- {t}" for t in failed]]
-md += ["", "Benchmarks: " + (", ".join(benchmarks) if benchmarks else "none yet (bench/ has no binaries)")]
+md += ["", "Benchmarks: " + (", ".join(benchmarks) if benchmarks else "none run")]
 if notes:
     md += ["", "Notes:", *[f"- {n}" for n in notes]]
 open(f"{out}/summary.md", "w").write("\n".join(md) + "\n")
@@ -301,7 +301,7 @@ for rel in "${exes[@]}"; do
   # Only Google Benchmark binaries take --benchmark_out; others (a CLI driver with a PyTorch peer,
   # say) belong in the bench/gpu_bench.sh hook, which knows their flags.
   if ! grep -qa 'benchmark_out_format' "$bundle/$rel"; then
-    say "benchmark $name is not a Google Benchmark binary: skipped (run it from bench/gpu_bench.sh)"
+    note "benchmark $name is not a Google Benchmark binary: skipped (run it from bench/gpu_bench.sh)"
     continue
   fi
   say "benchmark $name"
