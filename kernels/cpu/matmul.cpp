@@ -74,7 +74,16 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T
   // whole batch is tiny or we are already inside a parallel region.
   const bool par = batch > 1 && mnk <= kBlasSingleThreadMnk && mnk * double(batch) >= 32768.0 &&
                    !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (par)
+  if (!par) {
+    // Not `omp parallel if (false)`: that still opens a (one-thread) region, so OpenBLAS's own
+    // parallel region inside becomes a nested team, and libgomp starts a fresh OS thread for
+    // each nested team (one thread create + exit per GEMM, ~44 per stories15M train step).
+    for (int64_t b = 0; b < batch; ++b)
+      blas_gemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb,
+                beta, C + b * stride_c, ldc);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < batch; ++b)
     blas_gemm(trans_a, trans_b, M, N, K, alpha, A + b * stride_a, lda, B + b * stride_b, ldb, beta,
               C + b * stride_c, ldc);
