@@ -345,15 +345,22 @@ void Tensor::copy_(const Tensor& src) {
   if (!is_contiguous()) {
     for (auto st : strides())
       KILN_CHECK(st != 0, "[copy] destination has broadcast (stride 0) dims");
-    if (device().is_meta() || numel() == 0) return;
-    KILN_CHECK(device().is_cpu() && src.device().is_cpu(), "[copy] {} copies need the CUDA backend",
-               device().str());
-    Tensor tmp = [&] {
+    if (numel() == 0) return;
+    // A dense source of the same dtype and shape that does not alias us (a KV-cache slot filled
+    // from fresh keys) is scattered directly; anything else is staged in a dense buffer first.
+    // Both decisions are made on meta too, so the dry run charges what the CPU does.
+    const bool direct = src.dtype() == dtype() && src.shape() == shape() && src.is_contiguous() &&
+                        !src.same_storage(*this);
+    if (direct && device().is_meta()) return;
+    Tensor tmp = direct ? src : [&] {
       MemoryScope scratch(MemCategory::Temporaries);
       Tensor t = empty(shape(), dtype(), device());
       t.copy_(src);
       return t;
     }();
+    if (device().is_meta()) return;
+    KILN_CHECK(device().is_cpu() && src.device().is_cpu(), "[copy] {} copies need the CUDA backend",
+               device().str());
     scatter_strided(static_cast<const char*>(tmp.raw_data()), static_cast<char*>(raw_data()),
                     shape(), strides(), dtype_size(dtype()));
     return;
