@@ -1,0 +1,219 @@
+// kiln budget: the dry run and the measured run (one code path, two devices),
+// the fit search and bytes parsing. The analytic model is in budget_analytic.cpp,
+// the report (text, JSON, SVG) in budget_report.cpp.
+#include "models/budget.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "autograd/engine.h"
+#include "models/decoder.h"
+#include "nn/optim.h"
+#include "tensor/storage.h"
+
+namespace kiln::models {
+
+std::string_view budget_mode_name(BudgetMode m) {
+  return m == BudgetMode::Train ? "train" : "infer";
+}
+
+std::string_view budget_row_name(BudgetRow r) {
+  switch (r) {
+    case BudgetRow::Weights: return "weights";
+    case BudgetRow::MasterWeights: return "master weights";
+    case BudgetRow::Gradients: return "gradients";
+    case BudgetRow::OptimizerState: return "optimizer state";
+    case BudgetRow::Activations: return "activations";
+    case BudgetRow::KVCache: return "kv cache";
+    case BudgetRow::Temporaries: return "temporaries";
+    case BudgetRow::Logits: return "logits+loss";
+    case BudgetRow::Inputs: return "inputs";
+    case BudgetRow::Runtime: return "runtime";
+    case BudgetRow::Slack: return "allocator slack";
+    case BudgetRow::Count: break;
+  }
+  return "?";
+}
+
+BudgetRow budget_row_of(MemCategory c) {
+  switch (c) {
+    case MemCategory::Weights: return BudgetRow::Weights;
+    case MemCategory::MasterWeights: return BudgetRow::MasterWeights;
+    case MemCategory::Gradients: return BudgetRow::Gradients;
+    case MemCategory::OptimizerState: return BudgetRow::OptimizerState;
+    case MemCategory::Activations: return BudgetRow::Activations;
+    case MemCategory::KVCache: return BudgetRow::KVCache;
+    case MemCategory::Logits: return BudgetRow::Logits;
+    case MemCategory::Temporaries: return BudgetRow::Temporaries;
+    case MemCategory::Inputs: return BudgetRow::Inputs;
+    case MemCategory::Runtime: return BudgetRow::Runtime;
+    case MemCategory::Count: break;
+  }
+  fail("[budget] unknown memory category {}", static_cast<int>(c));
+}
+
+std::int64_t BudgetSpec::decodes() const {
+  return std::max<std::int64_t>(0, std::min(decode_steps, kv_capacity() - seq));
+}
+
+void BudgetSpec::validate() const {
+  cfg.validate();
+  KILN_CHECK(batch > 0 && seq > 0, "[budget] batch ({}) and seq ({}) must be > 0", batch, seq);
+  KILN_CHECK(decode_steps >= 0, "[budget] decode steps must be >= 0");
+  KILN_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
+             "[budget] dtype must be f32, bf16 or f16, got {}", dtype_name(dtype));
+  KILN_CHECK(simulate != DeviceType::Meta, "[budget] cannot simulate the meta device");
+  if (mode == BudgetMode::Train) {
+    KILN_CHECK(seq <= cfg.max_seq_len, "[budget] --seq {} exceeds the model's context of {}", seq,
+               cfg.max_seq_len);
+  } else {
+    KILN_CHECK(kv_capacity() >= seq,
+               "[budget] --context {} is shorter than the prompt of {} tokens", kv_capacity(), seq);
+    KILN_CHECK(kv_capacity() <= cfg.max_seq_len,
+               "[budget] context {} exceeds the model's max_seq_len {} (lower --seq or --context)",
+               kv_capacity(), cfg.max_seq_len);
+  }
+}
+
+// ---- the run: dry (meta) or measured -----------------------------------------------
+
+namespace {
+
+// Restores the meta device's simulated allocator on scope exit.
+class SimulateScope {
+ public:
+  explicit SimulateScope(DeviceType d) : prev_(meta_simulates()) { set_meta_simulates(d); }
+  ~SimulateScope() { set_meta_simulates(prev_); }
+
+ private:
+  DeviceType prev_;
+};
+
+class TimelineScope {
+ public:
+  TimelineScope(MemoryTracker& t, bool on) : t_(t), on_(on) {
+    if (on_) t_.set_timeline(true);
+  }
+  ~TimelineScope() {
+    if (on_) t_.set_timeline(false);
+  }
+
+ private:
+  MemoryTracker& t_;
+  bool on_;
+};
+
+// Token ids: zeros (valid for any vocab; values never change the allocations).
+Tensor token_ids(std::int64_t b, std::int64_t t, Device device) {
+  MemoryScope scope(MemCategory::Inputs);
+  return ops::zeros({b, t}, DType::I32, device);
+}
+
+void train_step(const BudgetSpec& s, Device device) {
+  DecoderModel model(s.cfg, 1234, s.dtype, device);
+  model.recompute = s.recompute;
+  model.train();
+  std::unique_ptr<nn::Optimizer> opt;
+  if (s.adamw)
+    opt = std::make_unique<nn::AdamW>(model.named_parameters(), nn::AdamWOptions{});
+  else
+    opt = std::make_unique<nn::Sgd>(model.named_parameters(), nn::SgdOptions{1e-2, 0.9});
+  // Steady state: the previous step left every gradient allocated (zero_grad
+  // zeroes them, it does not free them).
+  {
+    MemoryScope scope(MemCategory::Gradients);
+    for (auto& p : model.parameters()) p.set_grad(ops::zeros_like(p));
+  }
+  Tensor x = token_ids(s.batch, s.seq, device), y = token_ids(s.batch, s.seq, device);
+  Tensor loss;
+  {
+    MemoryScope scope(MemCategory::Activations);
+    PhaseScope phase(Phase::Forward);
+    loss = model.loss(x, y);
+  }
+  if (!device.is_meta()) (void)loss.item();
+  backward(loss);
+  loss = Tensor();
+  nn::clip_grad_norm(model.parameters(), 1.0);
+  opt->step();
+  opt->zero_grad();
+}
+
+// The allocation pattern of generate_tokens (models/sampling.cpp), batched:
+// the cache, a prefill of `seq` tokens, then one token per step; only the last
+// position goes through the LM head. The next token is 0 (meta has no values;
+// the values never change an allocation).
+void infer_run(const BudgetSpec& s, Device device) {
+  NoGradGuard no_grad;
+  DecoderModel model(s.cfg, 1234, s.dtype, device);
+  model.eval();
+  KVCache cache(s.cfg, s.batch, s.kv_capacity(), s.dtype, device);
+  Tensor ids = token_ids(s.batch, s.seq, device);
+  std::int64_t pos = 0;
+  for (std::int64_t i = 0; i <= s.decodes(); ++i) {
+    Tensor logits;
+    {
+      PhaseScope phase(i == 0 ? Phase::Prefill : Phase::Decode);
+      MemoryScope scope(MemCategory::Activations);
+      Tensor h = model.hidden(ids, pos, &cache);
+      // (B, 1, C); contiguous() copies when B > 1 on every device alike.
+      Tensor last = h.narrow(1, h.size(1) - 1, 1).contiguous();
+      h = Tensor();
+      MemLabelScope label("lm_head");
+      MemoryScope logits_scope(MemCategory::Logits);
+      logits = ops::linear(last, model.lm_head_weight(), Tensor());
+    }
+    pos += ids.size(1);
+    ids = Tensor();
+    logits = Tensor();
+    if (i < s.decodes()) ids = token_ids(s.batch, 1, device);
+  }
+}
+
+}  // namespace
+
+BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
+  s.validate();
+  KILN_CHECK(device.is_meta() || device.is_cpu(),
+             "[budget] measuring on {} needs the CUDA backend (a later issue)", device.str());
+  std::optional<SimulateScope> sim;
+  if (device.is_meta()) sim.emplace(s.simulate);
+  if (device.is_cpu()) empty_cpu_cache();  // slack then counts only this run's cached blocks
+  auto& tracker = MemoryTracker::get(device.type);
+  tracker.reset_peaks();
+  const MemStats base = tracker.stats();
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<MemEvent> events;
+  {
+    TimelineScope tl(tracker, timeline);
+    if (s.mode == BudgetMode::Train)
+      train_step(s, device);
+    else
+      infer_run(s, device);
+    if (timeline) events = tracker.timeline();  // cleared when the timeline is switched off
+  }
+  BudgetFigures f;
+  f.timeline = std::move(events);
+  f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const MemStats st = tracker.stats();
+  KILN_CHECK(st.total == base.total, "[budget] {} bytes still allocated after the run (a leak)",
+             st.total - base.total);
+  for (std::size_t i = 0; i < kNumMemCategories; ++i) {
+    auto r = static_cast<std::size_t>(budget_row_of(static_cast<MemCategory>(i)));
+    f.at_peak[r] += st.at_peak[i] - base.current[i];
+    f.peak[r] += st.peak[i] - base.current[i];
+  }
+  f.total_peak = st.total_peak - base.total;
+  f.peak_phase = st.peak_phase;
+  f.peak_label = st.peak_label;
+  const auto slack = static_cast<std::size_t>(BudgetRow::Slack);
+  std::int64_t reserved = (st.reserved_peak - base.reserved) - f.total_peak;
+  f.at_peak[slack] = f.peak[slack] = std::max<std::int64_t>(0, reserved);
+  return f;
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,124 @@
+// Memory budgets for training and inference (`kiln budget`), three ways:
+//   analytic  closed-form formulas per category (docs/memory.md derives them);
+//   dry run   the real training step, or prefill + decode, run on the meta
+//             device: the same allocation decisions, no memory, exact for kiln;
+//   measured  the same code on a real device, reading its tracker.
+// Figures are bytes at the moment of the global peak, per row, plus each
+// category's own peak.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/config.h"
+#include "tensor/memory.h"
+
+namespace kiln::models {
+
+enum class BudgetMode { Train, Infer };
+std::string_view budget_mode_name(BudgetMode m);
+
+// Rows of the report, in display order. All but Slack are tracker categories.
+enum class BudgetRow : int {
+  Weights,
+  MasterWeights,
+  Gradients,
+  OptimizerState,
+  Activations,
+  KVCache,
+  Temporaries,
+  Logits,
+  Inputs,
+  Runtime,
+  Slack,  // allocator slack: reserved minus allocated
+  Count
+};
+inline constexpr std::size_t kNumBudgetRows = static_cast<std::size_t>(BudgetRow::Count);
+std::string_view budget_row_name(BudgetRow r);
+// The row a tracker category is reported in.
+BudgetRow budget_row_of(MemCategory c);
+
+using RowBytes = std::array<std::int64_t, kNumBudgetRows>;
+
+struct BudgetSpec {
+  ModelConfig cfg;
+  BudgetMode mode = BudgetMode::Train;
+  std::int64_t batch = 1;
+  std::int64_t seq = 256;          // training: tokens per row; inference: prompt (prefill) tokens
+  std::int64_t context = 0;        // inference: KV-cache capacity; 0: seq + decode_steps
+  std::int64_t decode_steps = 32;  // inference: one-token steps after the prefill
+  DType dtype = DType::F32;        // weights and activations (bf16: AdamW keeps f32 masters)
+  bool adamw = true;               // else SGD with momentum 0.9 (one f32 buffer per parameter)
+  bool recompute = false;          // per-layer activation checkpointing (training)
+  // Whose allocator the dry run and the analytic model charge for: CPU rounds
+  // every block up to 64 bytes, the CUDA caching allocator to 512.
+  DeviceType simulate = DeviceType::CPU;
+
+  std::int64_t kv_capacity() const { return context > 0 ? context : seq + decode_steps; }
+  // Decode steps that fit the cache after the prefill.
+  std::int64_t decodes() const;
+  // Checks sizes against the config (context, max_seq_len); fails with a message.
+  void validate() const;
+};
+
+struct BudgetFigures {
+  RowBytes at_peak{};  // breakdown at the moment of the global peak
+  RowBytes peak{};     // each row's own peak (at its own moment)
+  std::int64_t total_peak = 0;  // allocated bytes at the global peak (slack not included)
+  Phase peak_phase = Phase::Idle;
+  std::string peak_label;  // op or layer running at the peak
+  std::vector<MemEvent> timeline;  // with run_budget(..., timeline = true)
+  double seconds = 0;              // wall time of the run
+};
+
+// Closed-form model of the dry run (see docs/memory.md). Weights, master
+// weights, gradients, optimizer state, KV cache, inputs and runtime are exact
+// (per-tensor allocator rounding included); activations, temporaries and
+// logits at the peak follow the saved-tensor accounting of autograd/ops_*.cpp.
+BudgetFigures analytic_budget(const BudgetSpec& s);
+
+// Runs the workload on `device` and reads that device's tracker, as deltas
+// from a baseline taken before the model is built (everything is created and
+// freed inside). Training: one steady-state step as models/trainer.cpp does it
+// (gradients already exist from the previous step): forward + loss, backward,
+// clip_grad_norm, optimizer step, zero_grad. Inference: KV cache of
+// kv_capacity() positions, prefill of `seq` tokens, then decodes() one-token
+// steps, each under Prefill/Decode phases as models/sampling.cpp does.
+// Device::meta() is the dry run (rounding as s.simulate); a CPU is measured.
+BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline = false);
+
+// The largest batch (at s.seq / s.kv_capacity()) and the largest sequence
+// (training) or context (inference, at s.batch) whose dry-run peak fits in
+// `limit` bytes; 0 when even 1 does not fit. The analytic model brackets the
+// search and the dry run decides, so the answer is exact for kiln.
+struct FitResult {
+  std::int64_t max_batch = 0;
+  std::int64_t max_seq = 0;  // training: seq; inference: context
+  std::int64_t limit = 0;
+};
+FitResult fit_budget(const BudgetSpec& s, std::int64_t limit);
+
+// "80GiB", "24GB", "512 MiB", "1.5e9", "4096" -> bytes. Fails on anything else.
+std::int64_t parse_bytes(std::string_view text);
+
+// One mode's report: the spec and its three columns.
+struct BudgetReport {
+  BudgetSpec spec;
+  BudgetFigures analytic, dry;
+  std::optional<BudgetFigures> measured;
+  std::optional<FitResult> fit;
+};
+
+std::string budget_report_text(const std::vector<BudgetReport>& reports);
+nlohmann::json budget_report_json(const std::vector<BudgetReport>& reports);
+// Two charts: stacked bars by row for each report (training vs inference),
+// and the timeline of `timeline` (one training step) by category.
+std::string budget_svg(const std::vector<BudgetReport>& reports, const std::vector<MemEvent>& timeline);
+
+}  // namespace kiln::models

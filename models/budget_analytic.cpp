@@ -1,0 +1,184 @@
+// The analytic budget: closed-form bytes per category, derived from what
+// kiln's autograd nodes save (autograd/ops_*.cpp) and what the op front end
+// allocates (tensor/ops_*.cpp). docs/memory.md writes the formulas out.
+//
+// Notation: B batch, T (training) or S (prompt) tokens, N = B*T rows, C dim,
+// L layers, Hq/Hk query/key-value heads, D head_dim, F intermediate, V vocab,
+// e = bytes of the model dtype, f = 4 (f32: norm statistics, attention lse,
+// and the CPU kernels' compute dtype). r(x) rounds one allocation of x bytes up
+// to the allocator's block (64 B on the CPU, 512 B for CUDA).
+//
+// The static rows are sums over parameter tensors and are exact. The peak is
+// the largest of a few candidate moments, each the list of tensors alive then:
+//   training:  cross-entropy backward, LM-head backward, and with --recompute
+//              the backward of the last (recomputed) layer's MLP;
+//   inference: the prefill's attention and MLP of one layer, and the last
+//              decode step's attention over the full cache.
+#include <algorithm>
+
+#include "models/budget.h"
+#include "models/param_count.h"
+
+namespace kiln::models {
+
+namespace {
+
+struct Moment {
+  RowBytes rows{};
+  Phase phase = Phase::Idle;
+  const char* label = "";
+  std::int64_t total() const {
+    std::int64_t t = 0;
+    for (std::size_t i = 0; i + 1 < kNumBudgetRows; ++i) t += rows[i];
+    return t;
+  }
+  std::int64_t& operator[](BudgetRow r) { return rows[static_cast<std::size_t>(r)]; }
+};
+
+class Bytes {
+ public:
+  explicit Bytes(DeviceType d) : align_(d == DeviceType::CUDA ? 512 : 64) {}
+  // One allocation of n elements of `size` bytes, as the allocator charges it.
+  std::int64_t operator()(std::int64_t n, std::int64_t size) const {
+    std::int64_t b = n * size;
+    return (b + align_ - 1) / align_ * align_;
+  }
+
+ private:
+  std::int64_t align_;
+};
+
+}  // namespace
+
+BudgetFigures analytic_budget(const BudgetSpec& s) {
+  s.validate();
+  const ModelConfig& c = s.cfg;
+  const Bytes r(s.simulate);
+  const std::int64_t e = dtype_size(s.dtype), f = 4;
+  const std::int64_t C = c.dim, L = c.n_layers, Hq = c.n_heads, Hk = c.n_kv_heads;
+  const std::int64_t D = c.head_dim > 0 ? c.head_dim : c.dim / c.n_heads, F = c.hidden_dim;
+  const std::int64_t V = c.vocab_size, B = s.batch;
+  const bool train = s.mode == BudgetMode::Train;
+  const bool lowp = s.dtype != DType::F32;  // bf16/f16: the CPU kernels convert to f32
+
+  // ---- static rows: one allocation per parameter tensor ----
+  Moment base;
+  for (const ParamRow& p : count_params(c).rows) {
+    if (p.tied || p.per_layer == 0) continue;
+    base[BudgetRow::Weights] += p.layers * r(p.per_layer, e);
+    if (!train) continue;
+    base[BudgetRow::Gradients] += p.layers * r(p.per_layer, e);
+    if (lowp) base[BudgetRow::MasterWeights] += p.layers * r(p.per_layer, 4);
+    base[BudgetRow::OptimizerState] += p.layers * r(p.per_layer, 4) * (s.adamw ? 2 : 1);
+  }
+  // RoPE cos and sin tables: (max_seq_len, D/2) in the compute dtype.
+  base[BudgetRow::Runtime] = 2 * r(c.max_seq_len * (D / 2), f);
+
+  std::vector<Moment> moments;
+  if (train) {
+    const std::int64_t T = s.seq, N = B * T;
+    base[BudgetRow::Inputs] = 2 * r(N, 4);  // ids and targets, i32
+    const std::int64_t nstat = c.layernorm ? 2 : 1;  // rstd (and mean) per norm
+    // What one layer saves for backward (bytes): the norms' inputs are the
+    // residual stream, counted once as the layer's output.
+    std::int64_t layer = 0;
+    layer += nstat * r(N, f) + r(N * C, e);               // input norm: stats; output (saved by q/k/v)
+    layer += r(N * Hk * D, e);                            // v (saved by attention)
+    if (c.qk_norm)                                        // raw q, k saved by q_norm/k_norm, + rstd
+      layer += r(N * Hq * D, e) + r(N * Hk * D, e) + r(N * Hq, f) + r(N * Hk, f);
+    layer += r(N * Hq * D, e) + r(N * Hk * D, e);         // q, k after RoPE (saved by attention)
+    layer += r(N * Hq * D, e) + r(B * Hq * T, f);         // attention out (saved by o_proj) and lse
+    layer += r(N * C, e);                                 // h = x + attn (saved by the second norm)
+    layer += nstat * r(N, f) + r(N * C, e);               // second norm: stats, output
+    layer += c.gelu_mlp ? 2 * r(N * F, e)                 // fc out (gelu), gelu out (proj)
+                        : 3 * r(N * F, e);                // gate, up (swiglu), swiglu out (down)
+    layer += r(N * C, e);                                 // the layer's output x'
+    const std::int64_t embed = r(N * C, e);               // embedding output = layer 0's input
+    const std::int64_t fin = c.final_norm ? nstat * r(N, f) + r(N * C, e) : 0;  // saved by lm_head
+    const std::int64_t all_saved =
+        s.recompute ? embed + L * r(N * C, e) + fin  // checkpoints keep only each layer's input
+                    : embed + L * layer + fin;
+    const std::int64_t logits = r(N * V, e), loss = r(1, e);
+
+    // Cross-entropy backward: the logits gradient written over the logits when
+    // they are f32 (in place), else a new buffer plus an f32 copy of them.
+    Moment ce = base;
+    ce.phase = Phase::Backward, ce.label = "cross_entropy";
+    ce[BudgetRow::Activations] = all_saved;
+    ce[BudgetRow::Logits] = logits + (lowp ? logits : 0) + r(N, f) /* lse */ + r(N, f) /* dloss */ +
+                            loss;
+    ce[BudgetRow::Temporaries] = loss /* the seed gradient, ones */ + (lowp ? r(N * V, f) : 0);
+    moments.push_back(ce);
+
+    // LM-head backward: dlogits alive, dx = dlogits @ W allocated.
+    Moment head = base;
+    head.phase = Phase::Backward, head.label = "linear";
+    head[BudgetRow::Activations] = all_saved;
+    head[BudgetRow::Logits] = logits + loss;
+    head[BudgetRow::Temporaries] = r(N * C, e);
+    moments.push_back(head);
+
+    if (s.recompute) {
+      // The last layer's backward after its recomputation: its full saved set
+      // is alive again, with the incoming gradient (N, C) and, in the SwiGLU
+      // backward, the gradient of its output (N, F) plus dgate and dup.
+      Moment rc = base;
+      rc.phase = Phase::Backward, rc.label = "swiglu";
+      rc[BudgetRow::Activations] = embed + L * r(N * C, e) + layer - r(N * C, e);
+      rc[BudgetRow::Temporaries] = r(N * C, e) + 3 * r(N * F, e);
+      rc[BudgetRow::Logits] = loss;
+      moments.push_back(rc);
+    }
+  } else {
+    const std::int64_t S = s.seq, N = B * S, ctx = s.kv_capacity();
+    base[BudgetRow::KVCache] = 2 * L * r(B * ctx * Hk * D, e);
+    base[BudgetRow::Inputs] = r(N, 4);
+    // Prefill, inside one layer (no grad: nothing is saved, only the
+    // expression's live tensors): the layer input x, the residual h, the second
+    // norm's output, gate/up/act (N, F), then down_proj's output.
+    Moment mlp = base;
+    mlp.phase = Phase::Prefill, mlp.label = "mlp";
+    const std::int64_t nf = c.gelu_mlp ? 2 * r(N * F, e) : 3 * r(N * F, e);
+    mlp[BudgetRow::Activations] = 4 * r(N * C, e) + nf;
+    moments.push_back(mlp);
+    if (lowp && !c.gelu_mlp) {  // swiglu reads gate and up as f32 copies
+      Moment sw = base;
+      sw.phase = Phase::Prefill, sw.label = "mlp";
+      sw[BudgetRow::Activations] = 3 * r(N * C, e) + 3 * r(N * F, e);
+      sw[BudgetRow::Temporaries] = 2 * r(N * F, f);
+      moments.push_back(sw);
+    }
+    // Prefill attention: x, the first norm's output, q and k after RoPE, v,
+    // the output and lse; bf16 reads q and the cache slice as f32 copies.
+    Moment att = base;
+    att.phase = Phase::Prefill, att.label = "attention";
+    att[BudgetRow::Activations] = 2 * r(N * C, e) + 2 * r(N * Hq * D, e) + 2 * r(N * Hk * D, e) +
+                                  r(B * Hq * S, f);
+    if (lowp) att[BudgetRow::Temporaries] = r(N * Hq * D, f) + 2 * r(B * S * Hk * D, f);
+    moments.push_back(att);
+    if (lowp && s.decodes() > 0) {  // the last decode step reads the whole cache as f32
+      const std::int64_t len = S + s.decodes();
+      Moment dec = base;
+      dec[BudgetRow::Inputs] = r(B, 4);
+      dec.phase = Phase::Decode, dec.label = "attention";
+      dec[BudgetRow::Activations] = 2 * r(B * C, e) + 2 * r(B * Hq * D, e) +
+                                    2 * r(B * Hk * D, e) + r(B * Hq, f);
+      dec[BudgetRow::Temporaries] = r(B * Hq * D, f) + 2 * r(B * len * Hk * D, f);
+      moments.push_back(dec);
+    }
+  }
+
+  const Moment* best = &moments.front();
+  for (const auto& m : moments)
+    if (m.total() > best->total()) best = &m;
+  BudgetFigures out;
+  out.at_peak = best->rows;
+  out.total_peak = best->total();
+  out.peak_phase = best->phase;
+  out.peak_label = best->label;
+  for (const auto& m : moments)
+    for (std::size_t i = 0; i < kNumBudgetRows; ++i) out.peak[i] = std::max(out.peak[i], m.rows[i]);
+  return out;
+}
+
+}  // namespace kiln::models
