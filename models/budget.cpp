@@ -1,12 +1,14 @@
 // kiln budget: the dry run and the measured run (one code path, two devices),
-// the fit search and bytes parsing. The analytic model is in budget_analytic.cpp,
+// the fit search and size parsing. The analytic model is in budget_analytic.cpp,
 // the report (text, JSON, SVG) in budget_report.cpp.
 #include "models/budget.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cctype>
 #include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -214,6 +216,100 @@ BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
   std::int64_t reserved = (st.reserved_peak - base.reserved) - f.total_peak;
   f.at_peak[slack] = f.peak[slack] = std::max<std::int64_t>(0, reserved);
   return f;
+}
+
+
+// ---- fit search and sizes ----------------------------------------------------------
+
+namespace {
+
+// Largest x in [lo, hi] with fits(x), given fits is monotone; lo - 1 if none.
+template <typename P>
+std::int64_t largest(std::int64_t lo, std::int64_t hi, P&& fits) {
+  if (hi < lo || !fits(lo)) return lo - 1;
+  // Grow the bracket from lo by doubling (a huge hi costs only log steps).
+  std::int64_t good = lo, step = 1;
+  while (good < hi) {
+    std::int64_t next = std::min(hi, good + step);
+    if (!fits(next)) {
+      hi = next - 1;
+      break;
+    }
+    good = next;
+    step *= 2;
+  }
+  while (good < hi) {  // invariant: fits(good), and everything above hi fails
+    std::int64_t mid = good + (hi - good + 1) / 2;
+    if (fits(mid))
+      good = mid;
+    else
+      hi = mid - 1;
+  }
+  return good;
+}
+
+}  // namespace
+
+FitResult fit_budget(const BudgetSpec& s, std::int64_t limit) {
+  KILN_CHECK(limit > 0, "[budget] the memory limit must be positive, got {}", limit);
+  FitResult fr;
+  fr.limit = limit;
+  // The dry run decides (exact for kiln); it takes milliseconds per run.
+  auto fits = [&](const BudgetSpec& t) { return run_budget(t, Device::meta()).total_peak <= limit; };
+  const std::int64_t kMaxBatch = std::int64_t{1} << 20;
+  fr.max_batch = largest(1, kMaxBatch, [&](std::int64_t b) {
+    BudgetSpec t = s;
+    t.batch = b;
+    return fits(t);
+  });
+  if (s.mode == BudgetMode::Train) {
+    fr.max_seq = largest(1, s.cfg.max_seq_len, [&](std::int64_t n) {
+      BudgetSpec t = s;
+      t.seq = n;
+      return fits(t);
+    });
+  } else {
+    // The prompt fills the context: a prefill of (context - decode steps) tokens.
+    const std::int64_t lo = std::max<std::int64_t>(1, s.decode_steps + 1);
+    fr.max_seq = largest(lo, s.cfg.max_seq_len, [&](std::int64_t n) {
+      BudgetSpec t = s;
+      t.context = n;
+      t.seq = std::max<std::int64_t>(1, n - s.decode_steps);
+      return fits(t);
+    });
+    if (fr.max_seq < lo) fr.max_seq = 0;
+  }
+  return fr;
+}
+
+std::int64_t parse_bytes(std::string_view text) {
+  std::string t(text);
+  t.erase(std::remove_if(t.begin(), t.end(), [](unsigned char ch) { return std::isspace(ch); }),
+          t.end());
+  KILN_CHECK(!t.empty(), "[budget] empty size");
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &used);
+  } catch (const std::exception&) {
+    fail("[budget] '{}' is not a size (examples: 80GiB, 24GB, 512MiB, 1e9)", text);
+  }
+  std::string unit = t.substr(used);
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = 0;
+  const std::pair<const char*, double> units[] = {
+      {"", 1},         {"b", 1},          {"kb", 1e3},      {"mb", 1e6},
+      {"gb", 1e9},     {"tb", 1e12},      {"k", 1024.0},    {"kib", 1024.0},
+      {"m", 1048576.0}, {"mib", 1048576.0}, {"g", 1073741824.0}, {"gib", 1073741824.0},
+      {"t", 1099511627776.0}, {"tib", 1099511627776.0}};
+  for (const auto& [name, m] : units)
+    if (unit == name) mult = m;
+  KILN_CHECK(mult > 0, "[budget] unknown unit '{}' in '{}' (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)",
+             unit, text);
+  const double bytes = v * mult;
+  KILN_CHECK(std::isfinite(bytes) && bytes >= 1 && bytes < 9.0e18, "[budget] size '{}' is out of range",
+             text);
+  return static_cast<std::int64_t>(std::llround(bytes));
 }
 
 }  // namespace kiln::models

@@ -119,12 +119,14 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     moments.push_back(head);
 
     if (s.recompute) {
-      // The last layer's backward after its recomputation: its full saved set
-      // is alive again, with the incoming gradient (N, C) and, in the SwiGLU
-      // backward, the gradient of its output (N, F) plus dgate and dup.
+      // The last layer's SwiGLU backward after its recomputation: the inputs
+      // saved by the other L - 1 checkpoints, and the layer's full saved set
+      // again (with its recomputed output, held until the layer's backward
+      // ends) less the SwiGLU output that down_proj's backward has released;
+      // temporaries: the incoming gradient (N, C), d(swiglu out), dgate, dup.
       Moment rc = base;
       rc.phase = Phase::Backward, rc.label = "swiglu";
-      rc[BudgetRow::Activations] = embed + L * r(N * C, e) + layer - r(N * C, e);
+      rc[BudgetRow::Activations] = embed + (L - 1) * r(N * C, e) + layer - r(N * F, e);
       rc[BudgetRow::Temporaries] = r(N * C, e) + 3 * r(N * F, e);
       rc[BudgetRow::Logits] = loss;
       moments.push_back(rc);

@@ -1,0 +1,102 @@
+// kiln budget: memory for training and inference, per category, three columns
+// (analytic formula, meta-device dry run, optionally a measured run) with
+// deltas, the breakdown at the global peak, what fits in --gpu-mem, and
+// --json / --svg output (models/budget.h).
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "models/budget.h"
+#include "models/param_count.h"
+
+namespace kiln::apps {
+
+namespace {
+
+struct BudgetOptions {
+  std::string model, mode = "both", dtype = "fp32", optimizer = "adamw", gpu_mem, svg;
+  std::string simulate = "cpu";
+  std::int64_t batch = 1, seq = 256, context = 0, decode = 32;
+  bool recompute = false, json = false, measure = false;
+};
+
+}  // namespace
+
+Run add_budget_command(CLI::App &app) {
+  auto o = std::make_shared<BudgetOptions>();
+  std::string presets;
+  for (auto &n : models::preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  app.add_option("--model", o->model,
+                 "Preset (" + presets + "), a config.json, or a Hugging Face model folder")
+      ->required();
+  app.add_option("--mode", o->mode, "train | infer | both (side by side)")
+      ->check(CLI::IsMember({"train", "infer", "both"}));
+  app.add_option("--batch", o->batch, "Batch size")->check(CLI::PositiveNumber);
+  app.add_option("--seq", o->seq, "Training: tokens per row; inference: prompt tokens (prefill)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--context", o->context,
+                 "Inference: KV-cache capacity (default: seq + decode steps)");
+  app.add_option("--decode", o->decode, "Inference: one-token decode steps after the prefill")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dtype", o->dtype, "Weights and activations: fp32 | bf16 (AdamW keeps f32 masters)")
+      ->check(CLI::IsMember({"fp32", "f32", "bf16", "fp16", "f16"}));
+  app.add_option("--optimizer", o->optimizer, "adamw | sgd (momentum 0.9)")
+      ->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_flag("--recompute", o->recompute, "Per-layer activation recomputation (training)");
+  app.add_option("--gpu-mem", o->gpu_mem, "Memory to fit, e.g. 80GiB, 24GB: largest batch and context");
+  app.add_option("--simulate", o->simulate,
+                 "Allocator the dry run charges like: cpu (64-byte blocks) | cuda (512-byte blocks)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--measure", o->measure, "Also run on the CPU and read its tracker (small models)");
+  app.add_flag("--json", o->json, "Print JSON instead of the table");
+  app.add_option("--svg", o->svg, "Write two charts (by category; training-step timeline) to FILE");
+  return [o] {
+    models::BudgetSpec base;
+    base.cfg = models::resolve_model_config(o->model);
+    base.batch = o->batch;
+    base.seq = o->seq;
+    base.context = o->context;
+    base.decode_steps = o->decode;
+    base.dtype = o->dtype == "bf16"                      ? DType::BF16
+                 : (o->dtype == "fp16" || o->dtype == "f16") ? DType::F16
+                                                             : DType::F32;
+    base.adamw = o->optimizer == "adamw";
+    base.recompute = o->recompute;
+    base.simulate = o->simulate == "cuda" ? DeviceType::CUDA : DeviceType::CPU;
+    std::int64_t limit = o->gpu_mem.empty() ? 0 : models::parse_bytes(o->gpu_mem);
+
+    std::vector<models::BudgetReport> reports;
+    std::vector<MemEvent> timeline;
+    for (auto mode : {models::BudgetMode::Train, models::BudgetMode::Infer}) {
+      if (o->mode != "both" && o->mode != models::budget_mode_name(mode)) continue;
+      models::BudgetReport r;
+      r.spec = base;
+      r.spec.mode = mode;
+      r.analytic = models::analytic_budget(r.spec);
+      bool want_timeline = !o->svg.empty() && mode == models::BudgetMode::Train;
+      r.dry = models::run_budget(r.spec, Device::meta(), want_timeline);
+      if (want_timeline) timeline = std::move(r.dry.timeline);
+      if (o->measure) r.measured = models::run_budget(r.spec, Device::cpu());
+      if (limit > 0) r.fit = models::fit_budget(r.spec, limit);
+      reports.push_back(std::move(r));
+    }
+    if (o->json)
+      std::cout << models::budget_report_json(reports).dump(2) << "\n";
+    else
+      std::cout << models::budget_report_text(reports);
+    if (!o->svg.empty()) {
+      std::ofstream f(o->svg);
+      KILN_CHECK(f.good(), "[budget] cannot write {}", o->svg);
+      f << models::budget_svg(reports, timeline);
+      if (!o->json) std::cout << fmt::format("charts written to {}\n", o->svg);
+    }
+    // Dry run and measured run must agree exactly: fail loudly if not.
+    for (const auto &r : reports)
+      if (r.measured && (r.measured->total_peak != r.dry.total_peak)) return 2;
+    return 0;
+  };
+}
+
+}  // namespace kiln::apps
