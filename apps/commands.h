@@ -13,5 +13,6 @@ Run add_train_command(CLI::App& app);
 Run add_sample_command(CLI::App& app);
 Run add_tokenize_command(CLI::App& app);
 Run add_params_command(CLI::App& app);
+Run add_budget_command(CLI::App& app);
 
 }  // namespace kiln::apps

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   add("sample", "Generate text from a training checkpoint", kiln::apps::add_sample_command);
   add("tokenize", "Text to token ids (or --decode ids to text)", kiln::apps::add_tokenize_command);
   add("params", "Per-component parameter counts, formula vs model", kiln::apps::add_params_command);
+  add("budget", "Memory budget: analytic vs dry run vs measured, train and infer", kiln::apps::add_budget_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
