@@ -14,5 +14,7 @@ Run add_sample_command(CLI::App& app);
 Run add_tokenize_command(CLI::App& app);
 Run add_params_command(CLI::App& app);
 Run add_budget_command(CLI::App& app);
+Run add_generate_command(CLI::App& app);
+Run add_chat_command(CLI::App& app);
 
 }  // namespace kiln::apps

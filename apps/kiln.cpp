@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   add("tokenize", "Text to token ids (or --decode ids to text)", kiln::apps::add_tokenize_command);
   add("params", "Per-component parameter counts, formula vs model", kiln::apps::add_params_command);
   add("budget", "Memory budget: analytic vs dry run vs measured, train and infer", kiln::apps::add_budget_command);
+  add("generate", "Generate text from an HF folder, a llama2.c .bin or random weights",
+      kiln::apps::add_generate_command);
+  add("chat", "Multi-turn ChatML chat on stdin (Qwen3)", kiln::apps::add_chat_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
