@@ -115,6 +115,7 @@ struct CrossEntropyNode final : Node {
   std::string_view name() const override { return "cross_entropy"; }
   std::vector<Tensor> backward(std::vector<Tensor>& g) override {
     double up = g[0].device().is_meta() ? 1.0 : g[0].item();
+    MemoryScope scope(MemCategory::Logits);  // the (N, V) logits gradient
     Tensor dloss = ops::full({logits.size(0)}, up * inv_count, lse.dtype(), logits.device());
     // When this node holds the only reference to the logits' memory (the usual case: the loss
     // is all the caller kept), nothing can read them again: write the gradient over them and
@@ -273,6 +274,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t ignore_index) {
+  MemoryScope scope(MemCategory::Logits);  // per-row loss and lse, and the loss itself
   auto [rows, lse] = ops::cross_entropy(logits, targets, ignore_index);
   // Count the rows that contribute (meta tensors have no values: all rows).
   std::int64_t count = logits.size(0);

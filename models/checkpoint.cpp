@@ -1,6 +1,7 @@
 #include "models/checkpoint.h"
 
 #include <cstring>
+#include <map>
 
 #include "models/io/checkpoint_h5.h"
 
@@ -27,8 +28,15 @@ void save_checkpoint(const std::string& path, const DecoderModel& model,
                      const nn::Optimizer* opt, const TrainState& st) {
   io::CheckpointWriter w;
   std::vector<Tensor> keep;  // the writer borrows data until write()
+  // With mixed precision the f32 master copies are the weights to keep.
+  std::map<std::string, Tensor> masters;
+  if (opt)
+    for (const auto& s : opt->state())
+      if (s.master.defined()) masters[s.name] = s.master;
   for (auto& [name, p] : model.named_parameters()) {
-    Tensor c = p.to(Device::cpu(), DType::F32).contiguous();
+    auto mit = masters.find(name);
+    const Tensor& src = mit != masters.end() ? mit->second : p;
+    Tensor c = src.to(Device::cpu(), DType::F32).contiguous();
     keep.push_back(c);
     w.add_tensor("model/" + name, "F32", to_vec(c.shape()), c.raw_data());
   }
@@ -77,10 +85,26 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
 
 void load_checkpoint(const std::string& path, DecoderModel& model, nn::Optimizer* opt) {
   io::CheckpointReader r(path);
+  std::map<std::string, Tensor> masters;
+  if (opt)
+    for (const auto& s : opt->state())
+      if (s.master.defined()) masters[s.name] = s.master;
   for (auto& [name, p] : model.named_parameters()) {
     KILN_CHECK(r.has_tensor("model/" + name), "[checkpoint] {} lacks parameter {}", path, name);
-    Tensor dst = p;
-    read_into(r, "model/" + name, dst);
+    if (p.dtype() == DType::F32) {
+      Tensor dst = p;
+      read_into(r, "model/" + name, dst);
+      continue;
+    }
+    // Low-precision parameter: read the f32 values, round them into it, and
+    // keep them exactly in the optimizer's master copy if there is one.
+    auto mit = masters.find(name);
+    Tensor f32 = mit != masters.end() ? mit->second : [&] {
+      MemoryScope scratch(MemCategory::Temporaries);
+      return Tensor::empty(p.shape(), DType::F32);
+    }();
+    read_into(r, "model/" + name, f32);
+    p.copy_(f32);
   }
   if (opt) {
     KILN_CHECK(r.has_group("optim_m") && r.has_group("optim_v"),

@@ -93,6 +93,7 @@ Tensor DecoderModel::hidden(const Tensor& ids, std::int64_t pos_offset, KVCache*
 Tensor DecoderModel::forward(const Tensor& ids, std::int64_t pos_offset, KVCache* cache) {
   Tensor h = hidden(ids, pos_offset, cache);
   MemLabelScope label("lm_head");
+  MemoryScope scope(MemCategory::Logits);
   return ag::linear(h, lm_head_weight());
 }
 

@@ -12,50 +12,69 @@ void Optimizer::zero_grad() {
   }
 }
 
-AdamW::AdamW(const std::vector<std::pair<std::string, Tensor>>& params, const AdamWOptions& o)
-    : opt(o) {
-  lr = o.lr;
-  MemoryScope scope(MemCategory::OptimizerState);
-  for (const auto& [name, p] : params) {
-    KILN_CHECK(p.dtype() == DType::F32, "[adamw] parameter {} is {}, expected f32 master weights",
-               name, dtype_name(p.dtype()));
-    ParamState s{name, p, ops::zeros_like(p), ops::zeros_like(p), p.dim() >= 2};
-    state_.push_back(std::move(s));
+void Optimizer::add_param(const std::string& name, const Tensor& p, int moments) {
+  KILN_CHECK(is_floating(p.dtype()) && p.dtype() != DType::F64,
+             "[optimizer] parameter {} is {}; expected f32, bf16 or f16", name,
+             dtype_name(p.dtype()));
+  ParamState s{name, p, Tensor(), Tensor(), p.dim() >= 2, Tensor()};
+  if (p.dtype() != DType::F32) {
+    MemoryScope scope(MemCategory::MasterWeights);
+    s.master = p.to(DType::F32);
+    if (s.master.same_storage(p)) s.master = s.master.clone();
   }
+  MemoryScope scope(MemCategory::OptimizerState);
+  Tensor& w = s.weights();
+  if (moments >= 1) s.m = ops::zeros(w.shape(), DType::F32, w.device());
+  if (moments >= 2) s.v = ops::zeros(w.shape(), DType::F32, w.device());
+  state_.push_back(std::move(s));
 }
 
-void AdamW::step() {
+template <typename F>
+void Optimizer::for_each_update(F&& update) {
   PhaseScope phase(Phase::Optimizer);
   step_count++;
   for (auto& s : state_) {
     Tensor g = s.param.grad();
     if (!g.defined()) continue;
-    ops::adamw_step_(s.param, g, s.m, s.v, lr, opt.beta1, opt.beta2, opt.eps,
-                     s.decay ? opt.weight_decay : 0.0, step_count);
+    if (!s.master.defined()) {
+      update(s.param, g, s);
+      continue;
+    }
+    MemoryScope scratch(MemCategory::Temporaries);
+    Tensor g32 = g.to(DType::F32);
+    update(s.master, g32, s);
+    s.param.copy_(s.master);  // round the updated master into bf16/f16
   }
+}
+
+void Optimizer::sync_params_from_master() {
+  for (auto& s : state_)
+    if (s.master.defined()) s.param.copy_(s.master);
+}
+
+AdamW::AdamW(const std::vector<std::pair<std::string, Tensor>>& params, const AdamWOptions& o)
+    : opt(o) {
+  lr = o.lr;
+  for (const auto& [name, p] : params) add_param(name, p, 2);
+}
+
+void AdamW::step() {
+  for_each_update([&](Tensor& w, const Tensor& g, ParamState& s) {
+    ops::adamw_step_(w, g, s.m, s.v, lr, opt.beta1, opt.beta2, opt.eps,
+                     s.decay ? opt.weight_decay : 0.0, step_count);
+  });
 }
 
 Sgd::Sgd(const std::vector<std::pair<std::string, Tensor>>& params, const SgdOptions& o) : opt(o) {
   lr = o.lr;
-  MemoryScope scope(MemCategory::OptimizerState);
-  for (const auto& [name, p] : params) {
-    KILN_CHECK(p.dtype() == DType::F32, "[sgd] parameter {} is {}, expected f32", name,
-               dtype_name(p.dtype()));
-    ParamState s{name, p, o.momentum != 0.0 ? ops::zeros_like(p) : Tensor(), Tensor(),
-                 p.dim() >= 2};
-    state_.push_back(std::move(s));
-  }
+  for (const auto& [name, p] : params) add_param(name, p, o.momentum != 0.0 ? 1 : 0);
 }
 
 void Sgd::step() {
-  PhaseScope phase(Phase::Optimizer);
-  step_count++;
-  for (auto& s : state_) {
-    Tensor g = s.param.grad();
-    if (!g.defined()) continue;
-    ops::sgd_step_(s.param, g, s.m, lr, opt.momentum, opt.dampening,
-                   s.decay ? opt.weight_decay : 0.0, opt.nesterov, step_count);
-  }
+  for_each_update([&](Tensor& w, const Tensor& g, ParamState& s) {
+    ops::sgd_step_(w, g, s.m, lr, opt.momentum, opt.dampening, s.decay ? opt.weight_decay : 0.0,
+                   opt.nesterov, step_count);
+  });
 }
 
 double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, double max_lr,

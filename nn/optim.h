@@ -3,6 +3,12 @@
 // AdamW follows PyTorch: decoupled weight decay (p -= lr * wd * p), bias
 // correction, and no decay on parameters with fewer than 2 dims (norm weights
 // and biases). Moments are f32 and charged to MemCategory::OptimizerState.
+//
+// Mixed precision: a bf16/f16 parameter gets an f32 master copy (charged to
+// MemCategory::MasterWeights); the update runs on the master and is rounded
+// back into the parameter. Gradients keep the parameter's dtype, so bf16
+// training costs 2 (weights) + 2 (grads) + 4 (master) + 4 + 4 (moments) = 16
+// bytes per parameter. bf16 has fp32's exponent range, so no loss scaling.
 #pragma once
 
 #include <string>
@@ -17,6 +23,10 @@ struct ParamState {
   Tensor param;
   Tensor m, v;  // AdamW moments, or SGD momentum in m
   bool decay = true;
+  Tensor master;  // f32 master copy of a bf16/f16 parameter (else undefined)
+  // The f32 values the update works on: the master copy or the parameter.
+  Tensor& weights() { return master.defined() ? master : param; }
+  const Tensor& weights() const { return master.defined() ? master : param; }
 };
 
 class Optimizer {
@@ -28,8 +38,17 @@ class Optimizer {
   std::int64_t step_count = 0;
   std::vector<ParamState>& state() { return state_; }
   const std::vector<ParamState>& state() const { return state_; }
+  // Copies the master weights back into the (low-precision) parameters, e.g.
+  // after loading a checkpoint into the masters.
+  void sync_params_from_master();
 
  protected:
+  // Adds a parameter: f32 master copy if it is low-precision, and `moments`
+  // zero f32 buffers (charged to OptimizerState).
+  void add_param(const std::string& name, const Tensor& p, int moments);
+  // Runs `update(weights_f32, grad_f32, state)` for each parameter with a gradient.
+  template <typename F>
+  void for_each_update(F&& update);
   std::vector<ParamState> state_;
 };
 

@@ -22,6 +22,7 @@ std::string_view mem_category_name(MemCategory c) {
     case MemCategory::OptimizerState: return "optimizer state";
     case MemCategory::Activations: return "activations";
     case MemCategory::KVCache: return "kv cache";
+    case MemCategory::Logits: return "logits+loss";
     case MemCategory::Temporaries: return "temporaries";
     case MemCategory::Inputs: return "inputs";
     case MemCategory::Runtime: return "runtime";

@@ -27,6 +27,8 @@ enum class MemCategory : std::uint8_t {
   OptimizerState,  // AdamW m and v, SGD momentum
   Activations,     // alive after an op returns during forward (what autograd saves)
   KVCache,
+  Logits,          // LM-head logits, per-row loss/lse and the logits' gradient: often
+                   // the largest buffers at large vocab, so shown apart
   Temporaries,     // scratch inside an op; activation gradients in backward
   Inputs,          // token batches
   Runtime,         // library workspaces

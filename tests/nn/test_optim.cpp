@@ -194,9 +194,15 @@ TEST(Optim, ZeroGradAndMissingGrads) {
   opt.zero_grad();
   EXPECT_EQ(pr.params[0].second.grad().impl(), g.impl());  // memory kept
   for (double v : g.to_double_vector()) EXPECT_EQ(v, 0.0);
+  // bf16 parameters get an f32 master copy (mixed precision); f64 has no kernel.
   Tensor bf = ops::zeros({2}, DType::BF16);
   bf.set_requires_grad(true);
-  EXPECT_THROW(AdamW({{"bf", bf}}, AdamWOptions{}), Error);
+  AdamW mixed({{"bf", bf}}, AdamWOptions{});
+  ASSERT_TRUE(mixed.state()[0].master.defined());
+  EXPECT_EQ(mixed.state()[0].master.dtype(), DType::F32);
+  Tensor f64 = ops::zeros({2}, DType::F64);
+  f64.set_requires_grad(true);
+  EXPECT_THROW(AdamW({{"f64", f64}}, AdamWOptions{}), Error);
 }
 
 TEST(Optim, CosineSchedule) {
