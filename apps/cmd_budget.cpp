@@ -40,14 +40,17 @@ Run add_budget_command(CLI::App &app) {
                  "Inference: KV-cache capacity (default: seq + decode steps)");
   app.add_option("--decode", o->decode, "Inference: one-token decode steps after the prefill")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--dtype", o->dtype, "Weights and activations: fp32 | bf16 (AdamW keeps f32 masters)")
+  app.add_option("--dtype", o->dtype,
+                 "Weights and activations: fp32 | bf16 (AdamW keeps f32 masters)")
       ->check(CLI::IsMember({"fp32", "f32", "bf16", "fp16", "f16"}));
   app.add_option("--optimizer", o->optimizer, "adamw | sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_flag("--recompute", o->recompute, "Per-layer activation recomputation (training)");
-  app.add_option("--gpu-mem", o->gpu_mem, "Memory to fit, e.g. 80GiB, 24GB: largest batch and context");
-  app.add_option("--simulate", o->simulate,
-                 "Allocator the dry run charges like: cpu (64-byte blocks) | cuda (512-byte blocks)")
+  app.add_option("--gpu-mem", o->gpu_mem,
+                 "Memory to fit, e.g. 80GiB, 24GB: largest batch and context");
+  app.add_option(
+         "--simulate", o->simulate,
+         "Allocator the dry run charges like: cpu (64-byte blocks) | cuda (512-byte blocks)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--measure", o->measure, "Also run on the CPU and read its tracker (small models)");
   app.add_flag("--json", o->json, "Print JSON instead of the table");
@@ -59,7 +62,7 @@ Run add_budget_command(CLI::App &app) {
     base.seq = o->seq;
     base.context = o->context;
     base.decode_steps = o->decode;
-    base.dtype = o->dtype == "bf16"                      ? DType::BF16
+    base.dtype = o->dtype == "bf16"                          ? DType::BF16
                  : (o->dtype == "fp16" || o->dtype == "f16") ? DType::F16
                                                              : DType::F32;
     base.adamw = o->optimizer == "adamw";

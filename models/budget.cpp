@@ -3,14 +3,14 @@
 // the report (text, JSON, SVG) in budget_report.cpp.
 #include "models/budget.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
-#include <cctype>
 #include <cstdlib>
 #include <optional>
-
-#include <fmt/format.h>
 
 #include "autograd/engine.h"
 #include "models/decoder.h"
@@ -25,35 +25,58 @@ std::string_view budget_mode_name(BudgetMode m) {
 
 std::string_view budget_row_name(BudgetRow r) {
   switch (r) {
-    case BudgetRow::Weights: return "weights";
-    case BudgetRow::MasterWeights: return "master weights";
-    case BudgetRow::Gradients: return "gradients";
-    case BudgetRow::OptimizerState: return "optimizer state";
-    case BudgetRow::Activations: return "activations";
-    case BudgetRow::KVCache: return "kv cache";
-    case BudgetRow::Temporaries: return "temporaries";
-    case BudgetRow::Logits: return "logits+loss";
-    case BudgetRow::Inputs: return "inputs";
-    case BudgetRow::Runtime: return "runtime";
-    case BudgetRow::Slack: return "allocator slack";
-    case BudgetRow::Count: break;
+    case BudgetRow::Weights:
+      return "weights";
+    case BudgetRow::MasterWeights:
+      return "master weights";
+    case BudgetRow::Gradients:
+      return "gradients";
+    case BudgetRow::OptimizerState:
+      return "optimizer state";
+    case BudgetRow::Activations:
+      return "activations";
+    case BudgetRow::KVCache:
+      return "kv cache";
+    case BudgetRow::Temporaries:
+      return "temporaries";
+    case BudgetRow::Logits:
+      return "logits+loss";
+    case BudgetRow::Inputs:
+      return "inputs";
+    case BudgetRow::Runtime:
+      return "runtime";
+    case BudgetRow::Slack:
+      return "allocator slack";
+    case BudgetRow::Count:
+      break;
   }
   return "?";
 }
 
 BudgetRow budget_row_of(MemCategory c) {
   switch (c) {
-    case MemCategory::Weights: return BudgetRow::Weights;
-    case MemCategory::MasterWeights: return BudgetRow::MasterWeights;
-    case MemCategory::Gradients: return BudgetRow::Gradients;
-    case MemCategory::OptimizerState: return BudgetRow::OptimizerState;
-    case MemCategory::Activations: return BudgetRow::Activations;
-    case MemCategory::KVCache: return BudgetRow::KVCache;
-    case MemCategory::Logits: return BudgetRow::Logits;
-    case MemCategory::Temporaries: return BudgetRow::Temporaries;
-    case MemCategory::Inputs: return BudgetRow::Inputs;
-    case MemCategory::Runtime: return BudgetRow::Runtime;
-    case MemCategory::Count: break;
+    case MemCategory::Weights:
+      return BudgetRow::Weights;
+    case MemCategory::MasterWeights:
+      return BudgetRow::MasterWeights;
+    case MemCategory::Gradients:
+      return BudgetRow::Gradients;
+    case MemCategory::OptimizerState:
+      return BudgetRow::OptimizerState;
+    case MemCategory::Activations:
+      return BudgetRow::Activations;
+    case MemCategory::KVCache:
+      return BudgetRow::KVCache;
+    case MemCategory::Logits:
+      return BudgetRow::Logits;
+    case MemCategory::Temporaries:
+      return BudgetRow::Temporaries;
+    case MemCategory::Inputs:
+      return BudgetRow::Inputs;
+    case MemCategory::Runtime:
+      return BudgetRow::Runtime;
+    case MemCategory::Count:
+      break;
   }
   fail("[budget] unknown memory category {}", static_cast<int>(c));
 }
@@ -218,7 +241,6 @@ BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
   return f;
 }
 
-
 // ---- fit search and sizes ----------------------------------------------------------
 
 namespace {
@@ -255,7 +277,9 @@ FitResult fit_budget(const BudgetSpec& s, std::int64_t limit) {
   FitResult fr;
   fr.limit = limit;
   // The dry run decides (exact for kiln); it takes milliseconds per run.
-  auto fits = [&](const BudgetSpec& t) { return run_budget(t, Device::meta()).total_peak <= limit; };
+  auto fits = [&](const BudgetSpec& t) {
+    return run_budget(t, Device::meta()).total_peak <= limit;
+  };
   const std::int64_t kMaxBatch = std::int64_t{1} << 20;
   fr.max_batch = largest(1, kMaxBatch, [&](std::int64_t b) {
     BudgetSpec t = s;
@@ -297,18 +321,27 @@ std::int64_t parse_bytes(std::string_view text) {
   std::string unit = t.substr(used);
   for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   double mult = 0;
-  const std::pair<const char*, double> units[] = {
-      {"", 1},         {"b", 1},          {"kb", 1e3},      {"mb", 1e6},
-      {"gb", 1e9},     {"tb", 1e12},      {"k", 1024.0},    {"kib", 1024.0},
-      {"m", 1048576.0}, {"mib", 1048576.0}, {"g", 1073741824.0}, {"gib", 1073741824.0},
-      {"t", 1099511627776.0}, {"tib", 1099511627776.0}};
+  const std::pair<const char*, double> units[] = {{"", 1},
+                                                  {"b", 1},
+                                                  {"kb", 1e3},
+                                                  {"mb", 1e6},
+                                                  {"gb", 1e9},
+                                                  {"tb", 1e12},
+                                                  {"k", 1024.0},
+                                                  {"kib", 1024.0},
+                                                  {"m", 1048576.0},
+                                                  {"mib", 1048576.0},
+                                                  {"g", 1073741824.0},
+                                                  {"gib", 1073741824.0},
+                                                  {"t", 1099511627776.0},
+                                                  {"tib", 1099511627776.0}};
   for (const auto& [name, m] : units)
     if (unit == name) mult = m;
-  KILN_CHECK(mult > 0, "[budget] unknown unit '{}' in '{}' (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)",
-             unit, text);
-  const double bytes = v * mult;
-  KILN_CHECK(std::isfinite(bytes) && bytes >= 1 && bytes < 9.0e18, "[budget] size '{}' is out of range",
+  KILN_CHECK(mult > 0, "[budget] unknown unit '{}' in '{}' (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB)", unit,
              text);
+  const double bytes = v * mult;
+  KILN_CHECK(std::isfinite(bytes) && bytes >= 1 && bytes < 9.0e18,
+             "[budget] size '{}' is out of range", text);
   return static_cast<std::int64_t>(std::llround(bytes));
 }
 

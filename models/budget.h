@@ -9,12 +9,11 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "models/config.h"
 #include "tensor/memory.h"
@@ -68,11 +67,11 @@ struct BudgetSpec {
 };
 
 struct BudgetFigures {
-  RowBytes at_peak{};  // breakdown at the moment of the global peak
-  RowBytes peak{};     // each row's own peak (at its own moment)
+  RowBytes at_peak{};           // breakdown at the moment of the global peak
+  RowBytes peak{};              // each row's own peak (at its own moment)
   std::int64_t total_peak = 0;  // allocated bytes at the global peak (slack not included)
   Phase peak_phase = Phase::Idle;
-  std::string peak_label;  // op or layer running at the peak
+  std::string peak_label;          // op or layer running at the peak
   std::vector<MemEvent> timeline;  // with run_budget(..., timeline = true)
   double seconds = 0;              // wall time of the run
 };
@@ -119,6 +118,7 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports);
 nlohmann::json budget_report_json(const std::vector<BudgetReport>& reports);
 // Two charts: stacked bars by row for each report (training vs inference),
 // and the timeline of `timeline` (one training step) by category.
-std::string budget_svg(const std::vector<BudgetReport>& reports, const std::vector<MemEvent>& timeline);
+std::string budget_svg(const std::vector<BudgetReport>& reports,
+                       const std::vector<MemEvent>& timeline);
 
 }  // namespace kiln::models

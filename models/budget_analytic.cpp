@@ -77,23 +77,23 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
   std::vector<Moment> moments;
   if (train) {
     const std::int64_t T = s.seq, N = B * T;
-    base[BudgetRow::Inputs] = 2 * r(N, 4);  // ids and targets, i32
+    base[BudgetRow::Inputs] = 2 * r(N, 4);           // ids and targets, i32
     const std::int64_t nstat = c.layernorm ? 2 : 1;  // rstd (and mean) per norm
     // What one layer saves for backward (bytes): the norms' inputs are the
     // residual stream, counted once as the layer's output.
     std::int64_t layer = 0;
-    layer += nstat * r(N, f) + r(N * C, e);               // input norm: stats; output (saved by q/k/v)
-    layer += r(N * Hk * D, e);                            // v (saved by attention)
-    if (c.qk_norm)                                        // raw q, k saved by q_norm/k_norm, + rstd
+    layer += nstat * r(N, f) + r(N * C, e);  // input norm: stats; output (saved by q/k/v)
+    layer += r(N * Hk * D, e);               // v (saved by attention)
+    if (c.qk_norm)                           // raw q, k saved by q_norm/k_norm, + rstd
       layer += r(N * Hq * D, e) + r(N * Hk * D, e) + r(N * Hq, f) + r(N * Hk, f);
-    layer += r(N * Hq * D, e) + r(N * Hk * D, e);         // q, k after RoPE (saved by attention)
-    layer += r(N * Hq * D, e) + r(B * Hq * T, f);         // attention out (saved by o_proj) and lse
-    layer += r(N * C, e);                                 // h = x + attn (saved by the second norm)
-    layer += nstat * r(N, f) + r(N * C, e);               // second norm: stats, output
-    layer += c.gelu_mlp ? 2 * r(N * F, e)                 // fc out (gelu), gelu out (proj)
-                        : 3 * r(N * F, e);                // gate, up (swiglu), swiglu out (down)
-    layer += r(N * C, e);                                 // the layer's output x'
-    const std::int64_t embed = r(N * C, e);               // embedding output = layer 0's input
+    layer += r(N * Hq * D, e) + r(N * Hk * D, e);  // q, k after RoPE (saved by attention)
+    layer += r(N * Hq * D, e) + r(B * Hq * T, f);  // attention out (saved by o_proj) and lse
+    layer += r(N * C, e);                          // h = x + attn (saved by the second norm)
+    layer += nstat * r(N, f) + r(N * C, e);        // second norm: stats, output
+    layer += c.gelu_mlp ? 2 * r(N * F, e)          // fc out (gelu), gelu out (proj)
+                        : 3 * r(N * F, e);         // gate, up (swiglu), swiglu out (down)
+    layer += r(N * C, e);                          // the layer's output x'
+    const std::int64_t embed = r(N * C, e);        // embedding output = layer 0's input
     const std::int64_t fin = c.final_norm ? nstat * r(N, f) + r(N * C, e) : 0;  // saved by lm_head
     const std::int64_t all_saved =
         s.recompute ? embed + L * r(N * C, e) + fin  // checkpoints keep only each layer's input
@@ -105,8 +105,8 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     Moment ce = base;
     ce.phase = Phase::Backward, ce.label = "cross_entropy";
     ce[BudgetRow::Activations] = all_saved;
-    ce[BudgetRow::Logits] = logits + (lowp ? logits : 0) + r(N, f) /* lse */ + r(N, f) /* dloss */ +
-                            loss;
+    ce[BudgetRow::Logits] =
+        logits + (lowp ? logits : 0) + r(N, f) /* lse */ + r(N, f) /* dloss */ + loss;
     ce[BudgetRow::Temporaries] = loss /* the seed gradient, ones */ + (lowp ? r(N * V, f) : 0);
     moments.push_back(ce);
 
@@ -154,8 +154,8 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     // the output and lse; bf16 reads q and the cache slice as f32 copies.
     Moment att = base;
     att.phase = Phase::Prefill, att.label = "attention";
-    att[BudgetRow::Activations] = 2 * r(N * C, e) + 2 * r(N * Hq * D, e) + 2 * r(N * Hk * D, e) +
-                                  r(B * Hq * S, f);
+    att[BudgetRow::Activations] =
+        2 * r(N * C, e) + 2 * r(N * Hq * D, e) + 2 * r(N * Hk * D, e) + r(B * Hq * S, f);
     if (lowp) att[BudgetRow::Temporaries] = r(N * Hq * D, f) + 2 * r(B * S * Hk * D, f);
     moments.push_back(att);
     if (lowp && s.decodes() > 0) {  // the last decode step reads the whole cache as f32
@@ -163,8 +163,8 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
       Moment dec = base;
       dec[BudgetRow::Inputs] = r(B, 4);
       dec.phase = Phase::Decode, dec.label = "attention";
-      dec[BudgetRow::Activations] = 2 * r(B * C, e) + 2 * r(B * Hq * D, e) +
-                                    2 * r(B * Hk * D, e) + r(B * Hq, f);
+      dec[BudgetRow::Activations] =
+          2 * r(B * C, e) + 2 * r(B * Hq * D, e) + 2 * r(B * Hk * D, e) + r(B * Hq, f);
       dec[BudgetRow::Temporaries] = r(B * Hq * D, f) + 2 * r(B * len * Hk * D, f);
       moments.push_back(dec);
     }

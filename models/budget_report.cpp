@@ -1,9 +1,9 @@
 // The budget report: aligned text, JSON, and an SVG with two charts (stacked
 // bars per mode by row; the timeline of one training step by category).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "models/budget.h"
 
@@ -12,8 +12,8 @@ namespace kiln::models {
 namespace {
 
 std::string spec_line(const BudgetSpec& s) {
-  std::string line = fmt::format("{} | {} | batch {} | ", budget_mode_name(s.mode),
-                                 dtype_name(s.dtype), s.batch);
+  std::string line =
+      fmt::format("{} | {} | batch {} | ", budget_mode_name(s.mode), dtype_name(s.dtype), s.batch);
   if (s.mode == BudgetMode::Train)
     line += fmt::format("seq {} | {}{}", s.seq, s.adamw ? "AdamW" : "SGD (momentum)",
                         s.recompute ? " | recompute" : "");
@@ -23,7 +23,9 @@ std::string spec_line(const BudgetSpec& s) {
   return line;
 }
 
-std::string signed_bytes(std::int64_t d) { return d == 0 ? "0" : (d > 0 ? "+" : "") + format_bytes(d); }
+std::string signed_bytes(std::int64_t d) {
+  return d == 0 ? "0" : (d > 0 ? "+" : "") + format_bytes(d);
+}
 
 nlohmann::json figures_json(const BudgetFigures& f) {
   nlohmann::json rows = nlohmann::json::object(), peaks = nlohmann::json::object();
@@ -32,9 +34,12 @@ nlohmann::json figures_json(const BudgetFigures& f) {
     rows[name] = f.at_peak[i];
     peaks[name] = f.peak[i];
   }
-  return {{"at_peak", rows},         {"row_peaks", peaks},
-          {"total_peak", f.total_peak}, {"peak_phase", std::string(phase_name(f.peak_phase))},
-          {"peak_label", f.peak_label}, {"seconds", f.seconds}};
+  return {{"at_peak", rows},
+          {"row_peaks", peaks},
+          {"total_peak", f.total_peak},
+          {"peak_phase", std::string(phase_name(f.peak_phase))},
+          {"peak_label", f.peak_label},
+          {"seconds", f.seconds}};
 }
 
 const char* row_color(std::size_t i) {
@@ -46,10 +51,14 @@ const char* row_color(std::size_t i) {
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (char ch : s) {
-    if (ch == '<') o += "&lt;";
-    else if (ch == '>') o += "&gt;";
-    else if (ch == '&') o += "&amp;";
-    else o += ch;
+    if (ch == '<')
+      o += "&lt;";
+    else if (ch == '>')
+      o += "&gt;";
+    else if (ch == '&')
+      o += "&amp;";
+    else
+      o += ch;
   }
   return o;
 }
@@ -59,9 +68,9 @@ std::string xml_escape(const std::string& s) {
 std::string budget_report_text(const std::vector<BudgetReport>& reports) {
   KILN_CHECK(!reports.empty(), "[budget] nothing to report");
   const ModelConfig& c = reports.front().spec.cfg;
-  std::string out = fmt::format("kiln budget: {} | {} layers, dim {}, {}/{} heads x {}, vocab {}\n",
-                                c.name, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim,
-                                c.vocab_size);
+  std::string out =
+      fmt::format("kiln budget: {} | {} layers, dim {}, {}/{} heads x {}, vocab {}\n", c.name,
+                  c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size);
   for (const auto& r : reports) out += "  " + spec_line(r.spec) + "\n";
   out += fmt::format("  bytes at the global peak; the dry run allocates like the {} allocator\n\n",
                      reports.front().spec.simulate == DeviceType::CUDA ? "CUDA" : "CPU");
@@ -92,10 +101,12 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
   for (std::size_t i = 0; i < kNumBudgetRows; ++i) {
     bool any = false;
     for (const auto& r : reports)
-      any = any || r.analytic.at_peak[i] || r.dry.at_peak[i] || (r.measured && r.measured->at_peak[i]);
+      any = any || r.analytic.at_peak[i] || r.dry.at_peak[i] ||
+            (r.measured && r.measured->at_peak[i]);
     auto row = static_cast<BudgetRow>(i);
     if (!any && row != BudgetRow::Runtime && row != BudgetRow::Slack) continue;
-    out += line(std::string(budget_row_name(row)), [i](const BudgetFigures& f) { return f.at_peak[i]; });
+    out += line(std::string(budget_row_name(row)),
+                [i](const BudgetFigures& f) { return f.at_peak[i]; });
   }
   out += std::string(h2.size(), '-') + "\n";
   out += line("total at peak", [](const BudgetFigures& f) { return f.total_peak; });
@@ -112,13 +123,13 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
     if (r.fit) {
       const FitResult& f = *r.fit;
       bool fits = r.dry.total_peak <= f.limit;
-      out += fmt::format("  in {}: {} by {}; largest batch {} at {} {}; largest {} {} at batch {}\n",
-                         format_bytes(f.limit), fits ? "fits, spare" : "does NOT fit, short",
-                         format_bytes(std::abs(f.limit - r.dry.total_peak)),
-                         f.max_batch, r.spec.mode == BudgetMode::Train ? "seq" : "context",
-                         r.spec.mode == BudgetMode::Train ? r.spec.seq : r.spec.kv_capacity(),
-                         r.spec.mode == BudgetMode::Train ? "seq" : "context", f.max_seq,
-                         r.spec.batch);
+      out += fmt::format(
+          "  in {}: {} by {}; largest batch {} at {} {}; largest {} {} at batch {}\n",
+          format_bytes(f.limit), fits ? "fits, spare" : "does NOT fit, short",
+          format_bytes(std::abs(f.limit - r.dry.total_peak)), f.max_batch,
+          r.spec.mode == BudgetMode::Train ? "seq" : "context",
+          r.spec.mode == BudgetMode::Train ? r.spec.seq : r.spec.kv_capacity(),
+          r.spec.mode == BudgetMode::Train ? "seq" : "context", f.max_seq, r.spec.batch);
     }
   }
   return out;
@@ -169,15 +180,17 @@ std::string budget_svg(const std::vector<BudgetReport>& reports,
   for (const auto& r : reports)
     if (r.fit) ymax = std::max(ymax, r.fit->limit);
   auto y_of = [&](double v) { return bottom - (bottom - top) * v / static_cast<double>(ymax); };
-  svg += fmt::format(R"(<text x="{}" y="20" font-size="14">Memory at the peak by category (dry run): {}</text>)"
-                     "\n",
-                     left, xml_escape(reports.empty() ? "" : reports.front().spec.cfg.name));
+  svg += fmt::format(
+      R"(<text x="{}" y="20" font-size="14">Memory at the peak by category (dry run): {}</text>)"
+      "\n",
+      left, xml_escape(reports.empty() ? "" : reports.front().spec.cfg.name));
   for (int t = 0; t <= 4; ++t) {
     double v = static_cast<double>(ymax) * t / 4;
-    svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#ddd"/><text x="{}" y="{:.1f}" text-anchor="end">{}</text>)"
-                       "\n",
-                       left, left + 400, y_of(v), y_of(v), left - 5, y_of(v) + 4,
-                       format_bytes(static_cast<std::int64_t>(v)));
+    svg += fmt::format(
+        R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#ddd"/><text x="{}" y="{:.1f}" text-anchor="end">{}</text>)"
+        "\n",
+        left, left + 400, y_of(v), y_of(v), left - 5, y_of(v) + 4,
+        format_bytes(static_cast<std::int64_t>(v)));
   }
   for (std::size_t k = 0; k < reports.size(); ++k) {
     const auto& r = reports[k];
@@ -185,10 +198,11 @@ std::string budget_svg(const std::vector<BudgetReport>& reports,
     for (std::size_t i = 0; i < kNumBudgetRows; ++i) {
       double v = static_cast<double>(r.dry.at_peak[i]);
       if (v <= 0) continue;
-      svg += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="100" height="{:.2f}" fill="{}"><title>{}: {}</title></rect>)"
-                         "\n",
-                         x, y_of(acc + v), y_of(acc) - y_of(acc + v), row_color(i),
-                         budget_row_name(static_cast<BudgetRow>(i)), format_bytes(r.dry.at_peak[i]));
+      svg += fmt::format(
+          R"(<rect x="{:.1f}" y="{:.1f}" width="100" height="{:.2f}" fill="{}"><title>{}: {}</title></rect>)"
+          "\n",
+          x, y_of(acc + v), y_of(acc) - y_of(acc + v), row_color(i),
+          budget_row_name(static_cast<BudgetRow>(i)), format_bytes(r.dry.at_peak[i]));
       acc += v;
     }
     svg += fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{} ({})</text>)"
@@ -196,27 +210,31 @@ std::string budget_svg(const std::vector<BudgetReport>& reports,
                        x + 50, bottom + 16, budget_mode_name(r.spec.mode),
                        format_bytes(r.dry.total_peak));
     if (r.fit)
-      svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="red" stroke-dasharray="4"/><text x="{}" y="{:.1f}" fill="red">{}</text>)"
-                         "\n",
-                         left, left + 400, y_of(static_cast<double>(r.fit->limit)),
-                         y_of(static_cast<double>(r.fit->limit)), left + 405,
-                         y_of(static_cast<double>(r.fit->limit)) + 4, format_bytes(r.fit->limit));
+      svg += fmt::format(
+          R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="red" stroke-dasharray="4"/><text x="{}" y="{:.1f}" fill="red">{}</text>)"
+          "\n",
+          left, left + 400, y_of(static_cast<double>(r.fit->limit)),
+          y_of(static_cast<double>(r.fit->limit)), left + 405,
+          y_of(static_cast<double>(r.fit->limit)) + 4, format_bytes(r.fit->limit));
   }
   for (std::size_t i = 0; i < kNumBudgetRows; ++i) {
-    svg += fmt::format(R"(<rect x="{}" y="{}" width="10" height="10" fill="{}"/><text x="{}" y="{}">{}</text>)"
-                       "\n",
-                       left + 520, top + 16 * static_cast<int>(i), row_color(i), left + 535,
-                       top + 9 + 16 * static_cast<int>(i), budget_row_name(static_cast<BudgetRow>(i)));
+    svg += fmt::format(
+        R"(<rect x="{}" y="{}" width="10" height="10" fill="{}"/><text x="{}" y="{}">{}</text>)"
+        "\n",
+        left + 520, top + 16 * static_cast<int>(i), row_color(i), left + 535,
+        top + 9 + 16 * static_cast<int>(i), budget_row_name(static_cast<BudgetRow>(i)));
   }
   // Chart 2: timeline of one training step, stacked by category.
   const int y0 = H;
-  svg += fmt::format(R"(<text x="{}" y="{}" font-size="14">One training step on the meta device: allocated bytes by category per allocation event</text>)"
-                     "\n",
-                     left, y0 + 20);
+  svg += fmt::format(
+      R"(<text x="{}" y="{}" font-size="14">One training step on the meta device: allocated bytes by category per allocation event</text>)"
+      "\n",
+      left, y0 + 20);
   if (timeline.empty()) {
-    svg += fmt::format(R"(<text x="{}" y="{}">(no training timeline: run with --mode train or both)</text>)"
-                       "\n",
-                       left, y0 + 60);
+    svg += fmt::format(
+        R"(<text x="{}" y="{}">(no training timeline: run with --mode train or both)</text>)"
+        "\n",
+        left, y0 + 60);
   } else {
     // Current bytes per category after each event, sampled to at most 800 columns.
     CategoryBytes cur{};
@@ -239,13 +257,17 @@ std::string budget_svg(const std::vector<BudgetReport>& reports,
     }
     const double pw = 760, pb = y0 + bottom, pt = y0 + top;
     auto py = [&](double v) { return pb - (pb - pt) * v / static_cast<double>(tmax); };
-    auto px = [&](std::size_t k) { return left + pw * static_cast<double>(k) / static_cast<double>(std::max<std::size_t>(samples.size() - 1, 1)); };
+    auto px = [&](std::size_t k) {
+      return left + pw * static_cast<double>(k) /
+                        static_cast<double>(std::max<std::size_t>(samples.size() - 1, 1));
+    };
     for (int t = 0; t <= 4; ++t) {
       double v = static_cast<double>(tmax) * t / 4;
-      svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#ddd"/><text x="{}" y="{:.1f}" text-anchor="end">{}</text>)"
-                         "\n",
-                         left, left + pw, py(v), py(v), left - 5, py(v) + 4,
-                         format_bytes(static_cast<std::int64_t>(v)));
+      svg += fmt::format(
+          R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#ddd"/><text x="{}" y="{:.1f}" text-anchor="end">{}</text>)"
+          "\n",
+          left, left + pw, py(v), py(v), left - 5, py(v) + 4,
+          format_bytes(static_cast<std::int64_t>(v)));
     }
     std::vector<double> lower(samples.size(), 0.0);
     for (std::size_t ci = 0; ci < kNumMemCategories; ++ci) {
@@ -254,22 +276,25 @@ std::string budget_svg(const std::vector<BudgetReport>& reports,
       if (!any) continue;
       std::string pts;
       for (std::size_t k = 0; k < samples.size(); ++k)
-        pts += fmt::format("{:.1f},{:.1f} ", px(k), py(lower[k] + static_cast<double>(samples[k][ci])));
+        pts += fmt::format("{:.1f},{:.1f} ", px(k),
+                           py(lower[k] + static_cast<double>(samples[k][ci])));
       for (std::size_t k = samples.size(); k-- > 0;) {
         pts += fmt::format("{:.1f},{:.1f} ", px(k), py(lower[k]));
         lower[k] += static_cast<double>(samples[k][ci]);
       }
       auto row = static_cast<std::size_t>(budget_row_of(static_cast<MemCategory>(ci)));
-      svg += fmt::format(R"(<polygon points="{}" fill="{}" stroke="none"><title>{}</title></polygon>)"
-                         "\n",
-                         pts, row_color(row), mem_category_name(static_cast<MemCategory>(ci)));
+      svg +=
+          fmt::format(R"(<polygon points="{}" fill="{}" stroke="none"><title>{}</title></polygon>)"
+                      "\n",
+                      pts, row_color(row), mem_category_name(static_cast<MemCategory>(ci)));
     }
     // Phase boundaries.
     for (std::size_t k = 1; k < phases.size(); ++k)
       if (phases[k] != phases[k - 1])
-        svg += fmt::format(R"(<line x1="{0:.1f}" x2="{0:.1f}" y1="{1}" y2="{2}" stroke="#333" stroke-dasharray="2"/><text x="{3:.1f}" y="{4}">{5}</text>)"
-                           "\n",
-                           px(k), pt, pb, px(k) + 3, pt + 10, phase_name(phases[k]));
+        svg += fmt::format(
+            R"(<line x1="{0:.1f}" x2="{0:.1f}" y1="{1}" y2="{2}" stroke="#333" stroke-dasharray="2"/><text x="{3:.1f}" y="{4}">{5}</text>)"
+            "\n",
+            px(k), pt, pb, px(k) + 3, pt + 10, phase_name(phases[k]));
     svg += fmt::format(R"(<text x="{}" y="{}">allocation events ({} in all) →</text>)"
                        "\n",
                        left + 300, pb + 20, n);

@@ -8,6 +8,7 @@
 //    within 5% (the stated tolerance; today they agree exactly);
 //  - closed-form values computed here independently (bytes per parameter, KV
 //    bytes per token), sizes, the fit search and `kiln budget` end to end.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -15,8 +16,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-
-#include <fmt/format.h>
 
 #include "models/budget.h"
 #include "models/decoder.h"
@@ -63,14 +62,15 @@ void expect_analytic(const BudgetSpec& s) {
   BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
   std::string what = fmt::format("{} {} {} b{} s{}{}", s.cfg.name, budget_mode_name(s.mode),
                                  dtype_name(s.dtype), s.batch, s.seq, s.recompute ? " rc" : "");
-  for (BudgetRow r : {BudgetRow::Weights, BudgetRow::MasterWeights, BudgetRow::Gradients,
-                      BudgetRow::OptimizerState, BudgetRow::KVCache, BudgetRow::Inputs,
-                      BudgetRow::Runtime})
+  for (BudgetRow r :
+       {BudgetRow::Weights, BudgetRow::MasterWeights, BudgetRow::Gradients,
+        BudgetRow::OptimizerState, BudgetRow::KVCache, BudgetRow::Inputs, BudgetRow::Runtime})
     EXPECT_EQ(a.at_peak[idx(r)], d.at_peak[idx(r)]) << what << ": " << budget_row_name(r);
   // Stated tolerance for activations: 5% of the dry run.
   const double act_d = static_cast<double>(d.at_peak[idx(BudgetRow::Activations)]);
   const double act_a = static_cast<double>(a.at_peak[idx(BudgetRow::Activations)]);
-  EXPECT_LE(std::abs(act_a - act_d), 0.05 * act_d) << what << ": activations " << act_a << " vs " << act_d;
+  EXPECT_LE(std::abs(act_a - act_d), 0.05 * act_d)
+      << what << ": activations " << act_a << " vs " << act_d;
   EXPECT_LE(std::abs(static_cast<double>(a.total_peak - d.total_peak)),
             0.05 * static_cast<double>(d.total_peak))
       << what;
@@ -233,8 +233,10 @@ TEST(Budget, CommandLine) {
   const std::string kiln = std::string(KILN_BINARY_DIR) + "/apps/kiln";
   if (!std::filesystem::exists(kiln)) GTEST_SKIP() << "kiln not built";
   const std::string svg = testing::TempDir() + "budget.svg";
-  std::string cmd = kiln + " budget --model stories260K --mode both --batch 2 --seq 64 --measure"
-                           " --gpu-mem 64MiB --json --svg " + svg;
+  std::string cmd = kiln +
+                    " budget --model stories260K --mode both --batch 2 --seq 64 --measure"
+                    " --gpu-mem 64MiB --json --svg " +
+                    svg;
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
