@@ -7,6 +7,7 @@
 // category's own peak.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -49,8 +50,9 @@ struct BudgetSpec {
   ModelConfig cfg;
   BudgetMode mode = BudgetMode::Train;
   std::int64_t batch = 1;
-  std::int64_t seq = 256;          // training: tokens per row; inference: prompt (prefill) tokens
-  std::int64_t context = 0;        // inference: KV-cache capacity; 0: seq + decode_steps
+  std::int64_t seq = 256;  // training: tokens per row; inference: prompt (prefill) tokens
+  std::int64_t context =
+      0;  // inference: KV-cache capacity; 0: seq + decode_steps, at most max_seq_len
   std::int64_t decode_steps = 32;  // inference: one-token steps after the prefill
   DType dtype = DType::F32;        // weights and activations (bf16: AdamW keeps f32 masters)
   bool adamw = true;               // else SGD with momentum 0.9 (one f32 buffer per parameter)
@@ -59,7 +61,9 @@ struct BudgetSpec {
   // every block up to 64 bytes, the CUDA caching allocator to 512.
   DeviceType simulate = DeviceType::CPU;
 
-  std::int64_t kv_capacity() const { return context > 0 ? context : seq + decode_steps; }
+  std::int64_t kv_capacity() const {
+    return context > 0 ? context : std::min(seq + decode_steps, std::max(cfg.max_seq_len, seq));
+  }
   // Decode steps that fit the cache after the prefill.
   std::int64_t decodes() const;
   // Checks sizes against the config (context, max_seq_len); fails with a message.

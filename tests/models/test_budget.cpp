@@ -225,7 +225,13 @@ TEST(Budget, BadSpecs) {
   EXPECT_THROW(run_budget(s, Device::meta()), Error);
   s.mode = BudgetMode::Infer, s.seq = 64, s.context = 32;
   EXPECT_THROW(analytic_budget(s), Error);
-  s.batch = 0, s.context = 0;
+  s.seq = 128,
+  s.context = 0;  // the prompt fills max_seq_len: the default cache has no room to decode
+  EXPECT_EQ(s.kv_capacity(), 128);
+  EXPECT_EQ(s.decodes(), 0);
+  EXPECT_EQ(run_budget(s, Device::meta()).at_peak[idx(BudgetRow::KVCache)],
+            2 * 2 * 128 * 2 * 32 * 4);
+  s.batch = 0;
   EXPECT_THROW(run_budget(s, Device::meta()), Error);
 }
 
