@@ -1,0 +1,348 @@
+// The caching allocator's logic (BlockPool), its CUDA backend, and the meta simulation. The
+// rules are stated in caching_allocator.h; this file keeps to them.
+#include "tensor/caching_allocator.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/common/error.h"
+#include "kernels/cuda/runtime.h"
+
+namespace kiln {
+
+namespace caching {
+
+std::size_t round_size(std::size_t nbytes) {
+  KILN_CHECK(nbytes <= kMaxRequest, "[allocator] request of {} bytes is too large", nbytes);
+  return (nbytes + kRoundBytes - 1) / kRoundBytes * kRoundBytes;
+}
+
+bool is_small(std::size_t rounded) { return rounded <= kSmallMax; }
+
+std::size_t segment_size(std::size_t rounded) {
+  if (is_small(rounded)) return kSmallSegment;
+  if (rounded < kLargeMin) return kLargeSegment;
+  return (rounded + kLargeRound - 1) / kLargeRound * kLargeRound;
+}
+
+}  // namespace caching
+
+// ---- CountingBackend -----------------------------------------------------------------------
+
+void* CountingBackend::reserve(std::size_t bytes) {
+  if (bytes > capacity_ || reserved_ > capacity_ - bytes) return nullptr;
+  // Fake addresses only ever grow; 2^44 + 2^63 bytes of reservations would be needed to wrap.
+  const std::uintptr_t p = next_;
+  const std::uintptr_t step =
+      (bytes + caching::kLargeRound - 1) / caching::kLargeRound * caching::kLargeRound;
+  KILN_CHECK(next_ <= UINTPTR_MAX - step, "[allocator] meta: fake address space exhausted");
+  next_ += step;
+  reserved_ += bytes;
+  return reinterpret_cast<void*>(p);
+}
+
+void CountingBackend::release(void*, std::size_t bytes) { reserved_ -= bytes; }
+
+bool CountingBackend::mem_info(std::size_t& free_bytes, std::size_t& total_bytes) {
+  if (capacity_ == SIZE_MAX) return false;
+  total_bytes = capacity_;
+  free_bytes = capacity_ - reserved_;
+  return true;
+}
+
+// ---- BlockPool -----------------------------------------------------------------------------
+
+BlockPool::BlockPool(PoolBackend& backend, MemoryTracker* tracker, std::string name)
+    : backend_(backend), tracker_(tracker), name_(std::move(name)) {}
+
+BlockPool::~BlockPool() {
+  std::lock_guard lock(mu_);
+  release_free_segments();
+  // Blocks still in use (a tensor outlived the pool) keep their segments: leaked, not freed
+  // under a live pointer. Free blocks of those segments go with them.
+  for (auto* set : {&small_free_, &large_free_}) {
+    for (Block* b : *set) delete b;
+    set->clear();
+  }
+  for (auto& [addr, b] : active_) delete b;
+}
+
+BlockPool::Block* BlockPool::reserve_segment(std::size_t rounded, bool small) {
+  const std::size_t seg = caching::segment_size(rounded);
+  auto try_reserve = [&](std::string& why) -> void* {
+    try {
+      return backend_.reserve(seg);
+    } catch (const Error& e) {
+      why = e.what();
+      return nullptr;
+    }
+  };
+  std::string why;
+  void* p = try_reserve(why);
+  if (!p) {
+    // The device is full: give back what the cache holds and ask once more.
+    s_.num_cache_flushes++;
+    if (release_free_segments() > 0) p = try_reserve(why);
+  }
+  if (!p) out_of_memory(rounded, why);
+  auto* b = new Block;
+  b->addr = reinterpret_cast<std::uintptr_t>(p);
+  b->size = seg;
+  b->small = small;
+  s_.reserved += seg;
+  s_.reserved_peak = std::max(s_.reserved_peak, s_.reserved);
+  s_.segments++;
+  s_.num_segment_allocs++;
+  if (tracker_) tracker_->on_reserve(static_cast<std::int64_t>(seg));
+  return b;
+}
+
+void BlockPool::out_of_memory(std::size_t rounded, const std::string& why) {
+  s_.num_ooms++;
+  std::size_t free_b = 0, total_b = 0;
+  std::string device;
+  bool known = false;
+  try {
+    known = backend_.mem_info(free_b, total_b);
+  } catch (const Error&) {
+    known = false;
+  }
+  device = known ? fmt::format("free {} of {}", format_bytes(static_cast<std::int64_t>(free_b)),
+                               format_bytes(static_cast<std::int64_t>(total_b)))
+                 : std::string("free ? of ?");
+  auto b = [](std::size_t n) { return format_bytes(static_cast<std::int64_t>(n)); };
+  fail("[allocator] {}: out of memory: requested {}, reserved {}, allocated {} ({}); a new {} "
+       "segment was refused after releasing the cache{}{}",
+       name_, b(rounded), b(s_.reserved), b(s_.allocated), device,
+       b(caching::segment_size(rounded)), why.empty() ? "" : ": ", why);
+}
+
+std::size_t BlockPool::release_free_segments() {
+  std::size_t released = 0;
+  for (auto* set : {&small_free_, &large_free_}) {
+    std::vector<Block*> whole;
+    for (Block* b : *set)
+      if (!b->prev && !b->next) whole.push_back(b);
+    for (Block* b : whole) {
+      set->erase(b);
+      free_block_count_--;
+      backend_.release(reinterpret_cast<void*>(b->addr), b->size);
+      s_.reserved -= b->size;
+      s_.segments--;
+      released += b->size;
+      if (tracker_) tracker_->on_reserve(-static_cast<std::int64_t>(b->size));
+      delete b;
+    }
+  }
+  return released;
+}
+
+void* BlockPool::allocate(std::size_t nbytes, MemCategory c) {
+  const std::size_t rounded = caching::round_size(nbytes);
+  if (rounded == 0) {
+    if (tracker_) tracker_->on_alloc(c, 0);  // counted as an event, charged nothing
+    return nullptr;
+  }
+  const bool small = caching::is_small(rounded);
+  std::lock_guard lock(mu_);
+  FreeSet& pool = pool_of(small);
+  Block key;
+  key.size = rounded;
+  key.addr = 0;
+  Block* b = nullptr;
+  if (auto it = pool.lower_bound(&key); it != pool.end()) {
+    b = *it;
+    pool.erase(it);
+    free_block_count_--;
+  } else {
+    b = reserve_segment(rounded, small);
+  }
+  const std::size_t rest = b->size - rounded;
+  if (rest >= (small ? caching::kSmallSplitMin : caching::kLargeSplitMin)) {
+    auto* tail = new Block;
+    tail->addr = b->addr + rounded;
+    tail->size = rest;
+    tail->small = small;
+    tail->prev = b;
+    tail->next = b->next;
+    if (b->next) b->next->prev = tail;
+    b->next = tail;
+    b->size = rounded;
+    pool.insert(tail);
+    free_block_count_++;
+  }
+  b->allocated = true;
+  b->charged = rounded;
+  b->category = c;
+  active_.emplace(b->addr, b);
+  s_.allocated += rounded;
+  s_.allocated_peak = std::max(s_.allocated_peak, s_.allocated);
+  s_.block_bytes += b->size;
+  s_.num_allocs++;
+  if (tracker_) tracker_->on_alloc(c, static_cast<std::int64_t>(rounded));
+  return reinterpret_cast<void*>(b->addr);
+}
+
+void BlockPool::deallocate(void* p, MemCategory c) {
+  if (!p) {
+    if (tracker_) tracker_->on_free(c, 0);
+    return;
+  }
+  std::lock_guard lock(mu_);
+  auto it = active_.find(reinterpret_cast<std::uintptr_t>(p));
+  KILN_CHECK(it != active_.end(), "[allocator] {}: free of {} which is not an allocated block",
+             name_, p);
+  Block* b = it->second;
+  active_.erase(it);
+  s_.allocated -= b->charged;
+  s_.block_bytes -= b->size;
+  if (tracker_) tracker_->on_free(b->category, static_cast<std::int64_t>(b->charged));
+  b->allocated = false;
+  b->charged = 0;
+  FreeSet& pool = pool_of(b->small);
+  // Merge with free neighbours: the block absorbs them, so its address stays the lowest.
+  if (Block* n = b->next; n && !n->allocated) {
+    pool.erase(n);
+    free_block_count_--;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    delete n;
+  }
+  if (Block* q = b->prev; q && !q->allocated) {
+    pool.erase(q);  // its key (size) changes below
+    free_block_count_--;
+    q->size += b->size;
+    q->next = b->next;
+    if (b->next) b->next->prev = q;
+    delete b;
+    b = q;
+  }
+  pool.insert(b);
+  free_block_count_++;
+}
+
+std::size_t BlockPool::empty_cache() {
+  std::lock_guard lock(mu_);
+  return release_free_segments();
+}
+
+PoolStats BlockPool::stats() const {
+  std::lock_guard lock(mu_);
+  PoolStats s = s_;
+  s.active_blocks = active_.size();
+  s.free_blocks = free_block_count_;
+  s.largest_free = 0;
+  if (!small_free_.empty()) s.largest_free = (*small_free_.rbegin())->size;
+  if (!large_free_.empty()) s.largest_free = std::max(s.largest_free, (*large_free_.rbegin())->size);
+  return s;
+}
+
+std::size_t BlockPool::block_size(const void* p) const {
+  std::lock_guard lock(mu_);
+  auto it = active_.find(reinterpret_cast<std::uintptr_t>(p));
+  return it == active_.end() ? 0 : it->second->size;
+}
+
+// ---- CUDA ----------------------------------------------------------------------------------
+
+namespace {
+
+// Segments from cudaMalloc on one device; the current device is switched for the call and
+// restored, so tensors on cuda:1 can be made while cuda:0 is current.
+class CudaBackend final : public PoolBackend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+  void* reserve(std::size_t bytes) override {
+    DeviceGuard g(device_);
+    return cuda::device_malloc(bytes);
+  }
+  void release(void* p, std::size_t) override {
+    DeviceGuard g(device_);
+    cuda::device_free(p);
+  }
+  bool mem_info(std::size_t& free_bytes, std::size_t& total_bytes) override {
+    DeviceGuard g(device_);
+    const cuda::MemInfo m = cuda::mem_get_info();
+    free_bytes = m.free_bytes;
+    total_bytes = m.total_bytes;
+    return true;
+  }
+
+ private:
+  struct DeviceGuard {
+    explicit DeviceGuard(int d) : prev(cuda::current_device()) {
+      if (prev != d) cuda::set_device(d);
+    }
+    ~DeviceGuard() {
+      if (prev != cuda::current_device()) {
+        try {
+          cuda::set_device(prev);
+        } catch (const Error&) {  // nothing sensible to do in a destructor
+        }
+      }
+    }
+    int prev;
+  };
+  int device_;
+};
+
+}  // namespace
+
+CudaCachingAllocator::CudaCachingAllocator(int device)
+    : device_(device),
+      backend_(std::make_unique<CudaBackend>(device)),
+      pool_(std::make_unique<BlockPool>(*backend_, &MemoryTracker::get(DeviceType::CUDA),
+                                        device == 0 ? std::string("cuda")
+                                                    : fmt::format("cuda:{}", device))) {}
+
+CudaCachingAllocator::~CudaCachingAllocator() = default;
+
+void* CudaCachingAllocator::allocate(std::size_t nbytes, MemCategory c) {
+  return pool_->allocate(nbytes, c);
+}
+
+void CudaCachingAllocator::deallocate(void* p, std::size_t, MemCategory c) {
+  pool_->deallocate(p, c);
+}
+
+std::size_t CudaCachingAllocator::empty_cache() { return pool_->empty_cache(); }
+PoolStats CudaCachingAllocator::stats() const { return pool_->stats(); }
+
+CudaCachingAllocator& cuda_caching_allocator(int index) {
+  KILN_CHECK(cuda::compiled_with_cuda(),
+             "[allocator] cuda: kiln was built without CUDA (configure with -DKILN_CUDA=ON)");
+  // One per visible device, made once (constructing one touches no device); never destroyed,
+  // see the header. After this, a lookup takes no lock.
+  static const std::vector<CudaCachingAllocator*> per_device = [] {
+    std::vector<CudaCachingAllocator*> v;
+    for (int i = 0; i < cuda::device_count(); ++i) v.push_back(new CudaCachingAllocator(i));
+    return v;
+  }();
+  KILN_CHECK(index >= 0 && static_cast<std::size_t>(index) < per_device.size(),
+             "[allocator] cuda:{} is not a visible device ({} found)", index, per_device.size());
+  return *per_device[static_cast<std::size_t>(index)];
+}
+
+// ---- meta simulation -----------------------------------------------------------------------
+
+namespace {
+CountingBackend& meta_backend() {
+  static auto* b = new CountingBackend();  // never destroyed, like the pool on it
+  return *b;
+}
+}  // namespace
+
+BlockPool& meta_cuda_pool() {
+  static auto* p = new BlockPool(meta_backend(), &MemoryTracker::get(DeviceType::Meta), "cuda");
+  return *p;
+}
+
+void set_meta_cuda_capacity(std::size_t bytes) {
+  (void)meta_cuda_pool();  // the pool exists before the backend's limit changes under it
+  meta_backend().set_capacity(bytes);
+}
+
+std::size_t empty_meta_cuda_cache() { return meta_cuda_pool().empty_cache(); }
+
+}  // namespace kiln
