@@ -6,6 +6,8 @@
 #include <new>
 
 #include "kernels/common/error.h"
+#include "kernels/cuda/runtime.h"
+#include "tensor/caching_allocator.h"
 
 namespace kiln {
 
@@ -79,29 +81,33 @@ class CpuAllocator final : public Allocator {
   std::size_t cached_bytes_ = 0;
 };
 
-// Rounding of the CUDA caching allocator (kernels/cuda, a later issue): blocks
-// are multiples of 512 bytes. The meta device can simulate it.
-std::size_t cuda_charged_size(std::size_t nbytes) { return round_up(nbytes, 512); }
-
 DeviceType g_meta_simulates = DeviceType::CPU;
 
+// Simulating CPU: one reserve per allocation, as the CPU allocator without its
+// cache. Simulating CUDA: the caching allocator's own BlockPool on fake
+// addresses (tensor/caching_allocator.h), so reserved and slack match the GPU.
 class MetaAllocator final : public Allocator {
  public:
   void* allocate(std::size_t nbytes, MemCategory c) override {
+    if (g_meta_simulates == DeviceType::CUDA) return meta_cuda_pool().allocate(nbytes, c);
     auto sz = static_cast<std::int64_t>(charged_size(nbytes));
     auto& t = MemoryTracker::get(DeviceType::Meta);
     t.on_reserve(sz);
     t.on_alloc(c, sz);
     return nullptr;
   }
-  void deallocate(void*, std::size_t nbytes, MemCategory c) override {
-    auto sz = static_cast<std::int64_t>(charged_size(nbytes));
+  // Only simulated CUDA blocks have (fake) addresses: the pointer, not the
+  // current mode, says which way a block was charged, since the mode may
+  // change while tensors are alive.
+  void deallocate(void* p, std::size_t nbytes, MemCategory c) override {
+    if (p) return meta_cuda_pool().deallocate(p, c);
+    auto sz = static_cast<std::int64_t>(round_up(nbytes, kCpuAlign));
     auto& t = MemoryTracker::get(DeviceType::Meta);
     t.on_free(c, sz);
     t.on_reserve(-sz);
   }
   std::size_t charged_size(std::size_t nbytes) const override {
-    return g_meta_simulates == DeviceType::CUDA ? cuda_charged_size(nbytes)
+    return g_meta_simulates == DeviceType::CUDA ? caching::round_size(nbytes)
                                                 : round_up(nbytes, kCpuAlign);
   }
 };
@@ -122,9 +128,16 @@ Allocator& allocator_for(Device d) {
   switch (d.type) {
     case DeviceType::CPU: return cpu_allocator();
     case DeviceType::Meta: return meta;
-    case DeviceType::CUDA: break;
+    case DeviceType::CUDA: {
+      static const int num_devices = cuda::device_count();  // 0 without CUDA or a GPU
+      if (num_devices > 0) return cuda_caching_allocator(d.index);
+      break;
+    }
   }
-  fail("[allocator] the CUDA allocator is not built yet (CUDA backend issue); use --device cpu");
+  if (!cuda::compiled_with_cuda())
+    fail("[allocator] {}: kiln was built without CUDA (-DKILN_CUDA=ON); use --device cpu",
+         d.str());
+  fail("[allocator] {}: no CUDA device found; use --device cpu", d.str());
 }
 
 Storage::Storage(std::size_t nbytes, Device device, MemCategory category)
