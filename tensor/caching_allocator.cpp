@@ -46,7 +46,7 @@ void CountingBackend::release(void*, std::size_t bytes) { reserved_ -= bytes; }
 bool CountingBackend::mem_info(std::size_t& free_bytes, std::size_t& total_bytes) {
   if (capacity_ == SIZE_MAX) return false;
   total_bytes = capacity_;
-  free_bytes = capacity_ - reserved_;
+  free_bytes = reserved_ >= capacity_ ? 0 : capacity_ - reserved_;  // capacity may have shrunk
   return true;
 }
 
@@ -88,6 +88,7 @@ BlockPool::Block* BlockPool::reserve_segment(std::size_t rounded, bool small) {
   auto* b = new Block;
   b->addr = reinterpret_cast<std::uintptr_t>(p);
   b->size = seg;
+  b->segment = static_cast<std::uint64_t>(s_.num_segment_allocs);
   b->small = small;
   s_.reserved += seg;
   s_.reserved_peak = std::max(s_.reserved_peak, s_.reserved);
@@ -146,9 +147,8 @@ void* BlockPool::allocate(std::size_t nbytes, MemCategory c) {
   const bool small = caching::is_small(rounded);
   std::lock_guard lock(mu_);
   FreeSet& pool = pool_of(small);
-  Block key;
+  Block key;  // sorts before every free block of at least `rounded` bytes
   key.size = rounded;
-  key.addr = 0;
   Block* b = nullptr;
   if (auto it = pool.lower_bound(&key); it != pool.end()) {
     b = *it;
@@ -162,6 +162,7 @@ void* BlockPool::allocate(std::size_t nbytes, MemCategory c) {
     auto* tail = new Block;
     tail->addr = b->addr + rounded;
     tail->size = rest;
+    tail->segment = b->segment;
     tail->small = small;
     tail->prev = b;
     tail->next = b->next;

@@ -15,8 +15,12 @@
 //   segments   the small pool grows by 2 MiB segments (kSmallSegment). The large pool grows by
 //              20 MiB segments (kLargeSegment) for requests < 10 MiB (kLargeMin), and by
 //              round_up(size, 2 MiB) segments for larger requests.
-//   best fit   the free blocks of a pool are ordered by (size, address); a request takes the
-//              smallest free block that is big enough, the lowest address among equal sizes.
+//   best fit   the free blocks of a pool are ordered by (size, segment, address); a request
+//              takes the smallest free block that is big enough; among equal sizes, the one in
+//              the oldest segment (segments are numbered as they are reserved), then the lowest
+//              address. Segment order rather than device address decides ties, so the choice
+//              never depends on where the driver placed a segment: the meta simulation on fake
+//              addresses makes exactly the choices the GPU does.
 //   split      a block larger than the request is split when the remainder is >= 512 bytes
 //              (small pool) or >= 1 MiB (large pool); the remainder becomes a free block. An
 //              unsplit remainder (< 1 MiB, large pool) stays inside the allocated block and
@@ -150,6 +154,7 @@ class BlockPool {
   struct Block {
     std::uintptr_t addr = 0;
     std::size_t size = 0;
+    std::uint64_t segment = 0;  // reservation order of its segment (best-fit tie break)
     std::size_t charged = 0;  // rounded request, while allocated
     bool small = false;
     bool allocated = false;
@@ -159,7 +164,9 @@ class BlockPool {
   };
   struct BySizeAddr {
     bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+      if (a->size != b->size) return a->size < b->size;
+      if (a->segment != b->segment) return a->segment < b->segment;
+      return a->addr < b->addr;
     }
   };
   using FreeSet = std::set<Block*, BySizeAddr>;
