@@ -2,6 +2,7 @@
 // the fit search and size parsing. The analytic model is in budget_analytic.cpp,
 // the report (text, JSON, SVG) in budget_report.cpp.
 #include "models/budget.h"
+#include "tensor/caching_allocator.h"
 
 #include <fmt/format.h>
 
@@ -207,7 +208,10 @@ BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
              "[budget] measuring on {} needs the CUDA backend (a later issue)", device.str());
   std::optional<SimulateScope> sim;
   if (device.is_meta()) sim.emplace(s.simulate);
-  if (device.is_cpu()) empty_cpu_cache();  // slack then counts only this run's cached blocks
+  // Slack then counts only this run's cached blocks (on CPU, or in the
+  // simulated CUDA pool of a meta run).
+  if (device.is_cpu()) empty_cpu_cache();
+  if (device.is_meta()) empty_meta_cuda_cache();
   auto& tracker = MemoryTracker::get(device.type);
   tracker.reset_peaks();
   const MemStats base = tracker.stats();
