@@ -288,8 +288,10 @@ int run_chat(const ChatCmd& o) {
   const std::string assistant = std::string("<|im_start|>assistant\n") +
                                 (o.think ? "" : "<think>\n\n</think>\n\n");
   const bool tty = ::isatty(0);
-  std::string history_prefix;  // text still owed to the template before the next user turn
-  if (!o.system.empty()) history_prefix = "<|im_start|>system\n" + o.system + "<|im_end|>\n";
+  auto fresh_prefix = [&] {
+    return o.system.empty() ? std::string() : "<|im_start|>system\n" + o.system + "<|im_end|>\n";
+  };
+  std::string history_prefix = fresh_prefix();  // text owed to the template before the next turn
   std::string line;
   int turn = 0;
   while (true) {
@@ -299,7 +301,7 @@ int run_chat(const ChatCmd& o) {
     if (line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       session.reset();
-      history_prefix = o.system.empty() ? "" : "<|im_start|>system\n" + o.system + "<|im_end|>\n";
+      history_prefix = fresh_prefix();
       std::cout << "(conversation reset)\n" << std::flush;
       continue;
     }
@@ -310,17 +312,25 @@ int run_chat(const ChatCmd& o) {
       fmt::print(stderr, "[chat] context of {} tokens is full: starting a new conversation\n",
                  context);
       session.reset();
-      history_prefix = o.system.empty() ? "" : "<|im_start|>system\n" + o.system + "<|im_end|>\n";
+      history_prefix = fresh_prefix();
       ids = tok->encode(history_prefix + "<|im_start|>user\n" + line + "<|im_end|>\n" + assistant);
     }
     io::Utf8StreamDecoder dec(*tok);
     std::int32_t last = -1;
-    models::GenerationStats st = session.generate(ids, go, [&](std::int32_t id) {
-      last = id;
-      if (std::find(go.eos_ids.begin(), go.eos_ids.end(), id) != go.eos_ids.end()) return true;
-      std::cout << dec.push(id) << std::flush;
-      return true;
-    });
+    models::GenerationStats st;
+    try {
+      st = session.generate(ids, go, [&](std::int32_t id) {
+        last = id;
+        if (std::find(go.eos_ids.begin(), go.eos_ids.end(), id) != go.eos_ids.end()) return true;
+        std::cout << dec.push(id) << std::flush;
+        return true;
+      });
+    } catch (const Error& e) {  // e.g. a message longer than the context: the REPL goes on
+      fmt::print(stderr, "error: {}\n(conversation reset)\n", e.what());
+      session.reset();
+      history_prefix = fresh_prefix();
+      continue;
+    }
     std::cout << dec.flush() << "\n" << std::flush;
     ++turn;
     // The pending token (fed next turn) ends the assistant message when it is <|im_end|>;
