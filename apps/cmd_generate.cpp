@@ -5,6 +5,8 @@
 // Both load through models::load_model (an HF folder, a llama2.c .bin, or
 // --random-weights --config config.json) and generate through
 // models::GenerationSession, the same path the golden tests check.
+#include <fmt/format.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,9 +16,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-#include <omp.h>
 
 #include "apps/commands.h"
 #include "models/generation_config.h"
@@ -43,10 +42,12 @@ void add_common(CLI::App& app, CommonOptions& o) {
   app.add_option("--config", o.config, "config.json (HF names) for --random-weights");
   app.add_flag("--random-weights", o.random_weights,
                "Seeded random weights in --dtype for --config (no weight files needed)");
-  app.add_option("--weights-seed", o.weights_seed, "Seed of --random-weights")->capture_default_str();
+  app.add_option("--weights-seed", o.weights_seed, "Seed of --random-weights")
+      ->capture_default_str();
   app.add_option("--tokenizer", o.tokenizer,
                  "Tokenizer spec (qwen:DIR, llama2c:PATH, byte); default: next to the model");
-  app.add_option("--max-new-tokens", o.max_new, "Tokens to generate (default: "
+  app.add_option("--max-new-tokens", o.max_new,
+                 "Tokens to generate (default: "
                  "generation_config.json, else 256)");
   app.add_option("--temperature", o.temperature, "0: greedy (default: generation_config.json)");
   app.add_option("--top-k", o.top_k, "Keep the k most likely tokens (0: all)");
@@ -198,18 +199,23 @@ int run_generate(const GenerateCmd& o) {
   if (!o.prompt_ids.empty()) {
     ids = parse_ids(o.prompt_ids);
   } else {
-    KILN_CHECK(tok, "[generate] --prompt needs a tokenizer: none was found next to the model; "
+    KILN_CHECK(tok,
+               "[generate] --prompt needs a tokenizer: none was found next to the model; "
                "give --tokenizer SPEC or --prompt-ids");
     ids = tok->encode(o.prompt, /*bos=*/tok->bos_id() >= 0, false);
     KILN_CHECK(!ids.empty(), "[generate] the prompt encodes to no tokens");
   }
   const std::int64_t V = model.cfg.vocab_size, ctx_max = model.cfg.max_seq_len;
   for (auto id : ids)
-    KILN_CHECK(id >= 0 && id < V, "[generate] prompt token id {} is out of range [0, {}) "
-               "(vocab_size of the model)", id, V);
+    KILN_CHECK(id >= 0 && id < V,
+               "[generate] prompt token id {} is out of range [0, {}) "
+               "(vocab_size of the model)",
+               id, V);
   auto P = static_cast<std::int64_t>(ids.size());
-  KILN_CHECK(P < ctx_max, "[generate] the prompt has {} tokens; max_position_embeddings is {}, "
-             "which leaves no room to generate", P, ctx_max);
+  KILN_CHECK(P < ctx_max,
+             "[generate] the prompt has {} tokens; max_position_embeddings is {}, "
+             "which leaves no room to generate",
+             P, ctx_max);
   models::GenerateOptions go = generate_options(o.c, m);
   std::int64_t context = std::min(ctx_max, P + go.max_new_tokens);
   models::GenerationSession session(model, context);
@@ -238,10 +244,11 @@ int run_generate(const GenerateCmd& o) {
 
   // Stats on stderr, so stdout is the text alone.
   const auto& sp = go.sampling;
-  fmt::print(stderr, "\n--- {} prompt tokens, {} new (stop: {}); sampling: temperature {}, top_k {}, "
-             "top_p {}, min_p {}, repetition_penalty {}, seed {}\n", st.prompt_tokens,
-             st.new_tokens, models::stop_reason_name(st.stop), sp.temperature, sp.top_k, sp.top_p,
-             sp.min_p, sp.repetition_penalty, sp.seed);
+  fmt::print(stderr,
+             "\n--- {} prompt tokens, {} new (stop: {}); sampling: temperature {}, top_k {}, "
+             "top_p {}, min_p {}, repetition_penalty {}, seed {}\n",
+             st.prompt_tokens, st.new_tokens, models::stop_reason_name(st.stop), sp.temperature,
+             sp.top_k, sp.top_p, sp.min_p, sp.repetition_penalty, sp.seed);
   fmt::print(stderr, "time to first token  {:10.1f} ms\n", st.ttft_s() * 1e3);
   fmt::print(stderr, "prefill              {:10.2f} tokens/s ({} tokens in {:.3f} s)\n",
              st.prefill_tokens_per_s(), st.prompt_tokens, st.prefill_s);
@@ -251,15 +258,18 @@ int run_generate(const GenerateCmd& o) {
   double mean_ctx = static_cast<double>(P) + static_cast<double>(st.new_tokens) / 2.0;
   DecodeBytes b = decode_bytes(model, mean_ctx);
   double per_tok = b.weights + b.kv;
-  fmt::print(stderr, "bytes read per decode token: {:.1f} MB weights + {:.2f} MB KV (mean context "
-             "{:.0f}) = {:.1f} MB -> {:.2f} GB/s at the decode rate\n", b.weights / 1e6, b.kv / 1e6,
-             mean_ctx, per_tok / 1e6, per_tok * st.decode_tokens_per_s() / 1e9);
+  fmt::print(stderr,
+             "bytes read per decode token: {:.1f} MB weights + {:.2f} MB KV (mean context "
+             "{:.0f}) = {:.1f} MB -> {:.2f} GB/s at the decode rate\n",
+             b.weights / 1e6, b.kv / 1e6, mean_ctx, per_tok / 1e6,
+             per_tok * st.decode_tokens_per_s() / 1e9);
   if (o.bandwidth) {
     Bandwidth bw = measure_bandwidth();
-    fmt::print(stderr, "memory bandwidth ({} MB buffers, {} threads): copy {:.2f} GB/s, read "
-               "{:.2f} GB/s; decode reaches {:.0f}% of read bandwidth\n", bw.bytes >> 20, bw.threads,
-               bw.copy_gbs, bw.read_gbs, 100.0 * per_tok * st.decode_tokens_per_s() / 1e9 /
-               bw.read_gbs);
+    fmt::print(stderr,
+               "memory bandwidth ({} MB buffers, {} threads): copy {:.2f} GB/s, read "
+               "{:.2f} GB/s; decode reaches {:.0f}% of read bandwidth\n",
+               bw.bytes >> 20, bw.threads, bw.copy_gbs, bw.read_gbs,
+               100.0 * per_tok * st.decode_tokens_per_s() / 1e9 / bw.read_gbs);
   }
   fmt::print(stderr, "{}", format_memory_summary(tracker.stats(), "memory (cpu)"));
   return 0;
@@ -275,7 +285,8 @@ struct ChatCmd {
 int run_chat(const ChatCmd& o) {
   models::LoadedModel m = load(o.c);
   const auto* tok = dynamic_cast<const io::QwenTokenizer*>(m.tokenizer.get());
-  KILN_CHECK(tok, "[chat] needs a Qwen tokenizer (ChatML): tokenizer.json or vocab.json + "
+  KILN_CHECK(tok,
+             "[chat] needs a Qwen tokenizer (ChatML): tokenizer.json or vocab.json + "
              "merges.txt next to the model, or --tokenizer qwen:DIR");
   std::int32_t im_end = tok->token_to_id("<|im_end|>");
   KILN_CHECK(tok->token_to_id("<|im_start|>") >= 0 && im_end >= 0,
@@ -285,8 +296,8 @@ int run_chat(const ChatCmd& o) {
     go.eos_ids.push_back(im_end);
   std::int64_t context = std::min(o.context, m.model->cfg.max_seq_len);
   models::GenerationSession session(*m.model, context);
-  const std::string assistant = std::string("<|im_start|>assistant\n") +
-                                (o.think ? "" : "<think>\n\n</think>\n\n");
+  const std::string assistant =
+      std::string("<|im_start|>assistant\n") + (o.think ? "" : "<think>\n\n</think>\n\n");
   const bool tty = ::isatty(0);
   auto fresh_prefix = [&] {
     return o.system.empty() ? std::string() : "<|im_start|>system\n" + o.system + "<|im_end|>\n";
@@ -336,13 +347,14 @@ int run_chat(const ChatCmd& o) {
     // The pending token (fed next turn) ends the assistant message when it is <|im_end|>;
     // otherwise close the message ourselves.
     history_prefix = last == im_end ? "\n" : "<|im_end|>\n";
-    fmt::print(stderr, "[turn {}: {} tokens prefilled, {} new (stop: {}), ttft {:.0f} ms, decode "
-               "{:.2f} tokens/s, {} / {} context tokens used]\n", turn, st.prompt_tokens,
-               st.new_tokens, models::stop_reason_name(st.stop), st.ttft_s() * 1e3,
-               st.decode_tokens_per_s(), session.tokens().size(), context);
+    fmt::print(stderr,
+               "[turn {}: {} tokens prefilled, {} new (stop: {}), ttft {:.0f} ms, decode "
+               "{:.2f} tokens/s, {} / {} context tokens used]\n",
+               turn, st.prompt_tokens, st.new_tokens, models::stop_reason_name(st.stop),
+               st.ttft_s() * 1e3, st.decode_tokens_per_s(), session.tokens().size(), context);
   }
-  fmt::print(stderr, "{}", format_memory_summary(MemoryTracker::get(DeviceType::CPU).stats(),
-                                                 "memory (cpu)"));
+  fmt::print(stderr, "{}",
+             format_memory_summary(MemoryTracker::get(DeviceType::CPU).stats(), "memory (cpu)"));
   return 0;
 }
 
@@ -365,8 +377,10 @@ Run add_chat_command(CLI::App& app) {
                "Qwen3 thinking (default on); --no-think adds the empty think block "
                "(enable_thinking=False)");
   app.add_option("--system", o->system, "System message");
-  app.add_option("--context", o->context, "KV cache size in tokens (capped at "
-                 "max_position_embeddings)")->capture_default_str();
+  app.add_option("--context", o->context,
+                 "KV cache size in tokens (capped at "
+                 "max_position_embeddings)")
+      ->capture_default_str();
   return [o] { return run_chat(*o); };
 }
 

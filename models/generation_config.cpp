@@ -1,10 +1,10 @@
 #include "models/generation_config.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "models/io/qwen_tokenizer.h"
 #include "models/weights.h"
@@ -16,8 +16,10 @@ namespace kiln::models {
 namespace {
 
 std::int32_t token_id(const nlohmann::json& v, const std::string& source, const char* field) {
-  KILN_CHECK(v.is_number_integer(), "[generation_config] {}: '{}' must be an integer or a list of "
-             "integers, got {}", source, field, v.dump());
+  KILN_CHECK(v.is_number_integer(),
+             "[generation_config] {}: '{}' must be an integer or a list of "
+             "integers, got {}",
+             source, field, v.dump());
   auto x = v.get<std::int64_t>();
   KILN_CHECK(x >= 0 && x <= std::numeric_limits<std::int32_t>::max(),
              "[generation_config] {}: '{}' value {} is not a valid token id", source, field, x);
@@ -80,8 +82,10 @@ GenerationConfig parse_generation_config(const nlohmann::json& j, const std::str
       (std::string(f) == "bos_token_id" ? g.bos_token_id : g.pad_token_id) =
           token_id(j[f], source, f);
   if (j.contains("do_sample") && !j["do_sample"].is_null()) {
-    KILN_CHECK(j["do_sample"].is_boolean(), "[generation_config] {}: 'do_sample' must be true or "
-               "false, got {}", source, j["do_sample"].dump());
+    KILN_CHECK(j["do_sample"].is_boolean(),
+               "[generation_config] {}: 'do_sample' must be true or "
+               "false, got {}",
+               source, j["do_sample"].dump());
     g.do_sample = j["do_sample"].get<bool>();
   }
   g.temperature = number(j, "temperature", source, 0.0, 1e6, g.temperature);
@@ -96,9 +100,10 @@ GenerationConfig parse_generation_config(const nlohmann::json& j, const std::str
     g.top_k = j["top_k"].get<std::int64_t>();
   }
   if (j.contains("max_new_tokens") && !j["max_new_tokens"].is_null()) {
-    KILN_CHECK(j["max_new_tokens"].is_number_integer() && j["max_new_tokens"].get<std::int64_t>() > 0,
-               "[generation_config] {}: 'max_new_tokens' must be an integer > 0, got {}", source,
-               j["max_new_tokens"].dump());
+    KILN_CHECK(
+        j["max_new_tokens"].is_number_integer() && j["max_new_tokens"].get<std::int64_t>() > 0,
+        "[generation_config] {}: 'max_new_tokens' must be an integer > 0, got {}", source,
+        j["max_new_tokens"].dump());
     g.max_new_tokens = j["max_new_tokens"].get<std::int64_t>();
   }
   return g;
@@ -123,7 +128,8 @@ LoadedModel load_model(const ModelSource& src) {
              dtype_name(src.dtype));
   fs::path tok_dir;  // folder that may hold Qwen tokenizer files
   if (src.random_weights) {
-    KILN_CHECK(!src.config.empty(), "[load_model] --random-weights needs --config PATH/config.json");
+    KILN_CHECK(!src.config.empty(),
+               "[load_model] --random-weights needs --config PATH/config.json");
     ModelConfig cfg = read_config(src.config);
     out.model = std::make_unique<DecoderModel>(cfg, src.weights_seed, src.dtype, src.device);
     out.model->eval();
@@ -132,10 +138,11 @@ LoadedModel load_model(const ModelSource& src) {
     if (fs::exists(cdir / "generation_config.json"))
       out.generation = load_generation_config((cdir / "generation_config.json").string());
     tok_dir = has_tokenizer_files(cdir) ? cdir : cdir.parent_path();
-    out.description = fmt::format("{} (random weights, seed {}) from {}", cfg.name,
-                                  src.weights_seed, src.config);
+    out.description =
+        fmt::format("{} (random weights, seed {}) from {}", cfg.name, src.weights_seed, src.config);
   } else {
-    KILN_CHECK(!src.model.empty(), "[load_model] no model given (a folder, a .bin, or "
+    KILN_CHECK(!src.model.empty(),
+               "[load_model] no model given (a folder, a .bin, or "
                "--random-weights --config)");
     KILN_CHECK(fs::exists(src.model), "[load_model] {} does not exist", src.model);
     if (fs::is_directory(src.model)) {

@@ -7,11 +7,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "models/decoder.h"
 #include "models/io/tokenizer.h"
@@ -42,8 +41,8 @@ GenerationConfig load_generation_config(const std::string& path);
 
 // Where the model comes from.
 struct ModelSource {
-  std::string model;         // HF folder, or a llama2.c .bin file; empty with random_weights
-  std::string config;        // config.json for random_weights (HF field names)
+  std::string model;   // HF folder, or a llama2.c .bin file; empty with random_weights
+  std::string config;  // config.json for random_weights (HF field names)
   bool random_weights = false;
   std::uint64_t weights_seed = 0;
   std::string tokenizer;     // make_tokenizer spec; empty: found next to the model (see below)

@@ -75,8 +75,8 @@ std::int32_t sample_token(std::span<const float> logits, const SamplingOptions& 
 
 void apply_repetition_penalty(std::span<float> logits, std::span<const std::int32_t> ids,
                               double penalty) {
-  KILN_CHECK(penalty > 0 && std::isfinite(penalty),
-             "[sample] repetition_penalty {} must be > 0", penalty);
+  KILN_CHECK(penalty > 0 && std::isfinite(penalty), "[sample] repetition_penalty {} must be > 0",
+             penalty);
   if (penalty == 1.0) return;
   std::vector<std::uint8_t> done(logits.size(), 0);
   auto pf = static_cast<float>(penalty);
@@ -92,10 +92,14 @@ void apply_repetition_penalty(std::span<float> logits, std::span<const std::int3
 
 std::string_view stop_reason_name(StopReason r) {
   switch (r) {
-    case StopReason::Eos: return "eos";
-    case StopReason::MaxNewTokens: return "max-new-tokens";
-    case StopReason::ContextFull: return "context full";
-    case StopReason::Callback: return "stopped";
+    case StopReason::Eos:
+      return "eos";
+    case StopReason::MaxNewTokens:
+      return "max-new-tokens";
+    case StopReason::ContextFull:
+      return "context full";
+    case StopReason::Callback:
+      return "stopped";
   }
   return "?";
 }
@@ -150,8 +154,8 @@ GenerationStats GenerationSession::generate(std::span<const std::int32_t> ids,
   const std::int64_t V = model_.cfg.vocab_size;
   KILN_CHECK(o.max_new_tokens >= 1, "[generate] max_new_tokens {} must be >= 1", o.max_new_tokens);
   for (auto id : ids)
-    KILN_CHECK(id >= 0 && id < V, "[generate] token id {} out of range [0, {}) (the model's vocab_size)",
-               id, V);
+    KILN_CHECK(id >= 0 && id < V,
+               "[generate] token id {} out of range [0, {}) (the model's vocab_size)", id, V);
   std::int64_t feed_n = static_cast<std::int64_t>(ids.size()) + (pending_ ? 1 : 0);
   KILN_CHECK(feed_n > 0, "[generate] empty prompt");
   std::int64_t seq_after = static_cast<std::int64_t>(tokens_.size() + ids.size());

@@ -97,7 +97,7 @@ class GenerationSession {
   DecoderModel& model_;
   KVCache cache_;
   std::vector<std::int32_t> tokens_;
-  bool pending_ = false;  // tokens_.back() is sampled but not yet in the cache
+  bool pending_ = false;            // tokens_.back() is sampled but not yet in the cache
   std::vector<std::int32_t> seen_;  // distinct ids of tokens_, for the repetition penalty
   std::vector<std::uint8_t> seen_flag_;
   std::uint64_t draws_ = 0;  // sampling counter, continues across calls

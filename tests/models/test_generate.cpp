@@ -32,7 +32,8 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 // Float64 reference of the sampling distribution: temperature, top-k, top-p, min-p.
-std::vector<double> reference_probs(const std::vector<float>& logits, const models::SamplingOptions& o) {
+std::vector<double> reference_probs(const std::vector<float>& logits,
+                                    const models::SamplingOptions& o) {
   std::size_t V = logits.size();
   std::vector<std::size_t> order(V);
   for (std::size_t i = 0; i < V; ++i) order[i] = i;
@@ -65,7 +66,8 @@ std::vector<double> reference_probs(const std::vector<float>& logits, const mode
 std::vector<double> frequencies(const std::vector<float>& logits, const models::SamplingOptions& o,
                                 int n) {
   std::vector<double> f(logits.size(), 0.0);
-  for (int d = 0; d < n; ++d) f[models::sample_token(logits, o, static_cast<std::uint64_t>(d))] += 1;
+  for (int d = 0; d < n; ++d)
+    f[models::sample_token(logits, o, static_cast<std::uint64_t>(d))] += 1;
   for (auto& x : f) x /= n;
   return f;
 }
@@ -98,7 +100,8 @@ class GenerateTest : public ::testing::Test {
 };
 
 std::vector<std::int32_t> run(models::GenerationSession& s, const std::vector<std::int32_t>& ids,
-                              const models::GenerateOptions& o, models::GenerationStats* st = nullptr) {
+                              const models::GenerateOptions& o,
+                              models::GenerationStats* st = nullptr) {
   std::vector<std::int32_t> out;
   auto r = s.generate(ids, o, [&](std::int32_t id) {
     out.push_back(id);
@@ -194,10 +197,13 @@ TEST(Sampling, RepetitionPenaltyMatchesHfRule) {
 // ---- generation_config.json -------------------------------------------------------------------
 
 TEST(GenerationConfig, ParsesIntOrListAndQwenDefaults) {
-  auto g = models::parse_generation_config(
-      {{"eos_token_id", 7}, {"temperature", 0.5}, {"do_sample", true}, {"min_p", 0.05},
-       {"repetition_penalty", 1.1}, {"max_new_tokens", 12}},
-      "g.json");
+  auto g = models::parse_generation_config({{"eos_token_id", 7},
+                                            {"temperature", 0.5},
+                                            {"do_sample", true},
+                                            {"min_p", 0.05},
+                                            {"repetition_penalty", 1.1},
+                                            {"max_new_tokens", 12}},
+                                           "g.json");
   EXPECT_EQ(g.eos_token_ids, (std::vector<std::int32_t>{7}));
   EXPECT_EQ(g.max_new_tokens.value_or(0), 12);
   auto s = g.sampling(9);
@@ -206,9 +212,11 @@ TEST(GenerationConfig, ParsesIntOrListAndQwenDefaults) {
   EXPECT_EQ(s.repetition_penalty, 1.1);
   EXPECT_EQ(s.seed, 9u);
   // do_sample false (HF's default) means greedy whatever the temperature.
-  EXPECT_EQ(models::parse_generation_config({{"temperature", 0.7}}, "g").sampling(0).temperature, 0.0);
+  EXPECT_EQ(models::parse_generation_config({{"temperature", 0.7}}, "g").sampling(0).temperature,
+            0.0);
 
-  std::string real = std::string(KILN_SOURCE_DIR) + "/../shared/data/qwen/Qwen3-0.6B/generation_config.json";
+  std::string real =
+      std::string(KILN_SOURCE_DIR) + "/../shared/data/qwen/Qwen3-0.6B/generation_config.json";
   ASSERT_TRUE(fs::exists(real)) << real;
   auto q = models::load_generation_config(real);
   EXPECT_EQ(q.eos_token_ids, (std::vector<std::int32_t>{151645, 151643}));
@@ -477,7 +485,8 @@ TEST_F(GenerateTest, RandomWeightsFromConfigAndFolderTokenizerLookup) {
   auto a = models::load_model(s);
   auto b = models::load_model(s);
   EXPECT_EQ(a.model->lm_head_weight().dtype(), DType::BF16);
-  EXPECT_EQ(a.model->lm_head_weight().to_float_vector(), b.model->lm_head_weight().to_float_vector());
+  EXPECT_EQ(a.model->lm_head_weight().to_float_vector(),
+            b.model->lm_head_weight().to_float_vector());
   EXPECT_EQ(a.tokenizer, nullptr);  // no tokenizer files next to it or above
   s.random_weights = false;
   EXPECT_NE(error_of([&] { models::load_model(s); }).find("no model"), std::string::npos);

@@ -11,10 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "models/weights.h"
 
@@ -78,20 +77,22 @@ inline nlohmann::json hf_config_json(const models::ModelConfig& c) {
           {"torch_dtype", "float32"}};
 }
 
-inline void write_json(const fs::path& p, const nlohmann::json& j) { std::ofstream(p) << j.dump(2); }
+inline void write_json(const fs::path& p, const nlohmann::json& j) {
+  std::ofstream(p) << j.dump(2);
+}
 
 // config.json + generation_config.json + model-0000{1,2}-of-00002.safetensors
 // (embeddings and layer 0 in the first, the rest in the second) + index.
 inline void write_hf_folder(const models::DecoderModel& m, const fs::path& dir,
-                            const nlohmann::json& generation = nullptr,
-                            DType dtype = DType::F32) {
+                            const nlohmann::json& generation = nullptr, DType dtype = DType::F32) {
   fs::create_directories(dir);
   write_json(dir / "config.json", hf_config_json(m.cfg));
   if (!generation.is_null()) write_json(dir / "generation_config.json", generation);
   io::SafetensorsWriter w1, w2;
   std::vector<Tensor> keep;  // the writers do not copy
   std::map<std::string, std::string> weight_map;
-  const std::string s1 = "model-00001-of-00002.safetensors", s2 = "model-00002-of-00002.safetensors";
+  const std::string s1 = "model-00001-of-00002.safetensors",
+                    s2 = "model-00002-of-00002.safetensors";
   for (const auto& [name, p] : m.named_parameters()) {
     Tensor t = p.detach().to(dtype).contiguous();
     keep.push_back(t);
@@ -140,7 +141,8 @@ inline void write_llama2c_bin(const models::DecoderModel& m, const std::string& 
   per_layer("mlp.up_proj.weight");    // w3
   put("model.norm.weight");
   std::vector<float> freq(static_cast<std::size_t>(c.max_seq_len * c.head_dim), 0.0f);
-  f.write(reinterpret_cast<const char*>(freq.data()), static_cast<std::streamsize>(freq.size() * 4));
+  f.write(reinterpret_cast<const char*>(freq.data()),
+          static_cast<std::streamsize>(freq.size() * 4));
   if (!c.tie_embeddings) put("lm_head.weight");
 }
 
@@ -189,7 +191,8 @@ inline Reference run_reference(const std::string& mode, const std::string& model
 
 inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double m = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    m = std::max(m, std::fabs(a[i] - b[i]));
   return a.size() == b.size() ? m : INFINITY;
 }
 
