@@ -39,6 +39,21 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
     return;
   }
+  if (M == 1) {
+    // One row (decode): a matrix-vector product. sgemm would spend most of its time packing B
+    // (~3x slower at the 151936 x 1024 LM head). y (N) = op(B)^T-ish · x, x = A's one row.
+    if (beta == T(0))
+      for (int64_t j = 0; j < N; ++j) C[j] = T(0);  // gemv scales y by beta: clear NaNs first
+    const int64_t incx = ta ? lda : 1;
+    // B stored (K, N) when !tb: y = B^T x; stored (N, K) when tb: y = B x.
+    const auto op = tb ? CblasNoTrans : CblasTrans;
+    const int rows = int(tb ? N : K), cols = int(tb ? K : N);
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemv(CblasRowMajor, op, rows, cols, alpha, B, int(ldb), A, int(incx), beta, C, 1);
+    else
+      cblas_dgemv(CblasRowMajor, op, rows, cols, alpha, B, int(ldb), A, int(incx), beta, C, 1);
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
                 beta, C, int(ldc));
