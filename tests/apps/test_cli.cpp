@@ -107,3 +107,43 @@ TEST(Cli, TrainThenSample) {
   EXPECT_EQ(s.output.rfind("to", 0), 0u) << s.output;
   EXPECT_GE(s.output.size(), 20u);
 }
+
+namespace {
+
+// A tiny Qwen3 config.json (random weights need no safetensors).
+fs::path tiny_qwen3(const std::string& name) {
+  fs::path d = temp_dir(name);
+  std::ofstream(d / "config.json") << R"({"model_type": "qwen3", "vocab_size": 300,
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "max_position_embeddings": 16, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "tie_word_embeddings": true})";
+  return d;
+}
+
+}  // namespace
+
+TEST(Cli, GenerateWithRandomWeightsPrintsSpeedsAndMemory) {
+  fs::path d = tiny_qwen3("gen_ok");
+  Result r = run_kiln("generate --random-weights --config " + (d / "config.json").string() +
+                      " --prompt-ids 1,2,3 --max-new-tokens 4 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("decode"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kv cache"), std::string::npos) << r.output;
+}
+
+TEST(Cli, GenerateRejectsOutOfRangeIdsAndLongPrompts) {
+  fs::path d = tiny_qwen3("gen_bad");
+  std::string base = "generate --random-weights --config " + (d / "config.json").string();
+  Result id = run_kiln(base + " --prompt-ids 1,2,300 --max-new-tokens 2");
+  EXPECT_EQ(id.exit_code, 1) << id.output;
+  EXPECT_NE(id.output.find("out of range"), std::string::npos) << id.output;
+  std::string ids = "1";
+  for (int i = 0; i < 20; ++i) ids += ",1";
+  Result longp = run_kiln(base + " --prompt-ids " + ids + " --max-new-tokens 2");
+  EXPECT_EQ(longp.exit_code, 1) << longp.output;
+  EXPECT_NE(longp.output.find("error:"), std::string::npos) << longp.output;
+  Result badcfg = run_kiln("generate --random-weights --config " + (d / "nope.json").string() +
+                           " --prompt-ids 1");
+  EXPECT_GT(badcfg.exit_code, 0) << badcfg.output;
+}
