@@ -214,6 +214,11 @@ for d in tests apps bench examples; do
   fi
 done
 export KILN_SOURCE_DIR="$repo" KILN_BINARY_DIR="$bin" KILN_DATA_DIR="$repo/data"
+# The reference scripts need a Python with torch: on the GPU image that is the one on PATH
+# (its own virtual environment), not Debian's /usr/bin/python3 the tests default to.
+if [ -z "${KILN_PYTHON:-}" ] && command -v python3 >/dev/null; then
+  export KILN_PYTHON="$(command -v python3)"
+fi
 
 # ---- 4. data -----------------------------------------------------------------------------------------
 if [ -d "${KILN_SHARED_DATA:-$repo/../shared/data}" ]; then

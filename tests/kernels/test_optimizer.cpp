@@ -1,6 +1,7 @@
 // Tests for kernels/cpu/optimizer.h: AdamW and SGD against float64 references of PyTorch's
 // update rules over several steps, and (when /usr/bin/python3 has torch) against torch itself
 // via tests/kernels/adamw_ref.py.
+#include "tests/test_python.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -98,8 +99,8 @@ TEST(Optimizer, RejectsBadArguments) {
 
 // Runs tests/kernels/adamw_ref.py (torch.optim.AdamW / SGD) and compares final states.
 TEST(AdamW, MatchesPyTorch) {
-  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  if (std::system((test_python() + " -c 'import torch' > /dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << test_python() << " with torch not available";
   const int64_t n = 37, steps = 5;
   const float lr = 1e-2f, b1 = 0.9f, b2 = 0.99f, eps = 1e-8f, wd = 0.05f;
   const float mom = 0.9f, damp = 0.0f, sgd_wd = 0.01f;
@@ -127,7 +128,7 @@ TEST(AdamW, MatchesPyTorch) {
     }
   }
   const std::string cmd =
-      "/usr/bin/python3 " KILN_SOURCE_DIR "/tests/kernels/adamw_ref.py " + path.string();
+      test_python() + " " KILN_SOURCE_DIR "/tests/kernels/adamw_ref.py " + path.string();
   std::string out;
   if (FILE* pipe = ::popen(cmd.c_str(), "r")) {
     char buf[4096];

@@ -5,6 +5,7 @@
 //
 // These tests never skip: without /usr/bin/python3 + torch they FAIL, since
 // they are the acceptance check that kiln computes what PyTorch computes.
+#include "tests/test_python.h"
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -180,14 +181,14 @@ class GoldenTest : public ::testing::Test {
 
   // Runs the PyTorch reference; returns its outputs (empty after a failure).
   std::map<std::string, std::vector<double>> run_reference() {
-    if (std::system("/usr/bin/python3 -c 'import torch, numpy' > /dev/null 2>&1") != 0) {
-      ADD_FAILURE() << "/usr/bin/python3 cannot import torch and numpy: the golden tests need "
+    if (std::system((test_python() + " -c 'import torch, numpy' > /dev/null 2>&1").c_str()) != 0) {
+      ADD_FAILURE() << test_python() << " cannot import torch and numpy: the golden tests need "
                        "Debian's python3-torch (run ./setup.sh). They are not skipped on purpose.";
       return {};
     }
     std::string script = std::string(KILN_SOURCE_DIR) + "/tests/golden/reference_llama.py";
     std::string log = (dir_ / "reference.log").string();
-    std::string cmd = "/usr/bin/python3 '" + script + "' '" + (dir_ / "in").string() + "' '" +
+    std::string cmd = test_python() + " '" + script + "' '" + (dir_ / "in").string() + "' '" +
                       (dir_ / "out").string() + "' > '" + log + "' 2>&1";
     if (std::system(cmd.c_str()) != 0) {
       std::ifstream f(log);

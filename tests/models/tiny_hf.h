@@ -3,6 +3,7 @@
 // llama2.c legacy .bin writer, and a runner for tests/golden/reference_qwen3.py.
 #pragma once
 
+#include "tests/test_python.h"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -158,8 +159,8 @@ inline Reference run_reference(const std::string& mode, const std::string& model
                                const fs::path& work, bool* ok) {
   *ok = false;
   Reference r;
-  if (std::system("/usr/bin/python3 -c 'import torch, numpy' > /dev/null 2>&1") != 0) {
-    ADD_FAILURE() << "/usr/bin/python3 cannot import torch and numpy: the golden tests need "
+  if (std::system((test_python() + " -c 'import torch, numpy' > /dev/null 2>&1").c_str()) != 0) {
+    ADD_FAILURE() << test_python() << " cannot import torch and numpy: the golden tests need "
                      "Debian's python3-torch. They are not skipped on purpose.";
     return r;
   }
@@ -167,7 +168,7 @@ inline Reference run_reference(const std::string& mode, const std::string& model
   write_json(work / "request.json", {{"prompt_ids", prompt}, {"n_greedy", n_greedy}});
   std::string script = std::string(KILN_SOURCE_DIR) + "/tests/golden/reference_qwen3.py";
   std::string log = (work / "reference.log").string();
-  std::string cmd = "/usr/bin/python3 '" + script + "' " + mode + " '" + model + "' '" +
+  std::string cmd = test_python() + " '" + script + "' " + mode + " '" + model + "' '" +
                     (work / "request.json").string() + "' '" + (work / "out").string() + "' > '" +
                     log + "' 2>&1";
   if (std::system(cmd.c_str()) != 0) {

@@ -1,5 +1,6 @@
 // HDF5 checkpoints: round trips of every dtype, atomic writes, and corrupt / truncated / foreign
 // files, each of which must give a clear kiln::Error "[checkpoint] ...".
+#include "tests/test_python.h"
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -318,7 +319,7 @@ TEST_F(CheckpointH5, DtypeAttrMustMatchStoredType) {
 }
 
 TEST_F(CheckpointH5, ReadableByH5py) {
-  if (std::system("/usr/bin/python3 -c 'import h5py, numpy' >/dev/null 2>&1") != 0)
+  if (std::system((test_python() + " -c 'import h5py, numpy' >/dev/null 2>&1").c_str()) != 0)
     GTEST_SKIP() << "python3 with h5py not available";
   const std::string p = path("ck.h5");
   std::vector<uint16_t> bf = {0x3f80, 0xc000, 0x0000, 0x7f80, 0x1234, 0xffff};  // raw bf16 bits
@@ -342,7 +343,7 @@ TEST_F(CheckpointH5, ReadableByH5py) {
       "print('ok')\n";
   const std::string sp = path("check.py");
   std::ofstream(sp) << script;
-  std::string cmd = "/usr/bin/python3 " + sp + " " + p;
+  std::string cmd = test_python() + " " + sp + " " + p;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 

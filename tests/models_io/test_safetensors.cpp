@@ -1,5 +1,6 @@
 // Safetensors: round trip, every malformed-header case, sharded folders, and a
 // cross-check against an independent Python reader/writer.
+#include "tests/test_python.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -62,7 +63,7 @@ class SafetensorsTest : public ::testing::Test {
   fs::path dir_;
 };
 
-bool have_python() { return fs::exists("/usr/bin/python3"); }
+bool have_python() { return fs::exists(test_python()); }
 
 std::string ref_script() {
   return std::string(KILN_SOURCE_DIR) + "/tests/models_io/safetensors_ref.py";
@@ -341,7 +342,7 @@ TEST_F(SafetensorsTest, OpenDirSingleFile) {
 }
 
 TEST_F(SafetensorsTest, PythonReadsKilnFile) {
-  if (!have_python()) GTEST_SKIP() << "/usr/bin/python3 not found";
+  if (!have_python()) GTEST_SKIP() << test_python() << " not found";
   std::vector<float> w = {0.5f, -1.25f, 3.0f, 1e-3f, -7.0f, 2.0f};
   std::vector<int64_t> ids = {-3, 1LL << 45};
   std::vector<uint8_t> u = {0, 255, 9};
@@ -351,7 +352,7 @@ TEST_F(SafetensorsTest, PythonReadsKilnFile) {
   wr.add("u", "U8", {3, 1}, u.data(), 3);
   std::string p = path("k.safetensors"), out = path("k.json");
   wr.write(p, {{"format", "pt"}});
-  std::string cmd = "/usr/bin/python3 " + ref_script() + " read " + p + " " + out;
+  std::string cmd = test_python() + " " + ref_script() + " read " + p + " " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto j = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(j["metadata"]["format"], "pt");
@@ -366,9 +367,9 @@ TEST_F(SafetensorsTest, PythonReadsKilnFile) {
 }
 
 TEST_F(SafetensorsTest, KilnReadsPythonFile) {
-  if (!have_python()) GTEST_SKIP() << "/usr/bin/python3 not found";
+  if (!have_python()) GTEST_SKIP() << test_python() << " not found";
   std::string p = path("py.safetensors");
-  std::string cmd = "/usr/bin/python3 " + ref_script() + " write " + p;
+  std::string cmd = test_python() + " " + ref_script() + " write " + p;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   SafetensorsFile f(p);
   EXPECT_EQ(f.metadata().at("who"), "python");

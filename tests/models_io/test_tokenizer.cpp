@@ -1,6 +1,7 @@
 // Tokenizers: byte and char round trips, and llama2.c's tokenizer.bin encoded
 // exactly as run.c does, checked against a literal Python port of run.c's
 // encode() (tests/models_io/llama2c_tok_ref.py).
+#include "tests/test_python.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -174,7 +175,7 @@ TEST(Llama2cTokenizer, LoadsRealVocab) {
 }
 
 TEST(Llama2cTokenizer, MatchesRunCReference) {
-  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "/usr/bin/python3 not found";
+  if (!fs::exists(test_python())) GTEST_SKIP() << test_python() << " not found";
   Llama2cTokenizer t(kTokBin);
   TempDir tmp;
   // A longer stretch of real text as well, to exercise many merges.
@@ -189,7 +190,7 @@ TEST(Llama2cTokenizer, MatchesRunCReference) {
     in.push_back({{"text_hex", to_hex(strs[i])}, {"bos", bos}, {"eos", eos}});
   }
   std::ofstream(tmp / "in.json") << in.dump();
-  std::string cmd = "/usr/bin/python3 " + std::string(KILN_SOURCE_DIR) +
+  std::string cmd = test_python() + " " + std::string(KILN_SOURCE_DIR) +
                     "/tests/models_io/llama2c_tok_ref.py " + kTokBin + " " + (tmp / "in.json") +
                     " " + (tmp / "out.json");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

@@ -1,5 +1,6 @@
 // Optimizers against torch.optim (torch 1.13 via /usr/bin/python3, tests/nn/torch_optim_ref.py),
 // the cosine schedule, and gradient clipping.
+#include "tests/test_python.h"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,7 +36,7 @@ Torch run_torch(const std::vector<nlohmann::json>& runs, const std::string& tag,
   nlohmann::json j;
   j["runs"] = runs;
   std::ofstream(in) << j.dump();
-  std::string cmd = "/usr/bin/python3 " + std::string(KILN_SOURCE_DIR) +
+  std::string cmd = test_python() + " " + std::string(KILN_SOURCE_DIR) +
                     "/tests/nn/torch_optim_ref.py " + in + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return Torch::Missing;
@@ -135,7 +136,7 @@ TEST(Optim, AdamWMatchesTorch) {
       {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
   std::vector<std::vector<V>> want;
   Torch st = run_torch({pr.cfg}, "adamw", want);
-  if (st == Torch::Missing) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  if (st == Torch::Missing) GTEST_SKIP() << test_python() << " with torch not available";
   ASSERT_EQ(st, Torch::Ok);
   run_ours(opt, pr);
   EXPECT_EQ(opt.step_count, 5);
@@ -165,7 +166,7 @@ TEST(Optim, SgdMomentumNesterovMatchTorch) {
   }
   std::vector<std::vector<V>> want;
   Torch st = run_torch(runs, "sgd", want);
-  if (st == Torch::Missing) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  if (st == Torch::Missing) GTEST_SKIP() << test_python() << " with torch not available";
   ASSERT_EQ(st, Torch::Ok);
   ASSERT_EQ(want.size(), cases.size());
   for (std::size_t k = 0; k < cases.size(); ++k) {
