@@ -183,7 +183,7 @@ class GoldenTest : public ::testing::Test {
   std::map<std::string, std::vector<double>> run_reference() {
     if (std::system((test_python() + " -c 'import torch, numpy' > /dev/null 2>&1").c_str()) != 0) {
       ADD_FAILURE() << test_python() << " cannot import torch and numpy: the golden tests need "
-                       "Debian's python3-torch (run ./setup.sh). They are not skipped on purpose.";
+                       "Debian's python3-torch (run scripts/setup.sh). They are not skipped on purpose.";
       return {};
     }
     std::string script = std::string(KILN_SOURCE_DIR) + "/tests/golden/reference_llama.py";
