@@ -2,6 +2,8 @@
 // 1, never a crash; --help explains each subcommand.
 #include <gtest/gtest.h>
 
+#include "tests/run_kiln.h"
+
 #include <sys/wait.h>
 
 #include <array>
@@ -13,23 +15,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int exit_code = -1;  // -1: killed by a signal
-  std::string output;
-};
-
-Result run_kiln(const std::string& args) {
-  std::string cmd = std::string(KILN_BINARY_DIR) + "/apps/kiln " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r;
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("kiln_test_cli_" + name);
   fs::remove_all(d);
@@ -40,11 +25,11 @@ fs::path temp_dir(const std::string& name) {
 }  // namespace
 
 TEST(Cli, HelpDescribesSubcommands) {
-  Result r = run_kiln("--help");
+  KilnRun r = run_kiln("--help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("train"), std::string::npos);
   EXPECT_NE(r.output.find("sample"), std::string::npos);
-  Result t = run_kiln("train --help");
+  KilnRun t = run_kiln("train --help");
   EXPECT_EQ(t.exit_code, 0);
   for (const char* opt : {"--data", "--tokenizer", "--preset", "--device", "--batch", "--seq",
                           "--steps", "--lr", "--warmup", "--weight-decay", "--clip",
@@ -53,7 +38,7 @@ TEST(Cli, HelpDescribesSubcommands) {
 }
 
 TEST(Cli, MissingDataFileFails) {
-  Result r = run_kiln("train --data /nonexistent/file.txt");
+  KilnRun r = run_kiln("train --data /nonexistent/file.txt");
   EXPECT_GT(r.exit_code, 0);
   EXPECT_NE(r.output.find("/nonexistent/file.txt"), std::string::npos) << r.output;
 }
@@ -61,7 +46,7 @@ TEST(Cli, MissingDataFileFails) {
 TEST(Cli, CorruptCheckpointFailsCleanly) {
   fs::path d = temp_dir("corrupt");
   std::ofstream(d / "bad.h5") << "this is not an HDF5 file at all";
-  Result r = run_kiln("sample --ckpt " + (d / "bad.h5").string());
+  KilnRun r = run_kiln("sample --ckpt " + (d / "bad.h5").string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("error: [checkpoint]"), std::string::npos) << r.output;
 }
@@ -69,7 +54,7 @@ TEST(Cli, CorruptCheckpointFailsCleanly) {
 TEST(Cli, SequenceLongerThanContextFails) {
   fs::path d = temp_dir("seq");
   std::ofstream(d / "t.txt") << std::string(5000, 'a') + std::string(5000, 'b');
-  Result r = run_kiln("train --data " + (d / "t.txt").string() + " --seq 100000 --steps 1 --out " +
+  KilnRun r = run_kiln("train --data " + (d / "t.txt").string() + " --seq 100000 --steps 1 --out " +
                       (d / "run").string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("exceeds the model's context"), std::string::npos) << r.output;
@@ -78,11 +63,11 @@ TEST(Cli, SequenceLongerThanContextFails) {
 TEST(Cli, UnknownPresetAndDeviceFail) {
   fs::path d = temp_dir("preset");
   std::ofstream(d / "t.txt") << std::string(5000, 'x') + "yz";
-  Result r = run_kiln("train --data " + (d / "t.txt").string() + " --preset nope --out " +
+  KilnRun r = run_kiln("train --data " + (d / "t.txt").string() + " --preset nope --out " +
                       (d / "run").string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("unknown preset 'nope'"), std::string::npos) << r.output;
-  Result c = run_kiln("train --data " + (d / "t.txt").string() + " --device cuda --out " +
+  KilnRun c = run_kiln("train --data " + (d / "t.txt").string() + " --device cuda --out " +
                       (d / "run").string());
   EXPECT_EQ(c.exit_code, 1) << c.output;
   EXPECT_NE(c.output.find("CUDA"), std::string::npos) << c.output;
@@ -93,7 +78,7 @@ TEST(Cli, TrainThenSample) {
   std::string text;
   for (int i = 0; i < 400; ++i) text += "to be or not to be, that is the question.\n";
   std::ofstream(d / "t.txt") << text;
-  Result r = run_kiln("train --data " + (d / "t.txt").string() +
+  KilnRun r = run_kiln("train --data " + (d / "t.txt").string() +
                       " --steps 6 --batch 2 --seq 16 --eval-interval 3 --eval-batches 1 --out " +
                       (d / "run").string() + " --progress 0 --log-interval 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -101,7 +86,7 @@ TEST(Cli, TrainThenSample) {
   EXPECT_NE(r.output.find("val loss"), std::string::npos);
   EXPECT_NE(r.output.find("optimizer state"), std::string::npos);  // the memory summary
   EXPECT_TRUE(fs::exists(d / "run" / "log.jsonl"));
-  Result s = run_kiln("sample --ckpt " + (d / "run" / "final.h5").string() +
+  KilnRun s = run_kiln("sample --ckpt " + (d / "run" / "final.h5").string() +
                       " --prompt to --max-new-tokens 20 --temperature 0");
   ASSERT_EQ(s.exit_code, 0) << s.output;
   EXPECT_EQ(s.output.rfind("to", 0), 0u) << s.output;
@@ -125,7 +110,7 @@ fs::path tiny_qwen3(const std::string& name) {
 
 TEST(Cli, GenerateWithRandomWeightsPrintsSpeedsAndMemory) {
   fs::path d = tiny_qwen3("gen_ok");
-  Result r = run_kiln("generate --random-weights --config " + (d / "config.json").string() +
+  KilnRun r = run_kiln("generate --random-weights --config " + (d / "config.json").string() +
                       " --prompt-ids 1,2,3 --max-new-tokens 4 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("decode"), std::string::npos) << r.output;
@@ -135,15 +120,15 @@ TEST(Cli, GenerateWithRandomWeightsPrintsSpeedsAndMemory) {
 TEST(Cli, GenerateRejectsOutOfRangeIdsAndLongPrompts) {
   fs::path d = tiny_qwen3("gen_bad");
   std::string base = "generate --random-weights --config " + (d / "config.json").string();
-  Result id = run_kiln(base + " --prompt-ids 1,2,300 --max-new-tokens 2");
+  KilnRun id = run_kiln(base + " --prompt-ids 1,2,300 --max-new-tokens 2");
   EXPECT_EQ(id.exit_code, 1) << id.output;
   EXPECT_NE(id.output.find("out of range"), std::string::npos) << id.output;
   std::string ids = "1";
   for (int i = 0; i < 20; ++i) ids += ",1";
-  Result longp = run_kiln(base + " --prompt-ids " + ids + " --max-new-tokens 2");
+  KilnRun longp = run_kiln(base + " --prompt-ids " + ids + " --max-new-tokens 2");
   EXPECT_EQ(longp.exit_code, 1) << longp.output;
   EXPECT_NE(longp.output.find("error:"), std::string::npos) << longp.output;
-  Result badcfg = run_kiln("generate --random-weights --config " + (d / "nope.json").string() +
+  KilnRun badcfg = run_kiln("generate --random-weights --config " + (d / "nope.json").string() +
                            " --prompt-ids 1");
   EXPECT_GT(badcfg.exit_code, 0) << badcfg.output;
 }

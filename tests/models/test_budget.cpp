@@ -10,6 +10,8 @@
 //    bytes per token), sizes, the fit search and `kiln budget` end to end.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "tests/run_kiln.h"
 #include <sys/wait.h>
 
 #include <array>
@@ -236,20 +238,14 @@ TEST(Budget, BadSpecs) {
 }
 
 TEST(Budget, CommandLine) {
-  const std::string kiln = std::string(KILN_BINARY_DIR) + "/apps/kiln";
-  if (!std::filesystem::exists(kiln)) GTEST_SKIP() << "kiln not built";
+  if (!have_kiln()) GTEST_SKIP() << "kiln not built";
   const std::string svg = testing::TempDir() + "budget.svg";
-  std::string cmd = kiln +
-                    " budget --model stories260K --mode both --batch 2 --seq 64 --measure"
-                    " --gpu-mem 64MiB --json --svg " +
-                    svg;
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int rc = pclose(p);
-  ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << out;
+  KilnRun run = run_kiln(
+      "budget --model stories260K --mode both --batch 2 --seq 64 --measure --gpu-mem 64MiB "
+      "--json --svg " + svg,
+      /*with_stderr=*/false);
+  const std::string& out = run.output;
+  ASSERT_EQ(run.exit_code, 0) << out;
   auto j = nlohmann::json::parse(out);
   ASSERT_EQ(j.size(), 2u);
   for (const auto& r : j) {

@@ -3,6 +3,8 @@
 // row identical; what-ifs; building Qwen3-8B on meta touches no memory; and
 // `kiln params` end to end.
 #include <gtest/gtest.h>
+
+#include "tests/run_kiln.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,25 +65,6 @@ ModelConfig classic_block(bool tied) {
   c.tie_embeddings = tied;
   return c;
 }
-
-struct Result {
-  int exit_code = -1;
-  std::string output;
-};
-
-Result run_kiln(const std::string &args) {
-  std::string cmd = std::string(KILN_BINARY_DIR) + "/apps/kiln " + args + " 2>&1";
-  FILE *p = popen(cmd.c_str(), "r");
-  Result r;
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-bool have_kiln() { return fs::exists(std::string(KILN_BINARY_DIR) + "/apps/kiln"); }
 
 std::int64_t resident_bytes() {
   std::ifstream f("/proc/self/statm");
@@ -246,7 +229,7 @@ TEST(ParamCount, ResolveModelSpec) {
 
 TEST(ParamCount, KilnParamsCommand) {
   if (!have_kiln()) GTEST_SKIP() << "kiln binary not built at " << KILN_BINARY_DIR << "/apps/kiln";
-  Result r = run_kiln("params --model stories15M");
+  KilnRun r = run_kiln("params --model stories15M");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("identical"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("15,191,712"), std::string::npos) << r.output;

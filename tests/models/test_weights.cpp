@@ -12,6 +12,7 @@
 #include <map>
 
 #include "models/weights.h"
+#include "tests/models/tiny_hf.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -293,46 +294,6 @@ TEST_F(WeightsTest, MetaModelIsValidatedOnly) {
   EXPECT_FALSE(load_error(meta_tied, path("m.safetensors")).empty());
 }
 
-namespace {
-
-// Writes `m` as a llama2.c legacy .bin (run.c's read_checkpoint layout).
-void write_llama2c_legacy(const DecoderModel& m, const std::string& p) {
-  const ModelConfig& c = m.cfg;
-  auto sd = m.state_dict();
-  std::ofstream f(p, std::ios::binary);
-  auto i32 = [&](std::int64_t v) {
-    std::int32_t x = static_cast<std::int32_t>(v);
-    f.write(reinterpret_cast<const char*>(&x), 4);
-  };
-  auto put = [&](const std::string& name) {
-    auto v = sd.at(name).to_float_vector();
-    f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  };
-  auto per_layer = [&](const std::string& suffix) {
-    for (std::int64_t l = 0; l < c.n_layers; ++l)
-      put("model.layers." + std::to_string(l) + "." + suffix);
-  };
-  i32(c.dim), i32(c.hidden_dim), i32(c.n_layers), i32(c.n_heads), i32(c.n_kv_heads);
-  i32(c.tie_embeddings ? c.vocab_size : -c.vocab_size), i32(c.max_seq_len);
-  put("model.embed_tokens.weight");
-  per_layer("input_layernorm.weight");
-  per_layer("self_attn.q_proj.weight");
-  per_layer("self_attn.k_proj.weight");
-  per_layer("self_attn.v_proj.weight");
-  per_layer("self_attn.o_proj.weight");
-  per_layer("post_attention_layernorm.weight");
-  per_layer("mlp.gate_proj.weight");  // w1
-  per_layer("mlp.down_proj.weight");  // w2
-  per_layer("mlp.up_proj.weight");    // w3
-  put("model.norm.weight");
-  // freq_cis_real / freq_cis_imag (seq_len, head_size/2): ignored by readers; garbage here.
-  std::vector<float> junk(static_cast<std::size_t>(c.max_seq_len * c.head_dim), 7.0f);
-  f.write(reinterpret_cast<const char*>(junk.data()),
-          static_cast<std::streamsize>(junk.size() * 4));
-  if (!c.tie_embeddings) put("lm_head.weight");
-}
-
-}  // namespace
 
 TEST_F(WeightsTest, Llama2cBinLoadsIntoModelWithSameLogits) {
   for (bool shared : {true, false}) {
@@ -340,7 +301,7 @@ TEST_F(WeightsTest, Llama2cBinLoadsIntoModelWithSameLogits) {
     DecoderModel a(llama2c_cfg(shared), 20);
     perturb(a, 21);
     std::string p = path(shared ? "shared.bin" : "unshared.bin");
-    write_llama2c_legacy(a, p);
+    test_hf::write_llama2c_bin(a, p, /*freq_cis_fill=*/7.0f);  // garbage the reader must skip
 
     auto b = models::load_llama2c_model(p);
     EXPECT_EQ(b->cfg.to_json(), a.cfg.to_json());

@@ -112,7 +112,9 @@ inline void write_hf_folder(const models::DecoderModel& m, const fs::path& dir,
 
 // run.c's legacy layout: 7 int32 header (vocab negative when the classifier is
 // not shared), then f32 weights layer-stacked by kind, freq_cis, [wcls].
-inline void write_llama2c_bin(const models::DecoderModel& m, const std::string& path) {
+// freq_cis is ignored by readers; a non-zero fill lets a test prove that.
+inline void write_llama2c_bin(const models::DecoderModel& m, const std::string& path,
+                              float freq_cis_fill = 0.0f) {
   const models::ModelConfig& c = m.cfg;
   auto sd = m.state_dict();
   std::ofstream f(path, std::ios::binary);
@@ -141,7 +143,7 @@ inline void write_llama2c_bin(const models::DecoderModel& m, const std::string& 
   per_layer("mlp.down_proj.weight");  // w2
   per_layer("mlp.up_proj.weight");    // w3
   put("model.norm.weight");
-  std::vector<float> freq(static_cast<std::size_t>(c.max_seq_len * c.head_dim), 0.0f);
+  std::vector<float> freq(static_cast<std::size_t>(c.max_seq_len * c.head_dim), freq_cis_fill);
   f.write(reinterpret_cast<const char*>(freq.data()),
           static_cast<std::streamsize>(freq.size() * 4));
   if (!c.tie_embeddings) put("lm_head.weight");
