@@ -20,14 +20,6 @@ struct SampleOptions {
   std::uint64_t seed = 1;
 };
 
-std::unique_ptr<io::Tokenizer> tokenizer_from(const models::TrainState& st) {
-  if (st.tokenizer_spec == "char") {
-    KILN_CHECK(!st.tokenizer_data.empty(), "[sample] checkpoint has no char vocabulary");
-    return std::make_unique<io::CharTokenizer>(io::CharTokenizer::from_serialized(st.tokenizer_data));
-  }
-  return io::make_tokenizer(st.tokenizer_spec, "");
-}
-
 }  // namespace
 
 Run add_sample_command(CLI::App& app) {
@@ -43,7 +35,7 @@ Run add_sample_command(CLI::App& app) {
   app.add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   return [o] {
     models::CheckpointMeta meta = models::read_checkpoint_meta(o->ckpt);
-    auto tok = tokenizer_from(meta.state);
+    auto tok = models::run_tokenizer(meta.state.tokenizer_spec, meta.state.tokenizer_data, "");
     models::DecoderModel model(meta.config, 0);
     models::load_checkpoint(o->ckpt, model, nullptr);
     model.eval();

@@ -24,6 +24,16 @@ void read_into(const io::CheckpointReader& r, const std::string& path, Tensor& d
 
 }  // namespace
 
+std::unique_ptr<io::Tokenizer> run_tokenizer(const std::string& spec,
+                                             const std::string& saved_vocab,
+                                             const std::string& training_text) {
+  if (spec == "char" && !saved_vocab.empty())
+    return std::make_unique<io::CharTokenizer>(io::CharTokenizer::from_serialized(saved_vocab));
+  KILN_CHECK(spec != "char" || !training_text.empty(),
+             "[checkpoint] a char tokenizer needs the vocabulary saved in the checkpoint");
+  return io::make_tokenizer(spec, training_text);
+}
+
 void save_checkpoint(const std::string& path, const DecoderModel& model,
                      const nn::Optimizer* opt, const TrainState& st) {
   io::CheckpointWriter w;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/decoder.h"
+#include "models/io/tokenizer.h"
 #include "nn/optim.h"
 
 namespace kiln::models {
@@ -35,6 +36,13 @@ struct CheckpointMeta {
   bool has_optimizer = false;
 };
 CheckpointMeta read_checkpoint_meta(const std::string& path);
+
+// The tokenizer for a run: the char vocabulary saved in a checkpoint when
+// there is one, else the spec ("char", "byte", "llama2c:PATH"), where "char"
+// builds its vocabulary from `training_text`.
+std::unique_ptr<io::Tokenizer> run_tokenizer(const std::string& spec,
+                                             const std::string& saved_vocab,
+                                             const std::string& training_text);
 
 // Loads weights (and the optimizer moments if opt is given) into an existing
 // model built from the checkpoint's config.

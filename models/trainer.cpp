@@ -40,13 +40,6 @@ void draw_progress(std::int64_t step, std::int64_t total, double loss, double se
   std::fflush(stderr);
 }
 
-std::unique_ptr<io::Tokenizer> tokenizer_for(const std::string& spec, const std::string& data,
-                                             const std::string& text) {
-  if (spec == "char" && !data.empty())
-    return std::make_unique<io::CharTokenizer>(io::CharTokenizer::from_serialized(data));
-  return io::make_tokenizer(spec, text);
-}
-
 }  // namespace
 
 nlohmann::json TrainOptions::to_json() const {
@@ -97,7 +90,7 @@ TrainResult train(const TrainOptions& o, std::ostream& log) {
     meta = read_checkpoint_meta(ckpt_path);
     KILN_CHECK(meta.has_optimizer, "[train] {} holds no optimizer state", ckpt_path);
   }
-  auto tok = tokenizer_for(o.tokenizer, o.resume ? meta.state.tokenizer_data : "", text);
+  auto tok = run_tokenizer(o.tokenizer, o.resume ? meta.state.tokenizer_data : "", text);
   std::vector<std::int32_t> tokens = tok->encode(text, false, false);
   TokenSplit split = split_tokens(tokens, 0.1);
 
