@@ -4,8 +4,10 @@
 //
 // Notation: B batch, T (training) or S (prompt) tokens, N = B*T rows, C dim,
 // L layers, Hq/Hk query/key-value heads, D head_dim, F intermediate, V vocab,
-// e = bytes of the model dtype, f = 4 (f32: norm statistics, attention lse,
-// and the CPU kernels' compute dtype). r(x) rounds one allocation of x bytes up
+// e = bytes of the model dtype, f = 4 (f32: norm statistics, attention lse).
+// The dry run, and so this model, follow the CUDA path: bf16/f16 are computed
+// natively, with no f32 conversion scratch (the CPU kernels make some; see
+// docs/memory.md). r(x) rounds one allocation of x bytes up
 // to the allocator's block (64 B on the CPU, 512 B for CUDA).
 //
 // The static rows are sums over parameter tensors and are exact. The peak is
@@ -59,7 +61,7 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
   const std::int64_t D = c.head_dim > 0 ? c.head_dim : c.dim / c.n_heads, F = c.hidden_dim;
   const std::int64_t V = c.vocab_size, B = s.batch;
   const bool train = s.mode == BudgetMode::Train;
-  const bool lowp = s.dtype != DType::F32;  // bf16/f16: the CPU kernels convert to f32
+  const bool lowp = s.dtype != DType::F32;  // bf16/f16: f32 master weights when training
 
   // ---- static rows: one allocation per parameter tensor ----
   Moment base;
@@ -100,14 +102,13 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
                     : embed + L * layer + fin;
     const std::int64_t logits = r(N * V, e), loss = r(1, e);
 
-    // Cross-entropy backward: the logits gradient written over the logits when
-    // they are f32 (in place), else a new buffer plus an f32 copy of them.
+    // Cross-entropy backward: the logits gradient written over the logits (in
+    // place, in the logits' dtype).
     Moment ce = base;
     ce.phase = Phase::Backward, ce.label = "cross_entropy";
     ce[BudgetRow::Activations] = all_saved;
-    ce[BudgetRow::Logits] =
-        logits + (lowp ? logits : 0) + r(N, f) /* lse */ + r(N, f) /* dloss */ + loss;
-    ce[BudgetRow::Temporaries] = loss /* the seed gradient, ones */ + (lowp ? r(N * V, f) : 0);
+    ce[BudgetRow::Logits] = logits + r(N, f) /* lse */ + r(N, f) /* dloss */ + loss;
+    ce[BudgetRow::Temporaries] = loss /* the seed gradient, ones */;
     moments.push_back(ce);
 
     // LM-head backward: dlogits alive, dx = dlogits @ W allocated.
@@ -143,31 +144,13 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     const std::int64_t nf = c.gelu_mlp ? 2 * r(N * F, e) : 3 * r(N * F, e);
     mlp[BudgetRow::Activations] = 4 * r(N * C, e) + nf;
     moments.push_back(mlp);
-    if (lowp && !c.gelu_mlp) {  // swiglu reads gate and up as f32 copies
-      Moment sw = base;
-      sw.phase = Phase::Prefill, sw.label = "mlp";
-      sw[BudgetRow::Activations] = 3 * r(N * C, e) + 3 * r(N * F, e);
-      sw[BudgetRow::Temporaries] = 2 * r(N * F, f);
-      moments.push_back(sw);
-    }
     // Prefill attention: x, the first norm's output, q and k after RoPE, v,
-    // the output and lse; bf16 reads q and the cache slice as f32 copies.
+    // the output and lse.
     Moment att = base;
     att.phase = Phase::Prefill, att.label = "attention";
     att[BudgetRow::Activations] =
         2 * r(N * C, e) + 2 * r(N * Hq * D, e) + 2 * r(N * Hk * D, e) + r(B * Hq * S, f);
-    if (lowp) att[BudgetRow::Temporaries] = r(N * Hq * D, f) + 2 * r(B * S * Hk * D, f);
     moments.push_back(att);
-    if (lowp && s.decodes() > 0) {  // the last decode step reads the whole cache as f32
-      const std::int64_t len = S + s.decodes();
-      Moment dec = base;
-      dec[BudgetRow::Inputs] = r(B, 4);
-      dec.phase = Phase::Decode, dec.label = "attention";
-      dec[BudgetRow::Activations] =
-          2 * r(B * C, e) + 2 * r(B * Hq * D, e) + 2 * r(B * Hk * D, e) + r(B * Hq, f);
-      dec[BudgetRow::Temporaries] = r(B * Hq * D, f) + 2 * r(B * len * Hk * D, f);
-      moments.push_back(dec);
-    }
   }
 
   const Moment* best = &moments.front();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -108,6 +109,13 @@ Tensor swiglu(const Tensor& gate, const Tensor& up);
 std::tuple<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up,
                                            const Tensor& dout);
 
+// Which attention kernel CUDA tensors use: kiln's own flash attention (the default) or
+// cuDNN's fused SDPA (a cross-check; `--attention cudnn`, or KILN_ATTENTION=cudnn). CPU and
+// meta ignore it.
+enum class AttentionImpl { Kiln, Cudnn };
+void set_attention_impl(AttentionImpl impl);
+AttentionImpl attention_impl();
+
 // q: (B, Tq, Hq, D), k/v: (B, Tk, Hkv, D) (k/v may be a narrowed KV cache view
 // whose batch stride is larger). Returns out (B, Tq, Hq, D) and lse (B, Hq, Tq) f32.
 std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -134,6 +142,15 @@ Tensor dropout_backward(const Tensor& dy, const Tensor& mask, double p);
 // ---- optimizers (in place, f32) ---------------------------------------------------
 void adamw_step_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr,
                  double beta1, double beta2, double eps, double weight_decay, std::int64_t step);
+// One parameter of a multi-tensor AdamW step. param is f32, or bf16/f16 with an f32 master
+// (updated, then rounded into param); grad has param's dtype or f32; m, v f32 like master.
+struct AdamWTensors {
+  Tensor param, grad, master, m, v;
+  double weight_decay = 0.0;
+};
+// AdamW over every item, as adamw_step_ on each (same arithmetic); on CUDA in one launch.
+void adamw_multi_step_(std::span<AdamWTensors> items, double lr, double beta1, double beta2,
+                       double eps, std::int64_t step);
 void sgd_step_(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr,
                double momentum, double dampening, double weight_decay, bool nesterov,
                std::int64_t step);

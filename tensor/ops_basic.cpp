@@ -18,6 +18,7 @@ namespace kiln::ops {
 void fill_(Tensor& t, double value) {
   KILN_CHECK(t.is_contiguous(), "[fill] tensor must be contiguous");
   if (skip_kernel(t, "fill")) return;
+  if (t.device().is_cuda()) return cuda_ops::fill(t, value);
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     cpu::fill<T>(t.numel(), cpu::convert_scalar<T>(value), t.data<T>());
@@ -67,6 +68,10 @@ static Tensor random_impl(bool normal, const Shape& shape, Generator& gen, doubl
   Tensor t = Tensor::empty(shape, dtype, device);
   std::uint64_t offset = gen.take(static_cast<std::uint64_t>(t.numel()));
   if (skip_kernel(t, "random")) return t;
+  if (t.device().is_cuda()) {
+    cuda_ops::random(normal, t, a, b, gen.seed, offset);
+    return t;
+  }
   // Draw in f32 (f64 for f64) and convert, so every dtype sees the same numbers.
   DType cd = dtype == DType::F64 ? DType::F64 : DType::F32;
   Tensor c = cd == dtype ? t : (MemoryScope(MemCategory::Temporaries), Tensor::empty(shape, cd));
@@ -111,6 +116,10 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
   Shape shape = broadcast_shapes(a.shape(), b.shape(), "binary");
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   if (skip_kernel(out, "binary")) return out;
+  if (out.device().is_cuda()) {
+    cuda_ops::binary(op, a.expand(shape), b.expand(shape), out);
+    return out;
+  }
   Computed ca(a), cb(b);
   Tensor ea = ca.t.expand(shape), eb = cb.t.expand(shape);
   Tensor co = compute_out(out);
@@ -127,6 +136,10 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
 Tensor unary(Unary op, const Tensor& x) {
   Tensor out = empty_like(x);
   if (skip_kernel(out, "unary")) return out;
+  if (out.device().is_cuda()) {
+    cuda_ops::unary(op, x, out);
+    return out;
+  }
   Computed cx(x, true);
   Tensor co = compute_out(out);
   dispatch_compute(co.dtype(), "unary", [&](auto tag) {
@@ -140,6 +153,10 @@ Tensor unary(Unary op, const Tensor& x) {
 Tensor affine(const Tensor& x, double alpha, double beta) {
   Tensor out = empty_like(x);
   if (skip_kernel(out, "affine")) return out;
+  if (out.device().is_cuda()) {
+    cuda_ops::affine(x, alpha, beta, out);
+    return out;
+  }
   Computed cx(x, true);
   Tensor co = compute_out(out);
   dispatch_compute(co.dtype(), "affine", [&](auto tag) {
@@ -157,6 +174,7 @@ void axpy_(Tensor& y, double alpha, const Tensor& x) {
   KILN_CHECK(y.is_contiguous(), "[axpy] destination must be contiguous");
   check_same_device(x, y, "axpy");
   if (skip_kernel(y, "axpy")) return;
+  if (y.device().is_cuda()) return cuda_ops::axpy(y, alpha, x);
   if (y.dtype() == x.dtype() && (y.dtype() == DType::F32 || y.dtype() == DType::F64)) {
     Tensor cx = x.contiguous();
     dispatch_compute(y.dtype(), "axpy", [&](auto tag) {
@@ -173,6 +191,7 @@ void axpy_(Tensor& y, double alpha, const Tensor& x) {
 void scale_(Tensor& y, double alpha) {
   KILN_CHECK(y.is_contiguous(), "[scale] tensor must be contiguous");
   if (skip_kernel(y, "scale")) return;
+  if (y.device().is_cuda()) return cuda_ops::scale(y, alpha);
   if (y.dtype() == DType::F32 || y.dtype() == DType::F64) {
     dispatch_compute(y.dtype(), "scale", [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -199,6 +218,10 @@ Tensor reduce(Reduce op, const Tensor& x, int dim, bool keepdim) {
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   if (skip_kernel(out, "reduce")) return out;
   KILN_CHECK(n > 0 || op == Reduce::Sum, "[reduce] max/min/mean over an empty dim");
+  if (out.device().is_cuda()) {
+    cuda_ops::reduce(op, x, outer, n, inner, out);
+    return out;
+  }
   Computed cx(x, true);
   Tensor co = compute_out(out);
   dispatch_compute(co.dtype(), "reduce", [&](auto tag) {
@@ -218,6 +241,11 @@ Tensor argmax(const Tensor& x, int dim) {
   shape.erase(shape.begin() + dim);
   Tensor out = Tensor::empty(shape, DType::I64, x.device());
   if (skip_kernel(out, "argmax")) return out;
+  KILN_CHECK(n > 0, "[argmax] over an empty dim");
+  if (out.device().is_cuda()) {
+    cuda_ops::argmax(x, outer, n, inner, out);
+    return out;
+  }
   Computed cx(x, true);
   dispatch_compute(cx.t.dtype(), "argmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -229,6 +257,10 @@ Tensor argmax(const Tensor& x, int dim) {
 Tensor sum_all(const Tensor& x) {
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   if (skip_kernel(out, "sum_all")) return out;
+  if (out.device().is_cuda()) {
+    cuda_ops::sum_all(x, out);
+    return out;
+  }
   Computed cx(x, true);
   Tensor co = compute_out(out);
   dispatch_compute(co.dtype(), "sum_all", [&](auto tag) {
@@ -267,7 +299,11 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 double sum_squares(const Tensor& x) {
   if (x.device().is_meta() || x.numel() == 0) return 0.0;
-  KILN_CHECK(x.device().is_cpu(), "[sum_squares] {} needs the CUDA backend", x.device().str());
+  if (x.device().is_cuda()) {
+    double result = 0.0;
+    cuda_ops::sum_squares(x, &result);
+    return result;
+  }
   Computed cx(x, true);
   return dispatch_compute(cx.t.dtype(), "sum_squares", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -289,6 +325,12 @@ void gemm_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans
   check_same_device(a, c, "gemm");
   check_same_device(b, c, "gemm");
   if (skip_kernel(c, "gemm")) return;
+  if (c.device().is_cuda()) {
+    KILN_CHECK(a.dtype() == c.dtype() && b.dtype() == c.dtype(),
+               "[gemm] dtypes {} x {} -> {} differ", dtype_name(a.dtype()), dtype_name(b.dtype()),
+               dtype_name(c.dtype()));
+    return cuda_ops::gemm(c, a, b, trans_a, trans_b, alpha, beta);
+  }
   KILN_CHECK(a.dtype() == c.dtype() && b.dtype() == c.dtype() &&
                  (c.dtype() == DType::F32 || c.dtype() == DType::F64),
              "[gemm] in-place gemm needs matching f32/f64 tensors");
@@ -318,6 +360,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   Shape out_shape = a.dim() == 3 ? Shape{batch, M, N} : Shape{M, N};
   Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
   if (skip_kernel(out, "matmul")) return out;
+  if (out.device().is_cuda()) {
+    cuda_ops::matmul(a, b, trans_a, trans_b, out);
+    return out;
+  }
   Computed ca(a, true), cb(b, true);
   Tensor co = compute_out(out);
   dispatch_compute(co.dtype(), "matmul", [&](auto tag) {
@@ -343,6 +389,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   std::int64_t rows = x.numel() / std::max<std::int64_t>(x.size(-1), 1);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   if (skip_kernel(out, "linear")) return out;
+  if (out.device().is_cuda()) {
+    if (bias.defined()) check_same_device(bias, out, "linear");
+    cuda_ops::linear(x, w, bias, out);
+    return out;
+  }
   Computed cx(x, true), cw(w, true);
   Tensor co = compute_out(out);
   Computed cbias(bias.defined() ? bias : Tensor(), true);

@@ -45,6 +45,11 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
 // ---- softmax --------------------------------------------------------------------
 
 Tensor softmax(const Tensor& x) {
+  if (device_path(x)) {
+    Tensor y = empty_like(x);
+    if (run_cuda(y)) cuda_ops::softmax(x, false, y);
+    return y;
+  }
   Computed cx(x, true);
   return map_kernel("softmax", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -53,6 +58,11 @@ Tensor softmax(const Tensor& x) {
 }
 Tensor softmax_backward(const Tensor& y, const Tensor& dy) {
   check_same_shape(y, dy, "softmax");
+  if (device_path(y)) {
+    Tensor dx = empty_like(y);
+    if (run_cuda(dx)) cuda_ops::softmax_backward(y, dy, false, dx);
+    return dx;
+  }
   Computed cy(y, true), cdy(dy, true);
   return map_kernel("softmax", y, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -61,6 +71,11 @@ Tensor softmax_backward(const Tensor& y, const Tensor& dy) {
   });
 }
 Tensor log_softmax(const Tensor& x) {
+  if (device_path(x)) {
+    Tensor y = empty_like(x);
+    if (run_cuda(y)) cuda_ops::softmax(x, true, y);
+    return y;
+  }
   Computed cx(x, true);
   return map_kernel("log_softmax", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -69,6 +84,11 @@ Tensor log_softmax(const Tensor& x) {
 }
 Tensor log_softmax_backward(const Tensor& y, const Tensor& dy) {
   check_same_shape(y, dy, "log_softmax");
+  if (device_path(y)) {
+    Tensor dx = empty_like(y);
+    if (run_cuda(dx)) cuda_ops::softmax_backward(y, dy, true, dx);
+    return dx;
+  }
   Computed cy(y, true), cdy(dy, true);
   return map_kernel("log_softmax", y, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -88,6 +108,10 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
   shape.push_back(table.size(1));
   Tensor out = Tensor::empty(shape, table.dtype(), table.device());
   if (skip_kernel(out, "embedding")) return out;
+  if (out.device().is_cuda()) {
+    cuda_ops::embedding(ids, table, out);
+    return out;
+  }
   Tensor cids = ids.contiguous();
   Computed ct(table, true);
   Tensor co = compute_out(out);
@@ -105,6 +129,7 @@ void embedding_backward_(Tensor& dtable, const Tensor& ids, const Tensor& dout) 
   KILN_CHECK(dout.numel() == ids.numel() * dtable.size(1), "[embedding] dout {} vs ids {}",
              shape_str(dout.shape()), shape_str(ids.shape()));
   if (skip_kernel(dtable, "embedding")) return;
+  if (dtable.device().is_cuda()) return cuda_ops::embedding_backward(dtable, ids, dout);
   KILN_CHECK(dtable.dtype() == DType::F32 || dtable.dtype() == DType::F64,
              "[embedding] backward accumulates into f32/f64");
   Tensor cids = ids.contiguous();
@@ -124,6 +149,11 @@ std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x, const Tensor& w, double eps)
              shape_str(w.shape()));
   std::int64_t rows = rows_of(x);
   Tensor rstd = Tensor::empty({rows}, compute_dtype(x.dtype()), x.device());
+  if (device_path(x)) {
+    Tensor y = empty_like(x);
+    if (run_cuda(y)) cuda_ops::rmsnorm(x, w, eps, y, rstd);
+    return {y, rstd};
+  }
   Computed cx(x, true), cw(w, true);
   Tensor y = map_kernel("rmsnorm", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -137,6 +167,11 @@ Tensor rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, co
                         Tensor* dw) {
   check_same_shape(x, dy, "rmsnorm");
   std::int64_t rows = rows_of(x);
+  if (device_path(x)) {
+    Tensor dx = empty_like(x);
+    if (run_cuda(dx)) cuda_ops::rmsnorm_backward(x, w, rstd, dy, dx, dw);
+    return dx;
+  }
   Computed cx(x, true), cw(w, true), cdy(dy, true);
   return map_kernel("rmsnorm", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -161,6 +196,11 @@ std::tuple<Tensor, Tensor, Tensor> layernorm(const Tensor& x, const Tensor& w, c
   std::int64_t rows = rows_of(x);
   Tensor mean = Tensor::empty({rows}, compute_dtype(x.dtype()), x.device());
   Tensor rstd = Tensor::empty({rows}, compute_dtype(x.dtype()), x.device());
+  if (device_path(x)) {
+    Tensor y = empty_like(x);
+    if (run_cuda(y)) cuda_ops::layernorm(x, w, b, eps, y, mean, rstd);
+    return {y, mean, rstd};
+  }
   Computed cx(x, true), cw(w, true), cb(b, true);
   Tensor y = map_kernel("layernorm", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -174,6 +214,11 @@ Tensor layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
                           const Tensor& rstd, const Tensor& dy, Tensor* dw, Tensor* db) {
   check_same_shape(x, dy, "layernorm");
   std::int64_t rows = rows_of(x);
+  if (device_path(x)) {
+    Tensor dx = empty_like(x);
+    if (run_cuda(dx)) cuda_ops::layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
+    return dx;
+  }
   Computed cx(x, true), cw(w, true), cdy(dy, true);
   return map_kernel("layernorm", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -197,6 +242,10 @@ std::tuple<Tensor, Tensor> rope_tables(std::int64_t max_pos, std::int64_t head_d
   Tensor cos = Tensor::empty({max_pos, head_dim / 2}, cd, device);
   Tensor sin = Tensor::empty({max_pos, head_dim / 2}, cd, device);
   if (skip_kernel(cos, "rope")) return {cos, sin};
+  if (cos.device().is_cuda()) {
+    cuda_ops::rope_tables(max_pos, head_dim, theta, cos, sin);
+    return {cos, sin};
+  }
   dispatch_compute(cd, "rope", [&](auto tag) {
     using T = typename decltype(tag)::type;
     cpu::rope_tables<T>(max_pos, head_dim, theta, cos.data<T>(), sin.data<T>());
@@ -212,6 +261,11 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle sty
                  pos_offset + T <= cos.size(0),
              "[rope] positions [{}, {}) exceed the table of {} positions (head_dim {})", pos_offset,
              pos_offset + T, cos.size(0), D);
+  if (device_path(x)) {
+    Tensor out = empty_like(x);
+    if (run_cuda(out)) cuda_ops::rope(x, cos, sin, style, pos_offset, backward, out);
+    return out;
+  }
   Computed cx(x, true);
   return map_kernel("rope", x, [&](auto tag, Tensor& o) {
     using Tp = typename decltype(tag)::type;
@@ -230,6 +284,11 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle sty
 // ---- activations ----------------------------------------------------------------
 
 Tensor silu(const Tensor& x) {
+  if (device_path(x)) {
+    Tensor y = empty_like(x);
+    if (run_cuda(y)) cuda_ops::silu(x, y);
+    return y;
+  }
   Computed cx(x, true);
   return map_kernel("silu", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -238,6 +297,11 @@ Tensor silu(const Tensor& x) {
 }
 Tensor silu_backward(const Tensor& x, const Tensor& dy) {
   check_same_shape(x, dy, "silu");
+  if (device_path(x)) {
+    Tensor dx = empty_like(x);
+    if (run_cuda(dx)) cuda_ops::silu_backward(x, dy, dx);
+    return dx;
+  }
   Computed cx(x, true), cdy(dy, true);
   return map_kernel("silu", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -245,6 +309,11 @@ Tensor silu_backward(const Tensor& x, const Tensor& dy) {
   });
 }
 Tensor gelu(const Tensor& x) {
+  if (device_path(x)) {
+    Tensor y = empty_like(x);
+    if (run_cuda(y)) cuda_ops::gelu(x, y);
+    return y;
+  }
   Computed cx(x, true);
   return map_kernel("gelu", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -253,6 +322,11 @@ Tensor gelu(const Tensor& x) {
 }
 Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
   check_same_shape(x, dy, "gelu");
+  if (device_path(x)) {
+    Tensor dx = empty_like(x);
+    if (run_cuda(dx)) cuda_ops::gelu_backward(x, dy, dx);
+    return dx;
+  }
   Computed cx(x, true), cdy(dy, true);
   return map_kernel("gelu", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -261,6 +335,11 @@ Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
 }
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   check_same_shape(gate, up, "swiglu");
+  if (device_path(gate)) {
+    Tensor out = empty_like(gate);
+    if (run_cuda(out)) cuda_ops::swiglu(gate, up, out);
+    return out;
+  }
   Computed cg(gate, true), cu(up, true);
   return map_kernel("swiglu", gate, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -270,6 +349,11 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 std::tuple<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up,
                                            const Tensor& dout) {
   check_same_shape(gate, dout, "swiglu");
+  if (device_path(gate)) {
+    Tensor dgate = empty_like(gate), dup = empty_like(up);
+    if (run_cuda(dgate)) cuda_ops::swiglu_backward(gate, up, dout, dgate, dup);
+    return {dgate, dup};
+  }
   Computed cg(gate, true), cu(up, true), cd(dout, true);
   Tensor dup = empty_like(up);
   Tensor dgate = map_kernel("swiglu", gate, [&](auto tag, Tensor& o) {
@@ -309,6 +393,19 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
   KILN_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), "[attention] dtype mismatch");
   KILN_CHECK(k.stride(0) == v.stride(0), "[attention] k and v batch strides differ");
   Tensor lse = Tensor::empty({B, Hq, Tq}, compute_dtype(q.dtype()), q.device());
+  if (device_path(q)) {
+    check_attention_layout(k, "k");
+    check_attention_layout(v, "v");
+    Tensor out = empty_like(q);
+    if (run_cuda(out)) {
+      Tensor cq = q.contiguous();
+      if (attention_impl() == AttentionImpl::Cudnn)
+        cuda_ops::attention_cudnn(cq, k, v, scale, q_offset, out, lse);
+      else
+        cuda_ops::attention(cq, k, v, scale, q_offset, out, lse);
+    }
+    return {out, lse};
+  }
   Computed cq(q, true);
   // Keep a KV-cache view as is when it already has the compute dtype.
   Tensor ck = k, cv = v;
@@ -337,6 +434,18 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
   check_same_shape(out, dout, "attention");
   KILN_CHECK(q.size(1) == k.size(1), "[attention] backward needs Tq == Tk (training)");
   std::int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = k.size(2);
+  if (device_path(q)) {
+    Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+    if (run_cuda(dq)) {
+      Tensor cq = q.contiguous(), ck = k.contiguous(), cv = v.contiguous();
+      Tensor co = out.contiguous(), cdo = dout.contiguous();
+      if (attention_impl() == AttentionImpl::Cudnn)
+        cuda_ops::attention_backward_cudnn(cq, ck, cv, co, lse, cdo, scale, dq, dk, dv);
+      else
+        cuda_ops::attention_backward(cq, ck, cv, co, lse, cdo, scale, dq, dk, dv);
+    }
+    return {dq, dk, dv};
+  }
   Computed cq(q, true), ck(k, true), cv(v, true), co(out, true), cdo(dout, true);
   Tensor dk = empty_like(k), dv = empty_like(v);
   Tensor dq = map_kernel("attention", q, [&](auto tag, Tensor& o) {
@@ -365,6 +474,10 @@ std::tuple<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& tar
   Tensor loss = Tensor::empty({N}, cd, logits.device());
   Tensor lse = Tensor::empty({N}, cd, logits.device());
   if (skip_kernel(loss, "cross_entropy")) return {loss, lse};
+  if (loss.device().is_cuda()) {
+    cuda_ops::cross_entropy(logits, targets, ignore_index, loss, lse);
+    return {loss, lse};
+  }
   Computed cl(logits, true);
   Tensor ct = targets.contiguous();
   dispatch_compute(cd, "cross_entropy", [&](auto tag) {
@@ -380,6 +493,12 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Ten
   std::int64_t N = logits.size(0), V = logits.size(1);
   KILN_CHECK(dloss.numel() == N, "[cross_entropy] dloss has {} elements, want {}", dloss.numel(),
              N);
+  if (device_path(logits)) {
+    // CUDA writes dlogits in the logits' own dtype, so in place works for bf16 too.
+    Tensor d = in_place && logits.is_contiguous() ? logits.detach() : empty_like(logits);
+    if (run_cuda(d)) cuda_ops::cross_entropy_backward(logits, lse, targets, dloss, ignore_index, d);
+    return d;
+  }
   Computed cdl(dloss, true);
   Tensor ct = targets.contiguous();
   if (in_place && logits.is_contiguous() && logits.dtype() == compute_dtype(logits.dtype())) {
@@ -407,6 +526,11 @@ std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator& gen) {
   KILN_CHECK(p >= 0.0 && p < 1.0, "[dropout] p = {} must be in [0, 1)", p);
   Tensor mask = Tensor::empty(x.shape(), DType::Bool, x.device());
   std::uint64_t offset = gen.take(static_cast<std::uint64_t>(x.numel()));
+  if (device_path(x)) {
+    Tensor y = empty_like(x);
+    if (run_cuda(y)) cuda_ops::dropout(x, p, gen.seed, offset, y, mask);
+    return {y, mask};
+  }
   Computed cx(x, true);
   Tensor y = map_kernel("dropout", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -418,6 +542,11 @@ std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator& gen) {
 
 Tensor dropout_backward(const Tensor& dy, const Tensor& mask, double p) {
   check_same_shape(dy, mask, "dropout");
+  if (device_path(dy)) {
+    Tensor dx = empty_like(dy);
+    if (run_cuda(dx)) cuda_ops::dropout_backward(dy, mask, p, dx);
+    return dx;
+  }
   Computed cdy(dy, true);
   return map_kernel("dropout", dy, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
@@ -441,6 +570,8 @@ void adamw_step_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double
   check_opt(m, v, "adamw");
   check_opt(param, m, "adamw");
   if (skip_kernel(param, "adamw")) return;
+  if (param.device().is_cuda())
+    return cuda_ops::adamw_step(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step);
   cpu::adamw_step(param.numel(), param.data<float>(), grad.data<float>(), m.data<float>(),
                   v.data<float>(), static_cast<float>(lr), static_cast<float>(beta1),
                   static_cast<float>(beta2), static_cast<float>(eps),
@@ -452,10 +583,44 @@ void sgd_step_(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double l
                std::int64_t step) {
   check_opt(param, grad, "sgd");
   if (skip_kernel(param, "sgd")) return;
+  if (param.device().is_cuda())
+    return cuda_ops::sgd_step(param, grad, momentum_buf, lr, momentum, dampening, weight_decay,
+                              nesterov, step);
   cpu::sgd_step(param.numel(), param.data<float>(), grad.data<float>(),
                 momentum_buf.defined() ? momentum_buf.data<float>() : nullptr,
                 static_cast<float>(lr), static_cast<float>(momentum),
                 static_cast<float>(dampening), static_cast<float>(weight_decay), nesterov, step);
 }
+
+void adamw_multi_step_(std::span<AdamWTensors> items, double lr, double beta1, double beta2,
+                       double eps, std::int64_t step) {
+  if (items.empty()) return;
+  for (auto& it : items) {
+    const Tensor& w = it.master.defined() ? it.master : it.param;
+    check_opt(w, it.m, "adamw");
+    check_opt(it.m, it.v, "adamw");
+    KILN_CHECK(it.grad.shape() == w.shape() && it.grad.is_contiguous() &&
+                   it.param.device() == items[0].param.device(),
+               "[adamw] gradient {} does not match parameter {}", shape_str(it.grad.shape()),
+               shape_str(w.shape()));
+  }
+  Device d = items[0].param.device();
+  if (d.is_meta()) return;
+  if (d.is_cuda()) return cuda_ops::adamw_multi_step(items, lr, beta1, beta2, eps, step);
+  for (auto& it : items) {
+    if (!it.master.defined()) {
+      adamw_step_(it.param, it.grad, it.m, it.v, lr, beta1, beta2, eps, it.weight_decay, step);
+      continue;
+    }
+    MemoryScope scratch(MemCategory::Temporaries);
+    Tensor g32 = it.grad.to(DType::F32);
+    adamw_step_(it.master, g32, it.m, it.v, lr, beta1, beta2, eps, it.weight_decay, step);
+    it.param.copy_(it.master);  // round the updated master into bf16/f16
+  }
+}
+
+static AttentionImpl g_attention_impl = AttentionImpl::Kiln;
+void set_attention_impl(AttentionImpl impl) { g_attention_impl = impl; }
+AttentionImpl attention_impl() { return g_attention_impl; }
 
 }  // namespace kiln::ops

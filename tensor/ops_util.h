@@ -2,17 +2,22 @@
 #pragma once
 
 #include "tensor/ops.h"
+#include "tensor/ops_cuda.h"
 
 namespace kiln::ops {
 
 // True when no kernel should run: meta tensors (accounting only) and empty
-// outputs. Fails for devices without a backend yet.
-inline bool skip_kernel(const Tensor& out, const char* op) {
-  if (out.device().is_meta() || out.numel() == 0) return true;
-  KILN_CHECK(out.device().is_cpu(), "[{}] {} kernels are not built yet (CUDA backend issue)", op,
-             out.device().str());
-  return false;
+// outputs. Otherwise the caller runs the CUDA path (cuda_ops::, for CUDA
+// tensors) or the CPU kernels.
+inline bool skip_kernel(const Tensor& out, const char* /*op*/) {
+  return out.device().is_meta() || out.numel() == 0;
 }
+
+// CUDA computes bf16/f16 natively and meta predicts a CUDA run, so both take
+// the "device path": allocate the outputs only, then launch the CUDA kernel
+// when there is one to run. The CPU path converts bf16/f16 to f32 scratch.
+inline bool device_path(const Tensor& t) { return !t.device().is_cpu(); }
+inline bool run_cuda(const Tensor& out) { return out.device().is_cuda() && out.numel() > 0; }
 
 inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   KILN_CHECK(a.device() == b.device(), "[{}] tensors on different devices: {} and {}", op,

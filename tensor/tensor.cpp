@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/copy.h"
 #include "tensor/dispatch.h"
+#include "tensor/ops_cuda.h"
 
 namespace kiln {
 
@@ -342,6 +343,17 @@ static void scatter_strided(const char* src, char* dst, const Shape& shape, cons
 }
 
 void Tensor::copy_(const Tensor& src) {
+  if ((device().is_cuda() || src.device().is_cuda()) && !device().is_meta()) {
+    // Host <-> device and device <-> device copies, any dtypes and strides: the CUDA backend.
+    for (auto st : strides())
+      KILN_CHECK(st != 0 || numel() <= 1, "[copy] destination has broadcast (stride 0) dims");
+    KILN_CHECK(!src.device().is_meta(), "[copy] cannot copy a meta tensor to {}: it has no data",
+               device().str());
+    if (numel() == 0) return;
+    Tensor s = src.dim() == dim() && src.shape() == shape() ? src : src.expand(shape());
+    ops::cuda_ops::copy(*this, s);
+    return;
+  }
   if (!is_contiguous()) {
     for (auto st : strides())
       KILN_CHECK(st != 0, "[copy] destination has broadcast (stride 0) dims");
@@ -408,7 +420,10 @@ Tensor Tensor::to(Device d, DType t) const {
     return out;
   }
   KILN_CHECK(!device().is_meta(), "[to] cannot copy a meta tensor to {}: it has no data", d.str());
-  fail("[to] copies between {} and {} need the CUDA backend", device().str(), d.str());
+  // CPU <-> CUDA (and between CUDA devices): a new tensor on d, filled by the CUDA copy.
+  Tensor out = empty(shape(), t, d);
+  out.copy_(*this);
+  return out;
 }
 
 // ---- values ---------------------------------------------------------------------
@@ -420,6 +435,7 @@ double Tensor::item() const {
 }
 
 std::vector<double> Tensor::to_double_vector() const {
+  if (device().is_cuda()) return to(Device::cpu()).to_double_vector();
   KILN_CHECK(device().is_cpu(), "[tensor] reading values of a {} tensor", device().str());
   std::vector<double> out(static_cast<std::size_t>(numel()));
   if (out.empty()) return out;
@@ -432,6 +448,7 @@ std::vector<double> Tensor::to_double_vector() const {
 }
 
 std::vector<float> Tensor::to_float_vector() const {
+  if (device().is_cuda()) return to(Device::cpu()).to_float_vector();
   KILN_CHECK(device().is_cpu(), "[tensor] reading values of a {} tensor", device().str());
   std::vector<float> out(static_cast<std::size_t>(numel()));
   if (out.empty()) return out;
