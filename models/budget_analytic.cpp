@@ -73,8 +73,9 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     if (lowp) base[BudgetRow::MasterWeights] += p.layers * r(p.per_layer, 4);
     base[BudgetRow::OptimizerState] += p.layers * r(p.per_layer, 4) * (s.adamw ? 2 : 1);
   }
-  // RoPE cos and sin tables: (max_seq_len, D/2) in the compute dtype.
-  base[BudgetRow::Runtime] = 2 * r(c.max_seq_len * (D / 2), f);
+  // RoPE cos and sin tables: (max_seq_len, D/2) in the compute dtype. A learned
+  // position table (GPT-2) is a parameter instead, in the rows above.
+  base[BudgetRow::Runtime] = c.uses_rope() ? 2 * r(c.max_seq_len * (D / 2), f) : 0;
 
   std::vector<Moment> moments;
   if (train) {
@@ -129,6 +130,16 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
       rc.phase = Phase::Backward, rc.label = "swiglu";
       rc[BudgetRow::Activations] = embed + (L - 1) * r(N * C, e) + layer - r(N * F, e);
       rc[BudgetRow::Temporaries] = r(N * C, e) + 3 * r(N * F, e);
+      if (c.gelu_mlp) {
+        // A GELU MLP peaks one op earlier, in proj's backward: the full saved
+        // set (the GELU output not yet released); temporaries: the incoming
+        // gradient (N, C), d(gelu out) (N, F) and, with a bias, its gradient
+        // (C). The GELU backward after it holds the same bytes less the bias
+        // gradient (d(gelu out) freed as dfc (N, F) is made).
+        rc.label = "linear";
+        rc[BudgetRow::Activations] = embed + (L - 1) * r(N * C, e) + layer;
+        rc[BudgetRow::Temporaries] = r(N * C, e) + r(N * F, e) + (c.bias ? r(C, e) : 0);
+      }
       rc[BudgetRow::Logits] = loss;
       moments.push_back(rc);
     }

@@ -19,9 +19,11 @@ void ModelConfig::validate() const {
   KILN_CHECK(n_heads % n_kv_heads == 0,
              "[config] num_attention_heads {} is not divisible by num_key_value_heads {}", n_heads,
              n_kv_heads);
-  KILN_CHECK(head_dim % 2 == 0, "[config] head_dim {} must be even for RoPE", head_dim);
   KILN_CHECK(norm_eps > 0 && norm_eps < 1, "[config] norm_eps {} out of range", norm_eps);
-  KILN_CHECK(rope_theta > 1, "[config] rope_theta {} must be > 1", rope_theta);
+  if (uses_rope()) {
+    KILN_CHECK(head_dim % 2 == 0, "[config] head_dim {} must be even for RoPE", head_dim);
+    KILN_CHECK(rope_theta > 1, "[config] rope_theta {} must be > 1", rope_theta);
+  }
 }
 
 nlohmann::json ModelConfig::to_json() const {
@@ -44,6 +46,7 @@ nlohmann::json ModelConfig::to_json() const {
           {"gelu_mlp", gelu_mlp},
           {"bias", bias},
           {"final_norm", final_norm},
+          {"pos_embedding", uses_rope() ? "rope" : "learned"},
           {"init_std", init_std}};
 }
 
@@ -72,6 +75,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
     c.gelu_mlp = j.value("gelu_mlp", false);
     c.bias = j.value("bias", false);
     c.final_norm = j.value("final_norm", true);
+    std::string pos = j.value("pos_embedding", std::string("rope"));
+    KILN_CHECK(pos == "rope" || pos == "learned",
+               "[config] pos_embedding '{}' must be rope or learned", pos);
+    c.pos_embedding = pos == "rope" ? PosEmbedding::Rope : PosEmbedding::Learned;
     c.init_std = j.value("init_std", 0.02);
   } catch (const nlohmann::json::exception& e) {
     fail("[config] bad model config: {}", e.what());
@@ -108,7 +115,30 @@ static ModelConfig llama2c(const char* name, std::int64_t dim, std::int64_t laye
 
 std::vector<std::string> preset_names() {
   return {"shakespeare-char", "stories260K", "stories15M", "stories42M",
-          "stories110M",      "qwen3-0.6b",  "qwen3-8b"};
+          "stories110M",      "qwen3-0.6b",  "qwen3-8b",   "gpt2-124m"};
+}
+
+ModelConfig gpt2_config(const std::string& name, std::int64_t vocab, std::int64_t dim,
+                        std::int64_t layers, std::int64_t heads, std::int64_t ctx) {
+  ModelConfig c;
+  c.name = name;
+  c.vocab_size = vocab;
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = heads;
+  c.head_dim = heads > 0 ? dim / heads : 0;
+  c.hidden_dim = 4 * dim;
+  c.max_seq_len = ctx;
+  c.norm_eps = 1e-5;
+  c.layernorm = true;
+  c.gelu_mlp = true;  // kiln's gelu is the tanh form, GPT-2's "gelu_new"
+  c.bias = true;
+  c.final_norm = true;
+  c.tie_embeddings = true;
+  c.pos_embedding = PosEmbedding::Learned;
+  c.init_std = 0.02;
+  return c;
 }
 
 ModelConfig preset(const std::string& name) {
@@ -140,6 +170,21 @@ ModelConfig preset(const std::string& name) {
     }
     return c;
   }
+  if (name == "gpt2-124m") {
+    // GPT-2 small as llm.c trains it, for timing kiln against llm.c on the same
+    // card: vocab 50257 padded to 50304 (a multiple of 128, llm.c's Vp) so the
+    // LM-head GEMM has friendly sizes; 124,475,904 parameters (124,439,808
+    // unpadded). The padded rows are ordinary embedding rows: logits keep 50304
+    // columns and real token ids and targets are < 50257. Unlike llm.c, kiln's
+    // cross-entropy normalizes over all 50304 columns (llm.c masks the 47
+    // padded ones out of the softmax); the FLOPs and bytes are the same, and
+    // training drives the never-seen padded logits down. There is no GPT-2
+    // tokenizer here: `kiln train --preset gpt2-124m` is for speed comparison.
+    // The char and byte tokenizers shrink the vocab to their own size; a
+    // smaller real one (--tokenizer llama2c:tokenizer.bin, 32,000 ids) keeps
+    // all 50304 rows, so the LM head costs what GPT-2's does.
+    return gpt2_config("gpt2-124m", 50304, 768, 12, 12, 1024);
+  }
   std::string names;
   for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
   fail("[config] unknown preset '{}' (known: {})", name, names);
@@ -154,8 +199,27 @@ ModelConfig from_hf_config(const nlohmann::json& j) {
   };
   KILN_CHECK(j.is_object(), "[config] config.json must be a JSON object");
   std::string type = j.value("model_type", std::string());
-  KILN_CHECK(type == "qwen3" || type == "qwen2" || type == "llama" || type == "mistral",
-             "[config] unknown model_type '{}' (supported: qwen3, qwen2, llama, mistral)", type);
+  KILN_CHECK(
+      type == "qwen3" || type == "qwen2" || type == "llama" || type == "mistral" || type == "gpt2",
+      "[config] unknown model_type '{}' (supported: qwen3, qwen2, llama, mistral, gpt2)", type);
+  if (type == "gpt2") {
+    // GPT-2's own field names (n_embd, n_layer, n_head, n_positions, n_inner).
+    c = gpt2_config("gpt2", get_int("vocab_size"), get_int("n_embd"), get_int("n_layer"),
+                    get_int("n_head"), get_int("n_positions"));
+    KILN_CHECK(c.n_heads > 0 && c.dim % c.n_heads == 0,
+               "[config] n_embd {} is not divisible by n_head {}", c.dim, c.n_heads);
+    if (j.contains("n_inner") && !j["n_inner"].is_null()) c.hidden_dim = get_int("n_inner");
+    if (j.contains("layer_norm_epsilon") && j["layer_norm_epsilon"].is_number())
+      c.norm_eps = j["layer_norm_epsilon"].get<double>();
+    std::string act = j.value("activation_function", std::string("gelu_new"));
+    KILN_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh",
+               "[config] GPT-2 activation_function '{}' is not supported (kiln's GELU is the "
+               "tanh form, gelu_new)",
+               act);
+    c.tie_embeddings = j.value("tie_word_embeddings", true);
+    c.validate();
+    return c;
+  }
   c.name = type;
   c.vocab_size = get_int("vocab_size");
   c.dim = get_int("hidden_size");

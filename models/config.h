@@ -1,5 +1,5 @@
 // Model configuration for the one decoder that covers LLaMA (llama2.c),
-// Mistral, Qwen2/2.5 and Qwen3, plus presets and Hugging Face config.json.
+// Mistral, Qwen2/2.5, Qwen3 and GPT-2, plus presets and Hugging Face config.json.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,11 @@
 #include "tensor/ops.h"
 
 namespace kiln::models {
+
+// How positions enter the model: rotary embeddings on q and k inside every
+// attention (LLaMA, Qwen), or a learned absolute table wpe (max_seq_len, dim)
+// added to the token embedding before the first layer (GPT-2; no RoPE then).
+enum class PosEmbedding { Rope, Learned };
 
 struct ModelConfig {
   std::string name;            // preset name or model_type
@@ -32,10 +37,12 @@ struct ModelConfig {
   bool gelu_mlp = false;        // GELU MLP (fc/proj) instead of SwiGLU
   bool bias = false;            // biases on every linear (classic GPT block)
   bool final_norm = true;
+  PosEmbedding pos_embedding = PosEmbedding::Rope;
   double init_std = 0.02;
 
   std::int64_t q_dim() const { return n_heads * head_dim; }
   std::int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  bool uses_rope() const { return pos_embedding == PosEmbedding::Rope; }
   // Fills head_dim and checks every field; failures name the field.
   void validate() const;
   nlohmann::json to_json() const;
@@ -46,11 +53,21 @@ struct ModelConfig {
 std::int64_t llama2c_hidden_dim(std::int64_t dim, std::int64_t multiple = 32);
 
 // stories260K, stories15M, stories42M, stories110M, shakespeare-char,
-// qwen3-0.6b, qwen3-8b.
+// qwen3-0.6b, qwen3-8b, gpt2-124m.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 
-// A Hugging Face config.json (model_type qwen3, qwen2, llama, mistral).
+// A GPT-2 block (Radford et al. 2019; llm.c's train_gpt2): pre-LayerNorm with
+// bias (eps 1e-5), biases on every linear, GELU (tanh) MLP of 4·dim, learned
+// absolute positions (wpe, no RoPE), final LayerNorm, LM head tied to wte,
+// multi-head attention (n_kv_heads = n_heads), init N(0, 0.02) with wpe
+// N(0, 0.01) and the residual projections scaled by 1/sqrt(2·n_layers).
+ModelConfig gpt2_config(const std::string& name, std::int64_t vocab, std::int64_t dim,
+                        std::int64_t layers, std::int64_t heads, std::int64_t ctx);
+
+// A Hugging Face config.json (model_type qwen3, qwen2, llama, mistral, gpt2).
+// gpt2 gives the GPT-2 block (see gpt2_config()) with the file's vocab_size,
+// unpadded; kiln has no GPT-2 weight loader (models/decoder.h maps the names).
 ModelConfig from_hf_config(const nlohmann::json& j);
 ModelConfig load_hf_config(const std::string& path);
 

@@ -16,6 +16,7 @@ nn::AttentionConfig attention_config(const ModelConfig& c) {
   a.qkv_bias = c.qkv_bias || c.bias;
   a.o_bias = c.bias;
   a.norm_eps = c.norm_eps;
+  a.use_rope = c.uses_rope();
   return a;
 }
 
@@ -38,6 +39,12 @@ KVCache::KVCache(const ModelConfig& c, std::int64_t batch, std::int64_t max_len,
 DecoderBody::DecoderBody(const ModelConfig& c, const nn::Init& init) {
   embed_tokens = register_module("embed_tokens",
                                  std::make_shared<nn::Embedding>(c.vocab_size, c.dim, init));
+  if (c.pos_embedding == PosEmbedding::Learned) {
+    nn::Init pos_init = init;  // the same generator, its next counter range
+    pos_init.std = c.init_std / 2;
+    embed_positions = register_module(
+        "embed_positions", std::make_shared<nn::Embedding>(c.max_seq_len, c.dim, pos_init));
+  }
   layers = register_module("layers", std::make_shared<nn::ModuleList<nn::DecoderLayer>>());
   double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layers));
   nn::MlpConfig m{c.dim, c.hidden_dim, c.gelu_mlp, c.bias};
@@ -59,8 +66,9 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, DType dtype
         "lm_head", std::make_shared<nn::Linear>(cfg.dim, cfg.vocab_size, false, init, cfg.init_std));
   // Full HF names on the tensors, for messages ("gradient ... for leaf model.norm.weight").
   for (auto& [name, p] : named_parameters()) p.set_name(name);
-  rope = std::make_unique<nn::Rope>(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, cfg.rope_style,
-                                    dtype, device);
+  if (cfg.uses_rope())
+    rope = std::make_unique<nn::Rope>(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, cfg.rope_style,
+                                      dtype, device);
 }
 
 const Tensor& DecoderModel::lm_head_weight() const {
@@ -74,7 +82,13 @@ Tensor DecoderModel::hidden(const Tensor& ids, std::int64_t pos_offset, KVCache*
   KILN_CHECK(pos_offset + T <= cfg.max_seq_len,
              "[model] sequence of {} tokens (from position {}) exceeds the model's context of {}",
              T, pos_offset, cfg.max_seq_len);
-  Tensor h = model->embed_tokens->forward(ids);
+  Tensor h = model->embed_tokens->forward(ids);  // (B, T, C)
+  if (model->embed_positions) {
+    // The table's rows for these positions, a view (T, C), broadcast over B by
+    // the add; backward sums the gradient over B and scatters it into the rows.
+    MemLabelScope label("embed_positions");
+    h = ag::add(h, ag::narrow(model->embed_positions->weight, 0, pos_offset, T));
+  }
   for (std::size_t l = 0; l < model->layers->items.size(); ++l) {
     const auto& layer = model->layers->items[l];
     nn::LayerKV* kv = cache ? &cache->layers[l] : nullptr;

@@ -1,5 +1,22 @@
-// The decoder: token embedding, N DecoderLayers, final norm, LM head (or the
-// embedding, tied). Parameter names follow Hugging Face.
+// The decoder: token embedding (plus a learned position table for GPT-2), N
+// DecoderLayers, final norm, LM head (or the embedding, tied). Parameter names
+// follow Hugging Face's LLaMA/Qwen layout ("model.layers.N.self_attn.q_proj.weight").
+//
+// GPT-2 uses the same names; its HF checkpoints (GPT2LMHeadModel) map as below.
+// HF's Conv1D stores weights as (in, out), the transpose of a Linear's
+// (out, in), and c_attn fuses q, k and v. kiln has no GPT-2 weight loader.
+//   transformer.wte.weight (V, C)          model.embed_tokens.weight (V, C)
+//   transformer.wpe.weight (ctx, C)        model.embed_positions.weight (ctx, C)
+//   transformer.h.N.ln_1.{weight,bias}     model.layers.N.input_layernorm.{weight,bias}
+//   transformer.h.N.attn.c_attn.weight     (C, 3C): columns [0,C) q, [C,2C) k, [2C,3C) v,
+//                                          each transposed -> self_attn.{q,k,v}_proj.weight (C, C)
+//   transformer.h.N.attn.c_attn.bias (3C)  self_attn.{q,k,v}_proj.bias (C) each, same split
+//   transformer.h.N.attn.c_proj.{w,b}      self_attn.o_proj.{weight,bias} (weight transposed)
+//   transformer.h.N.ln_2.{weight,bias}     model.layers.N.post_attention_layernorm.{weight,bias}
+//   transformer.h.N.mlp.c_fc.{w,b}         mlp.fc.{weight,bias} (weight (C, 4C) -> (4C, C))
+//   transformer.h.N.mlp.c_proj.{w,b}       mlp.proj.{weight,bias} (weight (4C, C) -> (C, 4C))
+//   transformer.ln_f.{weight,bias}         model.norm.{weight,bias}
+//   lm_head.weight (tied to wte)           none: the LM head is model.embed_tokens.weight
 #pragma once
 
 #include <memory>
@@ -24,6 +41,8 @@ class DecoderBody : public nn::Module {
  public:
   DecoderBody(const ModelConfig& c, const nn::Init& init);
   std::shared_ptr<nn::Embedding> embed_tokens;
+  // GPT-2's wpe (max_seq_len, C), only with PosEmbedding::Learned.
+  std::shared_ptr<nn::Embedding> embed_positions;
   std::shared_ptr<nn::ModuleList<nn::DecoderLayer>> layers;
   std::shared_ptr<nn::Norm> norm;
 };
@@ -31,11 +50,14 @@ class DecoderBody : public nn::Module {
 class DecoderModel : public nn::Module {
  public:
   // Seeded random weights (normal(0, init_std); residual output projections
-  // scaled by 1/sqrt(2·n_layers), as llama2.c and GPT-2 do).
+  // scaled by 1/sqrt(2·n_layers), as llama2.c and GPT-2 do; a learned position
+  // table normal(0, init_std / 2): 0.01, as in OpenAI's GPT-2 code).
   DecoderModel(const ModelConfig& c, std::uint64_t seed, DType dtype = DType::F32,
                Device device = Device::cpu());
 
-  // ids: i32 (B, T) -> hidden states after the final norm (B, T, C).
+  // ids: i32 (B, T) -> hidden states after the final norm (B, T, C). With a
+  // learned position table, its rows [pos_offset, pos_offset + T) are added to
+  // the token embeddings (broadcast over the batch).
   Tensor hidden(const Tensor& ids, std::int64_t pos_offset = 0, KVCache* cache = nullptr);
   // ids: i32 (B, T) -> logits (B, T, V).
   Tensor forward(const Tensor& ids, std::int64_t pos_offset = 0, KVCache* cache = nullptr);
@@ -47,7 +69,7 @@ class DecoderModel : public nn::Module {
   bool recompute = false;  // per-layer activation checkpointing in training
   std::shared_ptr<DecoderBody> model;
   std::shared_ptr<nn::Linear> lm_head;  // null when tied
-  std::unique_ptr<nn::Rope> rope;
+  std::unique_ptr<nn::Rope> rope;       // null without RoPE (PosEmbedding::Learned)
 };
 
 }  // namespace kiln::models

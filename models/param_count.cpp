@@ -42,12 +42,13 @@ std::string attention_kind(const ModelConfig &c) {
 std::string describe(const ModelConfig &c) {
   return fmt::format(
       "vocab {}, dim {}, {} layers, {}/{} heads ({}), head_dim {}, "
-      "intermediate {}, {} MLP, {}{}{}, "
+      "intermediate {}, {} MLP, {}{}{}, {}, "
       "{}{}",
       c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, attention_kind(c), c.head_dim,
       c.hidden_dim, c.gelu_mlp ? "GELU" : "SwiGLU", c.layernorm ? "LayerNorm" : "RMSNorm",
       c.qk_norm ? ", QK-norm" : "",
       c.bias ? ", biases everywhere" : (c.qkv_bias ? ", QKV bias" : ""),
+      c.uses_rope() ? "RoPE" : fmt::format("learned positions ({})", c.max_seq_len),
       c.tie_embeddings ? "tied" : "untied", c.final_norm ? "" : ", no final norm");
 }
 
@@ -66,6 +67,10 @@ ParamCount count_params(const ModelConfig &cfg) {
   const bool qkv_bias = c.qkv_bias || c.bias;  // as DecoderModel's attention_config
 
   row("model.embed_tokens.weight", "embedding", table, 1);
+  // GPT-2's learned position table wpe: max_seq_len x dim.
+  const std::int64_t positions =
+      c.pos_embedding == PosEmbedding::Learned ? mul(c.max_seq_len, c.dim) : 0;
+  if (positions) row("model.embed_positions.weight", "position embedding", positions, 1);
   // Attention: q (dim -> H·D), k/v (dim -> Hkv·D), o (H·D -> dim).
   auto linear = [&](const std::string &prefix, const std::string &name, std::int64_t in,
                     std::int64_t out, bool bias) {
@@ -105,7 +110,7 @@ ParamCount count_params(const ModelConfig &cfg) {
   }
 
   for (const auto &r : pc.rows) pc.total = add(pc.total, mul(r.per_layer, r.layers));
-  pc.embedding = c.tie_embeddings ? table : mul(2, table);
+  pc.embedding = add(c.tie_embeddings ? table : mul(2, table), positions);
   return pc;
 }
 
@@ -283,11 +288,13 @@ std::string param_report_text(const ModelConfig &c, const ParamCount &formula,
   const bool same = j["identical"].get<bool>();
   s += same ? "identical\n"
             : fmt::format("DIFFERENT: actual - formula = {}\n", with_commas(at - ft));
-  s += fmt::format(
-      "{:<34} {:>36}  ({:.2f}%; excludes {})\n", "non-embedding",
-      with_commas(formula.non_embedding()),
-      100.0 * static_cast<double>(formula.non_embedding()) / static_cast<double>(ft),
-      c.tie_embeddings ? "the vocab x dim embedding" : "embedding and lm_head, vocab x dim each");
+  s += fmt::format("{:<34} {:>36}  ({:.2f}%; excludes {})\n", "non-embedding",
+                   with_commas(formula.non_embedding()),
+                   100.0 * static_cast<double>(formula.non_embedding()) / static_cast<double>(ft),
+                   c.uses_rope() ? (c.tie_embeddings ? "the vocab x dim embedding"
+                                                     : "embedding and lm_head, vocab x dim each")
+                                 : (c.tie_embeddings ? "the token and position embeddings"
+                                                     : "token/position embeddings and lm_head"));
   if (identical) *identical = same;
   return s;
 }

@@ -29,7 +29,9 @@ struct ParamCount {
   std::vector<ParamRow> rows;
   std::int64_t total = 0;
   // vocab × dim for the input table, plus vocab × dim again for an untied LM
-  // head (the output embedding). Qwen's "non-embedding" figures use this.
+  // head (the output embedding), plus max_seq_len × dim for a learned position
+  // table (GPT-2's wpe; Kaplan et al. leave it out too). Qwen's "non-embedding"
+  // figures use this.
   std::int64_t embedding = 0;
   std::int64_t non_embedding() const { return total - embedding; }
 };
