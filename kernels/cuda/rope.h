@@ -1,0 +1,88 @@
+// Rotary position embedding on CUDA, with the math of kernels/cpu/rope.h.
+//
+// x, y: (B, T, H, D), D even, addressed through element strides (any layout; y may be x itself
+// with the same strides, for in place). cos, sin: (max_pos, D/2) f32 row-major. Token (b, t) sits
+// at position p = pos_offset + t, and pair i (0 <= i < D/2) is
+//   Interleaved (llama2.c): (x[2i], x[2i+1])        RotateHalf (HF): (x[i], x[i + D/2])
+//   forward:  (a, b) -> (a cos - b sin, a sin + b cos)                  (y =)
+//   backward: the rotation by -angle (its transpose): dx = R(-theta) dy (dx =)
+// with cos = cos[p, i], sin = sin[p, i]. T is float, bf16 or f16; math in f32.
+//
+// rope_tables: inv_freq_i = 1 / theta^(2i/D) computed on the host in float exactly as the CPU
+// kernel does (rope_inv_freq below), angle = float(p) * inv_freq_i in f32 (the same product as
+// the CPU), and cos/sin of that f32 angle evaluated in double and rounded to f32, so the tables
+// agree with the CPU's (glibc cosf/sinf) to the last ulp or better. (cos, sin =)
+//
+// ---- Fused QK-norm + RoPE (for the attention block; the op front end does not call it yet) ----
+// Qwen3 normalizes each head vector of q and k with RMSNorm over head_dim (weight w: (D), eps)
+// and then applies RoPE. qk_norm_rope_forward does both in one pass over x (B, T, H, D):
+//   rstd[b,t,h] = 1 / sqrt(mean_d x[b,t,h,d]^2 + eps)                       (rstd =, f32)
+//   n = x * rstd * w;   y = R(theta_{p,i}) n  pairwise as above            (y =)
+// qk_norm_rope_backward, from dy = dL/dy (dense (B, T, H, D)):
+//   dn = R(-theta) dy                                  (RoPE backward; R is orthogonal)
+//   dx = rstd * w dn - x * rstd^3 * mean_d(w_d dn_d x_d)                    (dx =)
+//   dw += sum over (b, t, h) of dn * x * rstd                               (+=, deterministic)
+// The dw sum goes through an f32 partial buffer of norm_chunks(B*T*H).count rows of D (the
+// caller allocates it: qk_norm_rope_scratch_floats) and reduce_partials (norm.h), so it is
+// reproducible bit for bit. One warp handles one head vector; D <= kQkNormMaxDim.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/norm.h"  // norm_chunks
+#include "kernels/cuda/runtime.h"
+
+namespace kiln::cuda {
+
+enum class RopeStyle {
+  Interleaved,  // llama2.c: pairs (2i, 2i+1)
+  RotateHalf,   // Hugging Face: pairs (i, i + D/2)
+};
+
+// Element strides of a (B, T, H, D) tensor.
+struct Strides4 {
+  std::int64_t s[4];
+};
+
+constexpr std::int64_t kRopeTableMaxDim = 1024;  // head_dim limit of rope_tables (by-value table)
+constexpr std::int64_t kQkNormMaxDim = 512;      // head_dim limit of the fused kernel
+
+// inv_freq_i = 1 / theta^(2i/D), every step rounded to float as kernels/cpu/rope.cpp does.
+inline float rope_inv_freq(std::int64_t D, double theta, std::int64_t i) {
+  const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
+  return 1.0f / std::pow(static_cast<float>(theta), expo);
+}
+
+void rope_tables(std::int64_t max_pos, std::int64_t D, double theta, float* cos, float* sin,
+                 StreamHandle stream);
+
+template <typename T>
+void rope_apply(RopeStyle style, bool backward, std::int64_t B, std::int64_t T_, std::int64_t H,
+                std::int64_t D, const float* cos, const float* sin, std::int64_t pos_offset,
+                const T* x, Strides4 x_strides, T* y, Strides4 y_strides, StreamHandle stream);
+
+// f32 elements of the dw partial buffer qk_norm_rope_backward needs.
+inline std::int64_t qk_norm_rope_scratch_floats(std::int64_t B, std::int64_t T_, std::int64_t H,
+                                                std::int64_t D) {
+  return norm_chunks(B * T_ * H).count * D;
+}
+
+// x: strided (B, T, H, D); w: (D); y: dense (B, T, H, D) or x itself (same strides as x);
+// rstd: (B*T*H) f32.
+template <typename T>
+void qk_norm_rope_forward(RopeStyle style, std::int64_t B, std::int64_t T_, std::int64_t H,
+                          std::int64_t D, float eps, const float* cos, const float* sin,
+                          std::int64_t pos_offset, const T* x, Strides4 x_strides, const T* w, T* y,
+                          Strides4 y_strides, float* rstd, StreamHandle stream);
+
+// dy, dx: dense (B, T, H, D) (dx may be dy); x strided as in the forward; dw (D) of type W
+// (float, bf16 or f16) or null; dw_partial: qk_norm_rope_scratch_floats() floats when dw is set.
+template <typename T, typename W>
+void qk_norm_rope_backward(RopeStyle style, std::int64_t B, std::int64_t T_, std::int64_t H,
+                           std::int64_t D, const float* cos, const float* sin,
+                           std::int64_t pos_offset, const T* x, Strides4 x_strides, const T* w,
+                           const float* rstd, const T* dy, T* dx, float* dw_partial, W* dw,
+                           StreamHandle stream);
+
+}  // namespace kiln::cuda
