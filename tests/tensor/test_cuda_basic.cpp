@@ -16,6 +16,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
@@ -316,6 +317,17 @@ Tensor ints(const Shape& shape, std::uint64_t seed, int levels, DType dtype = DT
   return close(got, want, 0.0, 0.0);
 }
 
+// The device copy of a CPU tensor's storage, viewed the same way: `view` is applied to the
+// contiguous base on both sides, so the CUDA kernels see the strides (to(kGpu) of a CPU view
+// would give them a contiguous tensor).
+template <typename F>
+Tensor on_gpu(const Tensor& base, F view) {
+  return view(base.to(kGpu));
+}
+Tensor gpu_t(const Tensor& base) {  // base.transpose(0, 1) on the device
+  return on_gpu(base, [](const Tensor& t) { return t.transpose(0, 1); });
+}
+
 // One bf16 ulp relative: results that round once from slightly different f32 values.
 constexpr double kBf16Rtol = 8e-3;
 double rtol_for(DType dt) { return dt == DType::F32 ? 1e-6 : kBf16Rtol; }
@@ -471,15 +483,16 @@ TEST(CudaBasic, BinaryBroadcastAndViews) {
   NEED_GPU();
   for (DType dt : kMathDtypes) {
     const Tensor a = rnd({3, 1, 5}, 41, dt);
-    const Tensor b = rnd({5, 4}, 42, dt, 0.5, 2.0).transpose(0, 1);  // (4, 5) strided
+    const Tensor b0 = rnd({5, 4}, 42, dt, 0.5, 2.0);
+    const Tensor b = b0.transpose(0, 1), bg = gpu_t(b0);  // (4, 5) strided
     const Tensor big_a = rnd({7, 33, 65}, 43, dt), big_b = rnd({7, 33, 65}, 44, dt, 0.5, 2.0);
     const Tensor bias = rnd({65}, 45, dt);
     for (auto op : {ops::Binary::Add, ops::Binary::Sub, ops::Binary::Mul, ops::Binary::Div,
                     ops::Binary::Max, ops::Binary::Min}) {
       const std::string what =
           std::string(dtype_name(dt)) + " op " + std::to_string(static_cast<int>(op));
-      EXPECT_TRUE(close(ops::binary(op, a.to(kGpu), b.to(kGpu)).to(Device::cpu()),
-                        ops::binary(op, a, b), rtol_for(dt), 0))
+      EXPECT_TRUE(close(ops::binary(op, a.to(kGpu), bg).to(Device::cpu()), ops::binary(op, a, b),
+                        rtol_for(dt), 0))
           << "broadcast " << what;
       EXPECT_TRUE(close(ops::binary(op, big_a.to(kGpu), big_b.to(kGpu)).to(Device::cpu()),
                         ops::binary(op, big_a, big_b), rtol_for(dt), 0))
@@ -513,10 +526,9 @@ TEST(CudaBasic, UnaryEveryOp) {
       const bool positive = op == ops::Unary::Log || op == ops::Unary::Sqrt ||
                             op == ops::Unary::Rsqrt || op == ops::Unary::Reciprocal;
       const Tensor x = rnd({13, 7}, 50 + o, dt, positive ? 0.25 : -2.0, 2.0);
-      const Tensor xt = x.transpose(0, 1);  // strided
+      const Tensor xt = x.transpose(0, 1), xg = gpu_t(x);  // strided
       const double rtol = dt == DType::F32 ? 2e-6 : kBf16Rtol;
-      EXPECT_TRUE(
-          close(ops::unary(op, xt.to(kGpu)).to(Device::cpu()), ops::unary(op, xt), rtol, 1e-7))
+      EXPECT_TRUE(close(ops::unary(op, xg).to(Device::cpu()), ops::unary(op, xt), rtol, 1e-7))
           << dtype_name(dt) << " op " << o << " strided";
       const Tensor big = rnd({10007}, 60 + o, dt, positive ? 0.25 : -2.0, 2.0);
       EXPECT_TRUE(
@@ -528,17 +540,19 @@ TEST(CudaBasic, UnaryEveryOp) {
 TEST(CudaBasic, AffineAxpyScale) {
   NEED_GPU();
   for (DType dt : kMathDtypes) {
-    const Tensor x = rnd({9, 11}, 71, dt).transpose(0, 1);
+    const Tensor x0 = rnd({9, 11}, 71, dt);
+    const Tensor x = x0.transpose(0, 1), xg = gpu_t(x0);
     for (double beta : {0.0, -0.25})
-      EXPECT_TRUE(close(ops::affine(x.to(kGpu), 1.5, beta).to(Device::cpu()),
-                        ops::affine(x, 1.5, beta), rtol_for(dt), 0))
+      EXPECT_TRUE(close(ops::affine(xg, 1.5, beta).to(Device::cpu()), ops::affine(x, 1.5, beta),
+                        rtol_for(dt), 0))
           << dtype_name(dt) << " beta " << beta;
     // axpy with x strided, in y's dtype and in f32.
     for (DType xdt : {dt, DType::F32}) {
       Tensor yc = rnd({11, 9}, 72, dt);
       Tensor yg = yc.to(kGpu);
-      const Tensor xs = rnd({9, 11}, 73, xdt).transpose(0, 1);
-      ops::axpy_(yg, -0.75, xs.to(kGpu));
+      const Tensor xs0 = rnd({9, 11}, 73, xdt);
+      const Tensor xs = xs0.transpose(0, 1);
+      ops::axpy_(yg, -0.75, gpu_t(xs0));
       ops::axpy_(yc, -0.75, xs);
       // bf16: the CPU rounds alpha * x to bf16 before the add (two roundings), CUDA once.
       EXPECT_TRUE(close(yg.to(Device::cpu()), yc, rtol_for(dt), dt == DType::F32 ? 1e-6 : 1e-2))
@@ -567,12 +581,14 @@ TEST(CudaBasic, ReduceEveryDimAndLayout) {
   for (DType dt : kMathDtypes) {
     const Tensor base = rnd({5, 37, 9}, 81, dt);
     const std::vector<Tensor> inputs = {base, base.transpose(0, 2), base.narrow(1, 3, 30)};
+    const Tensor bg = base.to(kGpu);
+    const std::vector<Tensor> ginputs = {bg, bg.transpose(0, 2), bg.narrow(1, 3, 30)};
     for (std::size_t v = 0; v < inputs.size(); ++v)
       for (int dim = 0; dim < 3; ++dim)
         for (int o = 0; o <= static_cast<int>(ops::Reduce::Min); ++o) {
           const auto op = static_cast<ops::Reduce>(o);
           const Tensor want = ops::reduce(op, inputs[v], dim);
-          const Tensor got = ops::reduce(op, inputs[v].to(kGpu), dim).to(Device::cpu());
+          const Tensor got = ops::reduce(op, ginputs[v], dim).to(Device::cpu());
           EXPECT_TRUE(close(got, want, rtol_for(dt), sum_atol(inputs[v].size(dim))))
               << dtype_name(dt) << " view " << v << " dim " << dim << " op " << o;
         }
@@ -630,10 +646,14 @@ TEST(CudaBasic, ArgmaxFirstMaximum) {
   NEED_GPU();
   for (DType dt : kMathDtypes) {
     const Tensor x = ints({6, 50, 7}, 111, 5, dt);  // values 0..4: many ties
-    for (const Tensor& in : {x, x.transpose(0, 2)})
+    const Tensor xg = x.to(kGpu);
+    const std::vector<std::pair<Tensor, Tensor>> ins = {{x, xg},
+                                                        {x.transpose(0, 2), xg.transpose(0, 2)}};
+    for (std::size_t v = 0; v < ins.size(); ++v)
       for (int dim = 0; dim < 3; ++dim)
-        EXPECT_TRUE(exact(ops::argmax(in.to(kGpu), dim).to(Device::cpu()), ops::argmax(in, dim)))
-            << dtype_name(dt) << " dim " << dim;
+        EXPECT_TRUE(exact(ops::argmax(ins[v].second, dim).to(Device::cpu()),
+                          ops::argmax(ins[v].first, dim)))
+            << dtype_name(dt) << " view " << v << " dim " << dim;
     // A long row (one block) with its maximum repeated.
     const Tensor row = ints({2, 150001}, 112, 1000, dt);
     EXPECT_TRUE(exact(ops::argmax(row.to(kGpu), 1).to(Device::cpu()), ops::argmax(row, 1)));
@@ -649,18 +669,20 @@ TEST(CudaBasic, SumAllAndSumSquares) {
   NEED_GPU();
   for (DType dt : kMathDtypes) {
     const Tensor big = rnd({1000003}, 121, dt);
-    const Tensor m = rnd({700, 900}, 122, dt).transpose(0, 1);  // strided
+    const Tensor m0 = rnd({700, 900}, 122, dt);
     const Tensor small = rnd({3, 5}, 123, dt);
-    for (const Tensor& x : {big, m, small}) {
+    const std::vector<std::pair<Tensor, Tensor>> ins = {
+        {big, big.to(kGpu)}, {m0.transpose(0, 1), gpu_t(m0)}, {small, small.to(kGpu)}};
+    for (const auto& [x, xg] : ins) {
       const double want = ops::sum_all(x).item();
-      const Tensor got = ops::sum_all(x.to(kGpu));
+      const Tensor got = ops::sum_all(xg);
       EXPECT_EQ(got.dim(), 0);
       EXPECT_NEAR(got.item(), want,
                   (dt == DType::F32 ? 1e-5 : 1e-2) * (1 + std::abs(want)) + sum_atol(x.numel()))
           << dtype_name(dt) << " " << shape_str(x.shape());
       // Squares of f32 values are exact in f64 and both sides sum in f64.
       const double sq = ops::sum_squares(x);
-      EXPECT_NEAR(ops::sum_squares(x.to(kGpu)), sq, 1e-10 * sq) << dtype_name(dt);
+      EXPECT_NEAR(ops::sum_squares(xg), sq, 1e-10 * sq) << dtype_name(dt);
     }
   }
   EXPECT_EQ(ops::sum_all(ops::zeros({0}, DType::F32, kGpu)).item(), 0.0);
