@@ -1,0 +1,857 @@
+// cuDNN fused attention through the v9 backend graph API. See attention_cudnn.h for the math, the
+// graph and the layouts. Host code only (no kernels of ours): a .cpp compiled into
+// kiln_kernels_cuda with the CUDA include directories.
+//
+// Descriptor lifetime: every tensor, operation, graph, engine config and plan descriptor of a
+// cached plan is owned by that plan and kept alive with it. Cached plans are never destroyed at
+// exit (the cache is leaked on purpose), like the library handles in runtime.cu, since destroying
+// them from a static destructor races with the CUDA runtime's teardown.
+#include "kernels/cuda/attention_cudnn.h"
+
+#include <cudnn.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+#include "kernels/common/error.h"
+
+static_assert(CUDNN_MAJOR >= 9, "[attention_cudnn] needs the cuDNN 9 backend graph API");
+
+namespace kiln::cuda::cudnn_sdpa {
+
+// ---- key, validation, layouts (no device) -------------------------------------------------------
+
+std::size_t hash_key(const SdpaKey& k) {
+  std::size_t h = 0;
+  auto mix = [&h](std::uint64_t v) {
+    h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  };
+  mix(k.backward);
+  mix(static_cast<std::uint64_t>(k.io));
+  for (std::int64_t v : {k.B, k.Tq, k.Tk, k.Hq, k.Hkv, k.D, k.kv_batch_stride, k.q_offset})
+    mix(static_cast<std::uint64_t>(v));
+  mix(std::bit_cast<std::uint32_t>(k.scale));
+  mix(static_cast<std::uint64_t>(k.device));
+  return h;
+}
+
+std::string describe(const SdpaKey& k) {
+  return fmt::format("{} {} B={} Tq={} Tk={} Hq={} Hkv={} D={} kbs={} q_offset={} scale={} cuda:{}",
+                     k.backward ? "bwd" : "fwd", k.io == IoType::BF16 ? "bf16" : "f16", k.B, k.Tq,
+                     k.Tk, k.Hq, k.Hkv, k.D, k.kv_batch_stride, k.q_offset, k.scale, k.device);
+}
+
+void validate(const SdpaKey& k) {
+  const std::string what = describe(k);
+  KILN_CHECK(k.B > 0 && k.Tq > 0 && k.Tk > 0 && k.Hq > 0 && k.Hkv > 0 && k.D > 0,
+             "[attention_cudnn] empty or negative extent ({})", what);
+  KILN_CHECK(k.Hq % k.Hkv == 0, "[attention_cudnn] {} query heads not divisible by {} kv heads",
+             k.Hq, k.Hkv);
+  KILN_CHECK(k.q_offset >= 0 && k.q_offset + k.Tq <= k.Tk,
+             "[attention_cudnn] queries at [{}, {}) need keys up to {}, have {}", k.q_offset,
+             k.q_offset + k.Tq, k.q_offset + k.Tq, k.Tk);
+  KILN_CHECK(k.kv_batch_stride >= k.Tk * k.Hkv * k.D,
+             "[attention_cudnn] kv batch stride {} < Tk*Hkv*D = {}", k.kv_batch_stride,
+             k.Tk * k.Hkv * k.D);
+  // cuDNN's fused attention surface on Hopper: head dim a multiple of 8, at most 256.
+  KILN_CHECK(k.D % 8 == 0 && k.D <= 256,
+             "[attention_cudnn] head dim {} unsupported by cuDNN fused attention (needs a multiple "
+             "of 8, at most 256)",
+             k.D);
+  KILN_CHECK(std::isfinite(k.scale) && k.scale != 0.0f, "[attention_cudnn] bad scale {}", k.scale);
+  if (k.backward) {
+    KILN_CHECK(k.Tq == k.Tk && k.q_offset == 0 && k.kv_batch_stride == k.Tk * k.Hkv * k.D,
+               "[attention_cudnn] backward needs Tq == Tk, q_offset 0 and dense k/v ({})", what);
+  }
+  // cuDNN's kernels size tensors with 32-bit integers: keep every bound buffer within int32.
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+  const std::int64_t q_elems = k.B * k.Tq * k.Hq * k.D;
+  const std::int64_t kv_span = (k.B - 1) * k.kv_batch_stride + k.Tk * k.Hkv * k.D;
+  const std::int64_t dq_accum_elems = k.backward ? q_elems : 0;
+  KILN_CHECK(q_elems <= kMax && kv_span <= kMax && dq_accum_elems <= kMax && k.Tk <= kMax,
+             "[attention_cudnn] tensors beyond 2^31 elements are not supported ({})", what);
+}
+
+Layout4 q_layout(const SdpaKey& k) {
+  return {{k.B, k.Hq, k.Tq, k.D}, {k.Tq * k.Hq * k.D, k.D, k.Hq * k.D, 1}};
+}
+Layout4 kv_layout(const SdpaKey& k) {
+  return {{k.B, k.Hkv, k.Tk, k.D}, {k.kv_batch_stride, k.D, k.Hkv * k.D, 1}};
+}
+Layout4 stats_layout(const SdpaKey& k) { return {{k.B, k.Hq, k.Tq, 1}, {k.Hq * k.Tq, k.Tq, 1, 1}}; }
+Layout4 scores_layout(const SdpaKey& k) {
+  return {{k.B, k.Hq, k.Tq, k.Tk}, {k.Hq * k.Tq * k.Tk, k.Tq * k.Tk, k.Tk, 1}};
+}
+Layout4 swap_last_two(const Layout4& l) {
+  Layout4 t = l;
+  std::swap(t.dims[2], t.dims[3]);
+  std::swap(t.strides[2], t.strides[3]);
+  return t;
+}
+
+// ---- the graph as data --------------------------------------------------------------------------
+
+const TensorSpec& GraphSpec::tensor(std::int64_t id) const {
+  for (const TensorSpec& t : tensors)
+    if (t.uid == id) return t;
+  fail("[attention_cudnn] graph has no tensor with uid {}", id);
+}
+
+std::vector<std::int64_t> GraphSpec::bound_uids() const {
+  std::vector<std::int64_t> out;
+  for (const TensorSpec& t : tensors)
+    if (!t.is_virtual && !t.by_value) out.push_back(t.uid);
+  return out;
+}
+
+namespace {
+
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(const SdpaKey& key) : key_(key) {
+    g_.scale = key.scale;
+    g_.neg_inf = -std::numeric_limits<float>::infinity();
+    g_.one = 1.0f;
+    g_.shift = static_cast<std::int32_t>(key.q_offset);
+  }
+
+  std::int64_t real(std::int64_t id, std::string name, Layout4 l, ElemType t) {
+    g_.tensors.push_back({id, std::move(name), l, t, false, false});
+    return id;
+  }
+  std::int64_t scalar(std::int64_t id, std::string name, ElemType t) {
+    g_.tensors.push_back({id, std::move(name), {{1, 1, 1, 1}, {1, 1, 1, 1}}, t, false, true});
+    return id;
+  }
+  std::int64_t virt(std::string name, Layout4 l, ElemType t) {
+    const std::int64_t id = next_++;
+    g_.tensors.push_back({id, std::move(name), l, t, true, false});
+    return id;
+  }
+  void pointwise(std::string name, PwMode mode, std::vector<std::int64_t> in, std::int64_t out,
+                 ElemType compute = ElemType::F32, std::int64_t axis = -1) {
+    g_.ops.push_back({.kind = OpKind::Pointwise,
+                      .name = std::move(name),
+                      .pw = mode,
+                      .compute = compute,
+                      .axis = axis,
+                      .inputs = std::move(in),
+                      .output = out});
+  }
+  void matmul(std::string name, std::int64_t a, std::int64_t b, std::int64_t c) {
+    g_.ops.push_back(
+        {.kind = OpKind::Matmul, .name = std::move(name), .inputs = {a, b}, .output = c});
+  }
+  void reduction(std::string name, RedMode mode, std::int64_t x, std::int64_t y) {
+    g_.ops.push_back({.kind = OpKind::Reduction,
+                      .name = std::move(name),
+                      .red = mode,
+                      .inputs = {x},
+                      .output = y});
+  }
+  void reshape(std::string name, std::int64_t x, std::int64_t y) {
+    g_.ops.push_back(
+        {.kind = OpKind::Reshape, .name = std::move(name), .inputs = {x}, .output = y});
+  }
+
+  // keep(i, j) = (i + q_offset >= j): scores where kept, -inf elsewhere. The row shift is the
+  // frontend's "right bound" add on the generated row index; without an offset it is left out, as
+  // for a plain top-left causal mask.
+  std::int64_t causal_mask(std::int64_t scores) {
+    const Layout4 sl = scores_layout(key_);
+    std::int64_t row = virt("row_index", sl, ElemType::I32);
+    pointwise("gen_row_index", PwMode::GenIndex, {scores}, row, ElemType::F32, 2);
+    const std::int64_t col = virt("col_index", sl, ElemType::I32);
+    pointwise("gen_col_index", PwMode::GenIndex, {scores}, col, ElemType::F32, 3);
+    if (key_.q_offset > 0) {
+      scalar(uid::kShift, "q_offset", ElemType::I32);
+      const std::int64_t shifted = virt("row_plus_q_offset", sl, ElemType::I32);
+      pointwise("row+q_offset", PwMode::Add, {row, uid::kShift}, shifted, ElemType::I32, 3);
+      row = shifted;
+    }
+    const std::int64_t keep = virt("causal_keep", sl, ElemType::Bool);
+    pointwise("row>=col", PwMode::CmpGe, {row, col}, keep, ElemType::Bool);
+    const std::int64_t out = virt("masked_scores", sl, ElemType::F32);
+    pointwise("causal_select", PwMode::Select, {scores, uid::kNegInf, keep}, out);
+    return out;
+  }
+
+  GraphSpec take() { return std::move(g_); }
+
+ private:
+  const SdpaKey& key_;
+  GraphSpec g_;
+  std::int64_t next_ = uid::kFirstVirtual;
+};
+
+}  // namespace
+
+GraphSpec build_graph(const SdpaKey& key) {
+  validate(key);
+  GraphBuilder gb(key);
+  const ElemType io = key.io == IoType::BF16 ? ElemType::BF16 : ElemType::F16;
+  const Layout4 ql = q_layout(key), kl = kv_layout(key), sl = scores_layout(key);
+  const Layout4 rows = stats_layout(key);  // (B, Hq, Tq, 1): one value per query row
+  // (B, Hq, Tk, Tq): the score matrix read transposed, for P^T dO and dS^T Q.
+  const Layout4 st = swap_last_two(sl);
+  // (B, Hq, Tk, D) dense: dK/dV per query head before the GQA group sum.
+  const Layout4 per_q_head = {{key.B, key.Hq, key.Tk, key.D},
+                              {key.Hq * key.Tk * key.D, key.Tk * key.D, key.D, 1}};
+
+  gb.real(uid::kQ, "q", ql, io);
+  gb.real(uid::kK, "k^T", swap_last_two(kl),
+          io);  // bound to k, described as K^T
+  gb.scalar(uid::kScale, "scale", ElemType::F32);
+  gb.scalar(uid::kNegInf, "-inf", ElemType::F32);
+
+  if (!key.backward) {
+    gb.real(uid::kV, "v", kl, io);
+    gb.real(uid::kO, "out", ql, io);
+    gb.real(uid::kStats, "lse", rows, ElemType::F32);
+    const std::int64_t s = gb.virt("scores", sl, ElemType::F32);
+    gb.matmul("q@k^T", uid::kQ, uid::kK, s);
+    const std::int64_t s1 = gb.virt("scaled_scores", sl, ElemType::F32);
+    gb.pointwise("*scale", PwMode::Mul, {s, uid::kScale}, s1);
+    const std::int64_t s2 = gb.causal_mask(s1);
+    const std::int64_t mx = gb.virt("row_max", rows, ElemType::F32);
+    gb.reduction("max", RedMode::Max, s2, mx);
+    const std::int64_t s3 = gb.virt("scores-max", sl, ElemType::F32);
+    gb.pointwise("sub_max", PwMode::Sub, {s2, mx}, s3);
+    const std::int64_t e = gb.virt("exp", sl, ElemType::F32);
+    gb.pointwise("exp", PwMode::Exp, {s3}, e);
+    const std::int64_t sum = gb.virt("row_sum", rows, ElemType::F32);
+    gb.reduction("sum", RedMode::Add, e, sum);
+    const std::int64_t lg = gb.virt("log_sum", rows, ElemType::F32);
+    gb.pointwise("log", PwMode::Log, {sum}, lg);
+    gb.pointwise("lse=max+log", PwMode::Add, {mx, lg}, uid::kStats);
+    const std::int64_t p = gb.virt("probs", sl, io);  // bmm2's A operand in the I/O type
+    gb.pointwise("div_sum", PwMode::Div, {e, sum}, p);
+    gb.matmul("p@v", p, uid::kV, uid::kO);
+    return gb.take();
+  }
+
+  gb.real(uid::kV, "v^T", swap_last_two(kl),
+          io);  // bound to v, described as V^T
+  gb.real(uid::kO, "out", ql, io);
+  gb.real(uid::kStats, "lse", rows, ElemType::F32);
+  gb.real(uid::kDO, "dout", ql, io);
+  gb.real(uid::kDQ, "dq", ql, io);
+  gb.real(uid::kDK, "dk", kl, io);
+  gb.real(uid::kDV, "dv", kl, io);
+  gb.scalar(uid::kOne, "one", ElemType::F32);
+
+  // softmax_sum = rowsum(dO * O): the Di term, in an f32 buffer of ours.
+  const std::int64_t t0 = gb.virt("dout*out", ql, ElemType::F32);
+  gb.pointwise("mul_dout_out", PwMode::Mul, {uid::kDO, uid::kO}, t0);
+  const std::int64_t t1 = gb.virt("rowsum_dout_out", rows, ElemType::F32);
+  gb.reduction("sum_dout_out", RedMode::Add, t0, t1);
+  gb.real(uid::kSoftmaxSum, "softmax_sum", rows, ElemType::F32);
+  gb.pointwise("*1", PwMode::Mul, {t1, uid::kOne}, uid::kSoftmaxSum);
+
+  // P = exp(scale * q k^T - lse), masked.
+  const std::int64_t s = gb.virt("scores", sl, ElemType::F32);
+  gb.matmul("q@k^T", uid::kQ, uid::kK, s);
+  const std::int64_t s1 = gb.virt("scaled_scores", sl, ElemType::F32);
+  gb.pointwise("*scale", PwMode::Mul, {s, uid::kScale}, s1);
+  const std::int64_t s2 = gb.virt("scores-lse", sl, ElemType::F32);
+  gb.pointwise("sub_lse", PwMode::Sub, {s1, uid::kStats}, s2);
+  const std::int64_t s3 = gb.causal_mask(s2);
+  const std::int64_t p = gb.virt("probs", sl, ElemType::F32);
+  gb.pointwise("exp", PwMode::Exp, {s3}, p);
+
+  // dV = P^T dO (per query head, then summed over the group under GQA).
+  const bool gqa = key.Hq != key.Hkv;
+  const std::int64_t pt = gb.virt("probs^T", st, io);
+  gb.reshape("transpose_probs", p, pt);
+  if (!gqa) {
+    gb.matmul("p^T@dout", pt, uid::kDO, uid::kDV);
+  } else {
+    const std::int64_t dvf = gb.virt("dv_per_q_head", per_q_head, io);
+    gb.matmul("p^T@dout", pt, uid::kDO, dvf);
+    gb.reduction("sum_group_dv", RedMode::Add, dvf, uid::kDV);
+  }
+
+  // dS = scale * P * (dO v^T - softmax_sum).
+  const std::int64_t dp = gb.virt("dout@v^T", sl, ElemType::F32);
+  gb.matmul("dout@v^T", uid::kDO, uid::kV, dp);
+  const std::int64_t d1 = gb.virt("dp-softmax_sum", sl, ElemType::F32);
+  gb.pointwise("sub_softmax_sum", PwMode::Sub, {dp, uid::kSoftmaxSum}, d1);
+  const std::int64_t d2 = gb.virt("p*(dp-softmax_sum)", sl, ElemType::F32);
+  gb.pointwise("mul_probs", PwMode::Mul, {d1, p}, d2);
+  const std::int64_t ds = gb.virt("dS", sl, ElemType::F32);
+  gb.pointwise("*scale_ds", PwMode::Mul, {d2, uid::kScale}, ds);
+
+  // dK = dS^T q.
+  const std::int64_t dst = gb.virt("dS^T", st, io);
+  gb.reshape("transpose_dS", ds, dst);
+  if (!gqa) {
+    gb.matmul("dS^T@q", dst, uid::kQ, uid::kDK);
+  } else {
+    const std::int64_t dkf = gb.virt("dk_per_q_head", per_q_head, io);
+    gb.matmul("dS^T@q", dst, uid::kQ, dkf);
+    gb.reduction("sum_group_dk", RedMode::Add, dkf, uid::kDK);
+  }
+
+  // dQ = dS k, accumulated in f32 (B, Hq, Tq, D) dense, then converted into dq. The reshape turns
+  // the K^T description back into K; cudnn-frontend leaves this view in the intermediate (f32)
+  // type, and so do we.
+  const std::int64_t kr = gb.virt("k", kl, ElemType::F32);
+  gb.reshape("transpose_k", uid::kK, kr);
+  gb.real(uid::kDQAccum, "dq_accum",
+          {{key.B, key.Hq, key.Tq, key.D}, {key.Hq * key.Tq * key.D, key.Tq * key.D, key.D, 1}},
+          ElemType::F32);
+  gb.matmul("dS@k", ds, kr, uid::kDQAccum);
+  gb.pointwise("dq=dq_accum", PwMode::Identity, {uid::kDQAccum}, uid::kDQ);
+  return gb.take();
+}
+
+std::size_t scratch_bytes(const SdpaKey& key) {
+  if (!key.backward) return 0;
+  const auto rows = static_cast<std::size_t>(key.B * key.Hq * key.Tq);
+  return align_up(rows * sizeof(float)) + align_up(rows * static_cast<std::size_t>(key.D) * 4);
+}
+
+// ---- backend descriptors ------------------------------------------------------------------------
+
+namespace {
+
+// Sets one attribute; the failing call (descriptor, attribute name, type) is in the message.
+#define SDPA_SET(desc, attr, type, count, ptr) \
+  KILN_CUDNN_CHECK(cudnnBackendSetAttribute((desc).get(), attr, type, count, ptr))
+
+class Desc {
+ public:
+  Desc() = default;
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    KILN_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+  }
+  ~Desc() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  Desc(Desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  Desc& operator=(Desc&& o) noexcept {
+    std::swap(d_, o.d_);
+    return *this;
+  }
+  cudnnBackendDescriptor_t get() const { return d_; }
+  cudnnBackendDescriptor_t* ptr() { return &d_; }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+cudnnDataType_t to_cudnn(ElemType t) {
+  switch (t) {
+    case ElemType::F32: return CUDNN_DATA_FLOAT;
+    case ElemType::BF16: return CUDNN_DATA_BFLOAT16;
+    case ElemType::F16: return CUDNN_DATA_HALF;
+    case ElemType::I32: return CUDNN_DATA_INT32;
+    case ElemType::Bool: return CUDNN_DATA_BOOLEAN;
+  }
+  fail("[attention_cudnn] unknown element type");
+}
+
+cudnnPointwiseMode_t to_cudnn(PwMode m) {
+  switch (m) {
+    case PwMode::Add: return CUDNN_POINTWISE_ADD;
+    case PwMode::Sub: return CUDNN_POINTWISE_SUB;
+    case PwMode::Mul: return CUDNN_POINTWISE_MUL;
+    case PwMode::Div: return CUDNN_POINTWISE_DIV;
+    case PwMode::Exp: return CUDNN_POINTWISE_EXP;
+    case PwMode::Log: return CUDNN_POINTWISE_LOG;
+    case PwMode::Identity: return CUDNN_POINTWISE_IDENTITY;
+    case PwMode::GenIndex: return CUDNN_POINTWISE_GEN_INDEX;
+    case PwMode::CmpGe: return CUDNN_POINTWISE_CMP_GE;
+    case PwMode::Select: return CUDNN_POINTWISE_BINARY_SELECT;
+  }
+  fail("[attention_cudnn] unknown pointwise mode");
+}
+
+// Number of inputs a pointwise mode takes (the x, b, t ports).
+std::size_t pointwise_arity(PwMode m) {
+  switch (m) {
+    case PwMode::Exp:
+    case PwMode::Log:
+    case PwMode::Identity:
+    case PwMode::GenIndex: return 1;
+    case PwMode::Select: return 3;
+    default: return 2;
+  }
+}
+
+Desc make_tensor(const TensorSpec& t) {
+  Desc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const cudnnDataType_t dt = to_cudnn(t.type);
+  const std::int64_t id = t.uid, alignment = 16;
+  const bool is_virtual = t.is_virtual, by_value = t.by_value;
+  SDPA_SET(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+  SDPA_SET(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, t.layout.dims.data());
+  SDPA_SET(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, t.layout.strides.data());
+  SDPA_SET(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id);
+  SDPA_SET(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+  SDPA_SET(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
+  if (by_value) SDPA_SET(d, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+  KILN_CUDNN_CHECK(cudnnBackendFinalize(d.get()));
+  return d;
+}
+
+// Descriptors of one graph's tensors and operations, finalized; they stay alive together.
+struct BuiltOps {
+  std::unordered_map<std::int64_t, Desc> tensors;
+  std::vector<Desc> helpers;  // pointwise / matmul / reduction descriptors the ops point to
+  std::vector<Desc> ops;
+  int finalized = 0;
+};
+
+// Points attribute `attr` of `desc` at another descriptor.
+#define SDPA_SET_DESC(desc, attr, value)                              \
+  do {                                                                \
+    cudnnBackendDescriptor_t sdpa_v_ = (value);                       \
+    SDPA_SET(desc, attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &sdpa_v_); \
+  } while (0)
+
+void build_op(const OpSpec& op, BuiltOps& b) {
+  auto tensor = [&b](std::int64_t id) {
+    auto it = b.tensors.find(id);
+    KILN_CHECK(it != b.tensors.end(), "[attention_cudnn] op reads unknown tensor uid {}", id);
+    return it->second.get();
+  };
+  const std::size_t arity = op.kind == OpKind::Pointwise ? pointwise_arity(op.pw)
+                            : op.kind == OpKind::Matmul  ? 2
+                                                         : 1;
+  KILN_CHECK(op.inputs.size() == arity, "[attention_cudnn] op '{}' has {} inputs, needs {}",
+             op.name, op.inputs.size(), arity);
+  const cudnnDataType_t fp32 = CUDNN_DATA_FLOAT;
+  Desc helper, o;
+  switch (op.kind) {
+    case OpKind::Pointwise: {
+      helper = Desc(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+      const cudnnPointwiseMode_t mode = to_cudnn(op.pw);
+      const cudnnDataType_t prec = to_cudnn(op.compute);
+      SDPA_SET(helper, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+      SDPA_SET(helper, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+      if (op.axis >= 0) SDPA_SET(helper, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &op.axis);
+      KILN_CUDNN_CHECK(cudnnBackendFinalize(helper.get()));
+      o = Desc(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, helper.get());
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, tensor(op.inputs[0]));
+      if (arity >= 2) SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, tensor(op.inputs[1]));
+      if (arity >= 3) SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, tensor(op.inputs[2]));
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, tensor(op.output));
+      break;
+    }
+    case OpKind::Matmul:
+      helper = Desc(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+      SDPA_SET(helper, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &fp32);
+      KILN_CUDNN_CHECK(cudnnBackendFinalize(helper.get()));
+      o = Desc(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_MATMUL_ADESC, tensor(op.inputs[0]));
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_MATMUL_BDESC, tensor(op.inputs[1]));
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_MATMUL_CDESC, tensor(op.output));
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_MATMUL_DESC, helper.get());
+      break;
+    case OpKind::Reduction: {
+      helper = Desc(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+      const cudnnReduceTensorOp_t mode =
+          op.red == RedMode::Max ? CUDNN_REDUCE_TENSOR_MAX : CUDNN_REDUCE_TENSOR_ADD;
+      SDPA_SET(helper, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
+      SDPA_SET(helper, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &fp32);
+      KILN_CUDNN_CHECK(cudnnBackendFinalize(helper.get()));
+      o = Desc(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, tensor(op.inputs[0]));
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, tensor(op.output));
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_REDUCTION_DESC, helper.get());
+      break;
+    }
+    case OpKind::Reshape:
+      o = Desc(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, tensor(op.inputs[0]));
+      SDPA_SET_DESC(o, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, tensor(op.output));
+      break;
+  }
+  KILN_CUDNN_CHECK(cudnnBackendFinalize(o.get()));
+  if (helper.get()) {
+    b.helpers.push_back(std::move(helper));
+    ++b.finalized;
+  }
+  b.ops.push_back(std::move(o));
+  ++b.finalized;
+}
+
+// Every tensor and op of `g`, finalized. Errors name the graph, the tensor or op, and (through
+// KILN_CUDNN_CHECK's call text) the attribute that failed.
+BuiltOps build_ops(const SdpaKey& key, const GraphSpec& g) {
+  BuiltOps b;
+  for (const TensorSpec& t : g.tensors) {
+    try {
+      b.tensors.emplace(t.uid, make_tensor(t));
+      ++b.finalized;
+    } catch (const Error& e) {
+      fail("[attention_cudnn] {}: tensor '{}' (uid {}): {}", describe(key), t.name, t.uid,
+           e.what());
+    }
+  }
+  for (const OpSpec& op : g.ops) {
+    try {
+      build_op(op, b);
+    } catch (const Error& e) {
+      fail("[attention_cudnn] {}: op '{}': {}", describe(key), op.name, e.what());
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+namespace {
+
+// The operation graph over `ops`; the handle is optional (cuDNN 9 finalizes a graph without one,
+// which is what lets the CPU tests run this far).
+Desc make_graph(const SdpaKey& key, const BuiltOps& b, cudnnHandle_t handle) {
+  Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  std::vector<cudnnBackendDescriptor_t> ops;
+  for (const Desc& o : b.ops) ops.push_back(o.get());
+  if (handle) SDPA_SET(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  SDPA_SET(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+           static_cast<std::int64_t>(ops.size()), ops.data());
+  const cudnnStatus_t gs = cudnnBackendFinalize(graph.get());
+  KILN_CHECK(gs == CUDNN_STATUS_SUCCESS,
+             "[attention_cudnn] cuDNN rejected the {} attention graph ({}): finalize of the "
+             "operation graph: {}",
+             key.backward ? "backward" : "forward", describe(key), cudnnGetErrorString(gs));
+  return graph;
+}
+
+}  // namespace
+
+int finalize_graph_without_device(const SdpaKey& key) {
+  const GraphSpec g = build_graph(key);
+  BuiltOps b = build_ops(key, g);
+  Desc graph = make_graph(key, b, nullptr);
+  return b.finalized + 1;
+}
+
+// ---- plans --------------------------------------------------------------------------------------
+
+namespace {
+
+// Where a plan is made for: the current device's cuDNN handle, or (deviceless, cuDNN >= 9.8) a
+// device-properties descriptor.
+struct Target {
+  cudnnHandle_t handle = nullptr;
+  cudnnBackendDescriptor_t device_prop = nullptr;
+};
+
+struct Chosen {
+  std::vector<Desc> configs;  // the heuristics' engine configs (the plan references one)
+  Desc plan;
+  std::int64_t workspace = 0;
+};
+
+// What one heuristics query gave: configs offered and the finalize status of each plan tried.
+struct Attempt {
+  int configs = 0;
+  std::vector<cudnnStatus_t> statuses;
+  std::string summary;
+};
+
+// Asks cuDNN's heuristics (`mode`) for engine configs and finalizes a plan from each in turn until
+// one succeeds (`stop_at_first`) or all were tried. Returns true when a plan finalized; `out` then
+// holds it.
+bool try_heuristics(const Target& target, cudnnBackendDescriptor_t graph,
+                    cudnnBackendHeurMode_t mode, bool stop_at_first, Chosen& out,
+                    Attempt& attempt) {
+  attempt.summary += fmt::format(" heuristics mode {}:", static_cast<int>(mode));
+  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  SDPA_SET(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+  SDPA_SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (target.device_prop) {
+    SDPA_SET(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+             &target.device_prop);
+  }
+  const cudnnStatus_t hs = cudnnBackendFinalize(heur.get());
+  if (hs != CUDNN_STATUS_SUCCESS) {
+    attempt.summary += fmt::format(" finalize {};", cudnnGetErrorString(hs));
+    return false;
+  }
+  std::int64_t count = 0;
+  KILN_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+  std::vector<Desc> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (std::int64_t i = 0; i < count; ++i) {
+    cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    raw.push_back(cfgs.back().get());
+  }
+  std::int64_t got = 0;
+  if (count > 0) {
+    KILN_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                                              raw.data()));
+  }
+  got = std::min(got, count);
+  attempt.configs = static_cast<int>(got);
+  attempt.summary += fmt::format(" {} configs", got);
+  bool ok = false;
+  for (std::int64_t i = 0; i < got; ++i) {
+    Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    cudnnBackendDescriptor_t cfg = raw[static_cast<std::size_t>(i)];
+    if (target.handle) {
+      SDPA_SET(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &target.handle);
+    } else {
+      SDPA_SET(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+               &target.device_prop);
+    }
+    SDPA_SET(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+    const cudnnStatus_t ps = cudnnBackendFinalize(plan.get());
+    attempt.statuses.push_back(ps);
+    attempt.summary += fmt::format(" [{}]", cudnnGetErrorString(ps));
+    if (ps != CUDNN_STATUS_SUCCESS || ok) continue;
+    std::int64_t n = 0, ws = 0;
+    KILN_CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                              CUDNN_TYPE_INT64, 1, &n, &ws));
+    out.plan = std::move(plan);
+    out.workspace = ws;
+    ok = true;
+    if (stop_at_first) break;
+  }
+  attempt.summary += ";";
+  if (ok) out.configs = std::move(cfgs);
+  return ok;
+}
+
+Chosen choose_plan(const SdpaKey& key, const Target& target, cudnnBackendDescriptor_t graph) {
+  Chosen c;
+  Attempt a, fallback;
+  if (!try_heuristics(target, graph, CUDNN_HEUR_MODE_A, true, c, a) &&
+      !try_heuristics(target, graph, CUDNN_HEUR_MODE_FALLBACK, true, c, fallback)) {
+    fail(
+        "[attention_cudnn] no cuDNN {} engine for this attention graph ({}):{}{} cuDNN {} (the "
+        "fused attention engines compile kernels at plan time: they need NVRTC and the driver)",
+        key.backward ? "backward" : "forward", describe(key), a.summary, fallback.summary,
+        cudnnGetVersion());
+  }
+  return c;
+}
+
+struct Plan {
+  SdpaKey key;
+  GraphSpec spec;  // by-value scalars live here: the variant pack points at them
+  BuiltOps ops;
+  Desc graph;
+  Chosen chosen;
+};
+
+std::unique_ptr<Plan> build_plan(const SdpaKey& key) {
+  auto p = std::make_unique<Plan>();
+  p->key = key;
+  p->spec = build_graph(key);
+  p->ops = build_ops(key, p->spec);
+  Target target;
+  target.handle = cudnn_handle();
+  p->graph = make_graph(key, p->ops, target.handle);
+  p->chosen = choose_plan(key, target, p->graph.get());
+  return p;
+}
+
+}  // namespace
+
+DevicelessPlan plan_without_device(const SdpaKey& key, const std::string& device_json) {
+  return plan_without_device(key, build_graph(key), device_json);
+}
+
+DevicelessPlan plan_without_device(const SdpaKey& key, const GraphSpec& g,
+                                   const std::string& device_json) {
+  KILN_CHECK(cudnnGetVersion() >= 90800,
+             "[attention_cudnn] deviceless planning needs cuDNN >= 9.8, have {}",
+             cudnnGetVersion());
+  BuiltOps b = build_ops(key, g);
+  Desc graph = make_graph(key, b, nullptr);
+  Desc prop(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+  SDPA_SET(prop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+           static_cast<std::int64_t>(device_json.size()), device_json.data());
+  KILN_CUDNN_CHECK(cudnnBackendFinalize(prop.get()));
+  Target target;
+  target.device_prop = prop.get();
+  DevicelessPlan out;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    Chosen c;
+    Attempt a;
+    const bool ok = try_heuristics(target, graph.get(), mode, false, c, a);
+    out.summary += a.summary;
+    if (a.configs == 0) continue;
+    out.heuristics_mode = static_cast<int>(mode);
+    out.configs = a.configs;
+    for (cudnnStatus_t st : a.statuses) {
+      out.finalized += st == CUDNN_STATUS_SUCCESS;
+      out.compiled_not_loaded += st == CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER;
+    }
+    if (ok) out.workspace = c.workspace;
+    break;
+  }
+  return out;
+}
+
+namespace {
+
+struct KeyHash {
+  std::size_t operator()(const SdpaKey& k) const { return hash_key(k); }
+};
+
+// Bounded plan cache: decode with a growing cache makes a new key per step (Tk grows), so the
+// oldest plans are dropped past kMaxPlans. Plans are shared_ptr so one in use survives eviction.
+constexpr std::size_t kMaxPlans = 256;
+struct PlanCache {
+  std::mutex mutex;
+  std::unordered_map<SdpaKey, std::shared_ptr<Plan>, KeyHash> plans;
+  std::list<SdpaKey> order;  // insertion order, oldest first
+};
+PlanCache& plan_cache() {
+  static PlanCache* cache = new PlanCache;  // leaked on purpose (see the file comment)
+  return *cache;
+}
+
+std::shared_ptr<Plan> get_plan(const SdpaKey& key) {
+  validate(key);
+  KILN_CHECK(current_device() == key.device,
+             "[attention_cudnn] plan for cuda:{} requested while cuda:{} is current", key.device,
+             current_device());
+  PlanCache& c = plan_cache();
+  std::lock_guard lock(c.mutex);
+  if (auto it = c.plans.find(key); it != c.plans.end()) return it->second;
+  std::shared_ptr<Plan> p = build_plan(key);
+  while (c.plans.size() >= kMaxPlans && !c.order.empty()) {
+    c.plans.erase(c.order.front());
+    c.order.pop_front();
+  }
+  c.plans.emplace(key, p);
+  c.order.push_back(key);
+  return p;
+}
+
+void check_aligned(const void* p, const char* what) {
+  KILN_CHECK(p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 == 0,
+             "[attention_cudnn] {} pointer {} is not 16-byte aligned (cuDNN's tensors are declared "
+             "with 16-byte alignment)",
+             what, p);
+}
+
+// Binds the plan's non-virtual tensors (device pointers from `bound`, scalars from the plan) and
+// runs it on `stream`.
+void execute(Plan& p, const std::unordered_map<std::int64_t, void*>& bound, void* workspace,
+             StreamHandle stream) {
+  std::vector<std::int64_t> uids;
+  std::vector<void*> ptrs;
+  for (const TensorSpec& t : p.spec.tensors) {
+    if (t.is_virtual) continue;
+    void* ptr = nullptr;
+    if (t.by_value) {
+      switch (t.uid) {
+        case uid::kScale: ptr = &p.spec.scale; break;
+        case uid::kNegInf: ptr = &p.spec.neg_inf; break;
+        case uid::kOne: ptr = &p.spec.one; break;
+        case uid::kShift: ptr = &p.spec.shift; break;
+        default: fail("[attention_cudnn] no value for scalar uid {}", t.uid);
+      }
+    } else {
+      auto it = bound.find(t.uid);
+      KILN_CHECK(it != bound.end(), "[attention_cudnn] tensor '{}' (uid {}) is not bound", t.name,
+                 t.uid);
+      ptr = it->second;
+    }
+    uids.push_back(t.uid);
+    ptrs.push_back(ptr);
+  }
+  cudnnHandle_t handle = cudnn_handle();
+  KILN_CUDNN_CHECK(cudnnSetStream(handle, stream));
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  SDPA_SET(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
+           static_cast<std::int64_t>(uids.size()), uids.data());
+  SDPA_SET(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+           static_cast<std::int64_t>(ptrs.size()), ptrs.data());
+  SDPA_SET(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  KILN_CUDNN_CHECK(cudnnBackendFinalize(pack.get()));
+  KILN_CUDNN_CHECK(cudnnBackendExecute(handle, p.chosen.plan.get(), pack.get()));
+}
+
+std::size_t total_workspace(const Plan& p) {
+  return align_up(static_cast<std::size_t>(p.chosen.workspace)) + scratch_bytes(p.key);
+}
+
+}  // namespace
+
+std::size_t workspace_bytes(const SdpaKey& key) { return total_workspace(*get_plan(key)); }
+
+std::size_t cached_plans() {
+  PlanCache& c = plan_cache();
+  std::lock_guard lock(c.mutex);
+  return c.plans.size();
+}
+
+void forward(const SdpaKey& key, const void* q, const void* k, const void* v, void* o, float* stats,
+             void* workspace, std::size_t workspace_size, StreamHandle stream) {
+  KILN_CHECK(!key.backward, "[attention_cudnn] forward called with a backward key");
+  std::shared_ptr<Plan> p = get_plan(key);
+  check_aligned(q, "q");
+  check_aligned(k, "k");
+  check_aligned(v, "v");
+  check_aligned(o, "out");
+  check_aligned(stats, "lse");
+  const std::size_t need = total_workspace(*p);
+  KILN_CHECK(workspace_size >= need && (need == 0 || workspace != nullptr),
+             "[attention_cudnn] workspace of {} bytes, plan needs {}", workspace_size, need);
+  execute(*p,
+          {{uid::kQ, const_cast<void*>(q)},
+           {uid::kK, const_cast<void*>(k)},
+           {uid::kV, const_cast<void*>(v)},
+           {uid::kO, o},
+           {uid::kStats, stats}},
+          workspace, stream);
+}
+
+void backward(const SdpaKey& key, const void* q, const void* k, const void* v, const void* o,
+              const float* stats, const void* dout, void* dq, void* dk, void* dv, void* workspace,
+              std::size_t workspace_size, StreamHandle stream) {
+  KILN_CHECK(key.backward, "[attention_cudnn] backward called with a forward key");
+  std::shared_ptr<Plan> p = get_plan(key);
+  const std::pair<const void*, const char*> pointers[] = {
+      {q, "q"},       {k, "k"},   {v, "v"},   {o, "out"}, {stats, "lse"},
+      {dout, "dout"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};
+  for (const auto& [ptr, name] : pointers) check_aligned(ptr, name);
+  const std::size_t need = total_workspace(*p);
+  KILN_CHECK(workspace_size >= need && workspace != nullptr,
+             "[attention_cudnn] workspace of {} bytes, plan needs {}", workspace_size, need);
+  // Our scratch follows cuDNN's workspace: softmax_sum (B*Hq*Tq f32), then dQ_accum.
+  auto* base = static_cast<unsigned char*>(workspace);
+  const std::size_t rows = static_cast<std::size_t>(key.B * key.Hq * key.Tq);
+  unsigned char* softmax_sum = base + align_up(static_cast<std::size_t>(p->chosen.workspace));
+  unsigned char* dq_accum = softmax_sum + align_up(rows * sizeof(float));
+  // cuDNN >= 9.6 clears the dQ accumulator itself (cudnn-frontend stopped doing it); clearing it
+  // here too is cheap next to the attention and keeps older 9.x libraries correct.
+  memset_async(dq_accum, 0, rows * static_cast<std::size_t>(key.D) * sizeof(float), stream);
+  execute(*p,
+          {{uid::kQ, const_cast<void*>(q)},
+           {uid::kK, const_cast<void*>(k)},
+           {uid::kV, const_cast<void*>(v)},
+           {uid::kO, const_cast<void*>(o)},
+           {uid::kStats, const_cast<float*>(stats)},
+           {uid::kDO, const_cast<void*>(dout)},
+           {uid::kDQ, dq},
+           {uid::kDK, dk},
+           {uid::kDV, dv},
+           {uid::kSoftmaxSum, softmax_sum},
+           {uid::kDQAccum, dq_accum}},
+          workspace, stream);
+}
+
+}  // namespace kiln::cuda::cudnn_sdpa
