@@ -2,17 +2,20 @@
 // library handles (cuBLASLt with its workspace, cuDNN). See runtime.h for the contract.
 //
 // Kernel here: fill_iota_u32, dst[i] = start + i (writes, `=`), a toolchain probe only.
-#include "kernels/cuda/runtime.h"
-
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <type_traits>
+
+#include "kernels/cuda/runtime.h"
 
 namespace kiln::cuda {
 
@@ -56,6 +59,107 @@ void throw_nccl_error(int code, const char* call, const char* file, int line) {
 
 }  // namespace detail
 
+// ---- contexts: created once per device, and measured -------------------------------------------
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+struct ContextRecord {
+  std::once_flag once;
+  size_t context = 0;
+  size_t other_processes = 0;
+  bool measured = false;
+  std::atomic<bool> created{false};  // set last (release): the fields above are then final
+};
+std::array<ContextRecord, kMaxDevices> g_contexts;
+
+// NVML, loaded at run time (it ships with the driver, not the toolkit, so nothing links it):
+// device memory in use before our context exists, which cudaMemGetInfo cannot tell without
+// creating one. The declarations follow nvml.h (NVML 11+); nvmlMemory_v2 keeps the driver's
+// reserved memory apart from `used`, as cudaMemGetInfo's total leaves it out.
+struct NvmlMemoryV2 {
+  unsigned int version;
+  unsigned long long total, reserved, free, used;
+};
+using NvmlDevice = struct NvmlDeviceOpaque*;
+using NvmlInitFn = int (*)();
+using NvmlShutdownFn = int (*)();
+using NvmlByBusIdFn = int (*)(const char*, NvmlDevice*);
+using NvmlMemoryV2Fn = int (*)(NvmlDevice, NvmlMemoryV2*);
+
+// Bytes in use on `device` as NVML reports them (allocations of every process, not the
+// driver's reservation); nullopt when NVML or the v2 query is unavailable.
+std::optional<size_t> nvml_used_bytes(int device) {
+  char bus_id[64] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return std::nullopt;
+  auto init = reinterpret_cast<NvmlInitFn>(dlsym(lib, "nvmlInit_v2"));
+  auto shutdown = reinterpret_cast<NvmlShutdownFn>(dlsym(lib, "nvmlShutdown"));
+  auto by_bus = reinterpret_cast<NvmlByBusIdFn>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+  auto mem = reinterpret_cast<NvmlMemoryV2Fn>(dlsym(lib, "nvmlDeviceGetMemoryInfo_v2"));
+  std::optional<size_t> used;
+  if (init && shutdown && by_bus && mem && init() == 0) {
+    NvmlDevice dev = nullptr;
+    NvmlMemoryV2 m{};
+    // NVML_STRUCT_VERSION(Memory, 2): the struct's size with the version in the top byte.
+    m.version = static_cast<unsigned int>(sizeof(NvmlMemoryV2)) | (2u << 24);
+    if (by_bus(bus_id, &dev) == 0 && mem(dev, &m) == 0 && m.used <= m.total)
+      used = static_cast<size_t>(m.used);
+    (void)shutdown();
+  }
+  dlclose(lib);
+  return used;
+}
+
+// Creates the primary context of `device` once, measuring it, and leaves `device` current.
+void create_context(int device) {
+  KILN_CHECK(device >= 0 && device < kMaxDevices, "[cuda] device index {} exceeds {}", device,
+             kMaxDevices);
+  ContextRecord& r = g_contexts[static_cast<size_t>(device)];
+  std::call_once(r.once, [&] {
+    const std::optional<size_t> before = nvml_used_bytes(device);
+    KILN_CUDA_CHECK(cudaSetDevice(device));  // creates the primary context (CUDA 12+)
+    KILN_CUDA_CHECK(cudaFree(nullptr));      // and so does this, on any version
+    size_t free_b = 0, total_b = 0;
+    KILN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t used_after = total_b - free_b;
+    if (before && *before <= used_after) {
+      r.context = used_after - *before;
+      r.other_processes = *before;
+      r.measured = true;
+    } else {
+      r.context = used_after;  // everything in use: ours, and anyone else's
+      r.other_processes = 0;
+      r.measured = false;
+    }
+    r.created.store(true, std::memory_order_release);
+  });
+  KILN_CUDA_CHECK(cudaSetDevice(device));
+}
+
+// The current device, with its context created.
+int ensure_context() {
+  int d = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&d));  // creates nothing
+  if (d < 0 || d >= kMaxDevices ||
+      !g_contexts[static_cast<size_t>(d)].created.load(std::memory_order_acquire))
+    create_context(d);
+  return d;
+}
+
+size_t driver_free_bytes() {
+  size_t free_b = 0, total_b = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return free_b;
+}
+
+}  // namespace
+
 // ---- devices
 // -------------------------------------------------------------------------------------
 
@@ -95,15 +199,24 @@ int current_device() {
   return d;
 }
 
-void set_device(int device) { KILN_CUDA_CHECK(cudaSetDevice(device)); }
+void set_device(int device) {
+  const int n = device_count();
+  KILN_CHECK(device >= 0 && device < n, "[cuda] set_device: device {} out of range [0, {})", device,
+             n);
+  create_context(device);
+}
 
 MemInfo mem_get_info() {
+  (void)ensure_context();
   MemInfo m;
   KILN_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
   return m;
 }
 
-void device_synchronize() { KILN_CUDA_CHECK(cudaDeviceSynchronize()); }
+void device_synchronize() {
+  (void)ensure_context();
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 int runtime_version() {
   int v = 0;
@@ -121,10 +234,11 @@ int driver_version() {
 }
 
 // ---- raw memory
-// ------------------------------------------------------------------------------------
+// ----------------------------------------------------------------------------------
 
 void* device_malloc(size_t bytes) {
   if (bytes == 0) return nullptr;
+  (void)ensure_context();
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);
   if (err == cudaErrorMemoryAllocation) {
@@ -165,9 +279,12 @@ void memset_async(void* dst, int byte_value, size_t bytes, StreamHandle stream) 
 }
 
 // ---- streams
-// ---------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------
 
-Stream::Stream() { KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+Stream::Stream() {
+  (void)ensure_context();
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
 
 Stream::~Stream() {
   // Destructors must not throw; a failure here means the context is already gone.
@@ -189,18 +306,18 @@ void Stream::synchronize() const { stream_synchronize(stream_); }
 
 void stream_synchronize(StreamHandle stream) { KILN_CUDA_CHECK(cudaStreamSynchronize(stream)); }
 
-// ---- library handles
-// -------------------------------------------------------------------------------
+// ---- library handles ---------------------------------------------------------------------------
 
 namespace {
 
 constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;
-constexpr int kMaxDevices = 64;
 
 struct DeviceHandles {
   cublasLtHandle_t cublaslt = nullptr;
   Workspace workspace;
   cudnnHandle_t cudnn = nullptr;
+  size_t cublaslt_bytes = 0;  // measured around cublasLtCreate
+  size_t cudnn_bytes = 0;     // measured around cudnnCreate
 };
 
 // Handles are created once per device and deliberately never destroyed: destroying them from a
@@ -209,10 +326,13 @@ std::mutex g_handles_mutex;
 std::array<DeviceHandles, kMaxDevices> g_handles;
 
 DeviceHandles& handles_for_current_device() {
-  const int d = current_device();
+  const int d = ensure_context();
   KILN_CHECK(d >= 0 && d < kMaxDevices, "[cuda] device index {} exceeds {}", d, kMaxDevices);
   return g_handles[static_cast<size_t>(d)];
 }
+
+// What a creation cost: the driver's free memory before minus after (0 if it grew).
+size_t freed_between(size_t before, size_t after) { return before > after ? before - after : 0; }
 
 }  // namespace
 
@@ -220,15 +340,20 @@ cublasLtContext* cublaslt_handle() {
   std::lock_guard lock(g_handles_mutex);
   DeviceHandles& h = handles_for_current_device();
   if (!h.cublaslt) {
-    void* ws = device_malloc(kCublasLtWorkspaceBytes);
+    const size_t f0 = driver_free_bytes();
     cublasLtHandle_t handle = nullptr;
-    const cublasStatus_t st = cublasLtCreate(&handle);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      device_free(ws);
-      KILN_CUBLAS_CHECK(st);
+    KILN_CUBLAS_CHECK(cublasLtCreate(&handle));
+    const size_t f1 = driver_free_bytes();
+    void* ws = nullptr;
+    try {
+      ws = device_malloc(kCublasLtWorkspaceBytes);
+    } catch (...) {
+      (void)cublasLtDestroy(handle);
+      throw;
     }
     h.cublaslt = handle;
     h.workspace = Workspace{ws, kCublasLtWorkspaceBytes};
+    h.cublaslt_bytes = freed_between(f0, f1);
   }
   return h.cublaslt;
 }
@@ -242,17 +367,42 @@ Workspace cublaslt_workspace() {
 cudnnContext* cudnn_handle() {
   std::lock_guard lock(g_handles_mutex);
   DeviceHandles& h = handles_for_current_device();
-  if (!h.cudnn) KILN_CUDNN_CHECK(cudnnCreate(&h.cudnn));
+  if (!h.cudnn) {
+    const size_t f0 = driver_free_bytes();
+    KILN_CUDNN_CHECK(cudnnCreate(&h.cudnn));
+    h.cudnn_bytes = freed_between(f0, driver_free_bytes());
+  }
   return h.cudnn;
 }
 
-size_t runtime_reserved_bytes() {
+RuntimeBytes runtime_bytes() {
+  RuntimeBytes r;
+  int d = 0;
+  // Reading the figures creates nothing, and without a driver or device they are all zero.
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return r;
+  }
+  if (d < 0 || d >= kMaxDevices) return r;
+  const ContextRecord& c = g_contexts[static_cast<size_t>(d)];
   std::lock_guard lock(g_handles_mutex);
-  return handles_for_current_device().workspace.bytes;
+  if (c.created.load(std::memory_order_acquire)) {
+    r.context = c.context;
+    r.other_processes = c.other_processes;
+    r.context_created = true;
+    r.context_measured = c.measured;
+  }
+  const DeviceHandles& h = g_handles[static_cast<size_t>(d)];
+  r.cublaslt_handle = h.cublaslt_bytes;
+  r.cublaslt_workspace = h.workspace.bytes;
+  r.cudnn_handle = h.cudnn_bytes;
+  return r;
 }
 
+size_t runtime_reserved_bytes() { return runtime_bytes().libraries(); }
+
 // ---- versions
-// --------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------
 
 int cublaslt_version() { return static_cast<int>(cublasLtGetVersion()); }
 int cudnn_version() { return static_cast<int>(cudnnGetVersion()); }

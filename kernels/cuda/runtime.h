@@ -46,6 +46,31 @@ struct Workspace {
   size_t bytes = 0;
 };
 
+// Device memory that the CUDA runtime and the libraries hold on one device: the memory report's
+// Runtime row. Each figure is the driver's free memory (cudaMemGetInfo) just before the thing
+// was created minus just after, so it is what the creation cost, whatever the driver rounds to.
+//   context   the primary context (cudaSetDevice + cudaFree(0), made by kiln::cuda the first
+//             time the device is used through this file). Before the context exists, only NVML
+//             (libnvidia-ml, loaded at run time) can say how much memory is in use; with it,
+//             context = (total - free after) - (NVML's used before), and other_processes is
+//             NVML's used before. Without NVML, context_measured is false, other_processes 0,
+//             and context is everything in use right after the creation.
+//   cuBLASLt  the handle (cublasLtCreate) and our 32 MiB workspace, made together on first use.
+//   cuDNN     the handle (cudnnCreate), made on first use.
+// What the libraries load later (lazily loaded kernels, cuDNN engines) is not in here: the
+// report's Unattributed row (driver used - kiln's reserved - runtime) catches it.
+struct RuntimeBytes {
+  size_t context = 0;
+  size_t cublaslt_handle = 0;
+  size_t cublaslt_workspace = 0;
+  size_t cudnn_handle = 0;
+  size_t other_processes = 0;
+  bool context_created = false;   // the context exists (made through this file)
+  bool context_measured = false;  // NVML gave the use before the context (see above)
+  size_t libraries() const { return cublaslt_handle + cublaslt_workspace + cudnn_handle; }
+  size_t total() const { return context + libraries(); }
+};
+
 #if defined(KILN_CUDA)
 
 namespace detail {
@@ -87,10 +112,12 @@ constexpr bool compiled_with_cuda() { return true; }
 
 // ---- devices
 // ------------------------------------------------------------------------------------- Number of
-// visible CUDA devices; 0 (never an exception) when there is no driver or no GPU.
+// visible CUDA devices; 0 (never an exception) when there is no driver or no GPU. Creates no
+// context.
 int device_count();
 DeviceInfo device_info(int device);
 int current_device();
+// Makes `device` current, creating (and measuring, see RuntimeBytes) its context first.
 void set_device(int device);
 MemInfo mem_get_info();  // current device
 void device_synchronize();
@@ -98,7 +125,7 @@ int runtime_version();  // CUDART_VERSION style, 13000 = 13.0
 int driver_version();   // 0 when no driver is installed
 
 // ---- raw memory
-// ------------------------------------------------------------------------------------ cudaMalloc /
+// ---------------------------------------------------------------------------------- cudaMalloc /
 // cudaFree. bytes == 0 gives nullptr; device_free(nullptr) is a no-op. Out of memory throws
 // kiln::Error naming the size and the free/total memory.
 void* device_malloc(size_t bytes);
@@ -112,7 +139,7 @@ void memcpy_d2d(void* dst, const void* src, size_t bytes, StreamHandle stream = 
 void memset_async(void* dst, int byte_value, size_t bytes, StreamHandle stream = nullptr);
 
 // ---- streams
-// --------------------------------------------------------------------------------------- Owning,
+// ------------------------------------------------------------------------------------- Owning,
 // non-blocking stream (cudaStreamNonBlocking) on the current device.
 class Stream {
  public:
@@ -136,9 +163,9 @@ cublasLtContext* cublaslt_handle();
 Workspace
 cublaslt_workspace();  // 32 MiB (cuBLAS's recommendation for Hopper), made with the handle
 cudnnContext* cudnn_handle();
-// Bytes the runtime itself holds on the current device (today: the cuBLASLt workspace), for the
-// memory report's Runtime row. The CUDA context's own footprint is not included: the report
-// infers it from the driver's used memory.
+// The current device's RuntimeBytes (zeros for what was not created yet).
+RuntimeBytes runtime_bytes();
+// The libraries' part of it (handles and workspaces, not the context).
 size_t runtime_reserved_bytes();
 
 // ---- versions (for logs and gpu_check results) --------------------------------------------------
@@ -180,6 +207,7 @@ inline void memcpy_d2d(void*, const void*, size_t, StreamHandle = nullptr) {
 }
 inline void memset_async(void*, int, size_t, StreamHandle = nullptr) { no_cuda("memset_async"); }
 inline void stream_synchronize(StreamHandle) { no_cuda("stream_synchronize"); }
+inline RuntimeBytes runtime_bytes() { return {}; }
 inline size_t runtime_reserved_bytes() { return 0; }
 inline int cublaslt_version() { return 0; }
 inline int cudnn_version() { return 0; }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -65,6 +66,15 @@ TEST(CudaErrors, CublasCudnnNcclChecksNameTheirLibrary) {
   const std::string nccl = error_message([] { KILN_NCCL_CHECK(kNcclInvalidArgument); });
   EXPECT_EQ(nccl.rfind("[nccl] test_cuda_runtime.cpp:", 0), 0u) << nccl;
   EXPECT_NE(nccl.find("kNcclInvalidArgument"), std::string::npos) << nccl;
+}
+
+TEST(CudaDevices, RuntimeBytesNeverThrowAndStartEmptyWithoutADevice) {
+  RuntimeBytes r;
+  EXPECT_NO_THROW(r = runtime_bytes());
+  if (device_count() == 0) {
+    EXPECT_FALSE(r.context_created);
+    EXPECT_EQ(r.total(), 0u);
+  }
 }
 
 TEST(CudaDevices, DeviceCountNeverThrows) {
@@ -191,7 +201,8 @@ TEST_F(CudaDevice, LibraryHandlesAndVersions) {
   const Workspace ws = cublaslt_workspace();
   EXPECT_NE(ws.ptr, nullptr);
   EXPECT_EQ(ws.bytes, size_t{32} << 20);
-  EXPECT_EQ(runtime_reserved_bytes(), ws.bytes);
+  EXPECT_GE(runtime_reserved_bytes(), ws.bytes);
+  EXPECT_EQ(runtime_reserved_bytes(), runtime_bytes().libraries());
 
   cudnnContext* dnn = cudnn_handle();
   EXPECT_NE(dnn, nullptr);
@@ -200,6 +211,34 @@ TEST_F(CudaDevice, LibraryHandlesAndVersions) {
   EXPECT_GE(cudnn_version(), 90000);  // cuDNN 9
   EXPECT_GE(nccl_version(), 20000);   // NCCL 2.x
   EXPECT_GT(cublaslt_version(), 0);
+}
+
+TEST_F(CudaDevice, RuntimeBytesAreMeasuredAndAddUp) {
+  // SetUp made the context (set_device); its cost was measured then.
+  (void)cublaslt_handle();
+  (void)cudnn_handle();
+  const RuntimeBytes r = runtime_bytes();
+  EXPECT_TRUE(r.context_created);
+  const MemInfo m = mem_get_info();
+  const size_t used = m.total_bytes - m.free_bytes;
+  // A CUDA context on a Hopper GPU costs at least a few MiB and far less than the card.
+  EXPECT_GT(r.context, size_t{1} << 20) << "context " << r.context;
+  EXPECT_LT(r.context, m.total_bytes / 4) << "context " << r.context;
+  EXPECT_EQ(r.cublaslt_workspace, size_t{32} << 20);
+  EXPECT_EQ(r.libraries(), r.cublaslt_handle + r.cublaslt_workspace + r.cudnn_handle);
+  EXPECT_EQ(r.total(), r.context + r.libraries());
+  // The driver's used memory holds at least what we measured, and what others held before.
+  EXPECT_GE(used, r.total() + r.other_processes);
+  if (!r.context_measured) EXPECT_EQ(r.other_processes, 0u);
+  std::printf(
+      "runtime bytes: context %zu (%s), cublasLt handle %zu + workspace %zu, cudnn %zu, "
+      "other processes %zu; driver used %zu\n",
+      r.context, r.context_measured ? "NVML before/after" : "all used after creation",
+      r.cublaslt_handle, r.cublaslt_workspace, r.cudnn_handle, r.other_processes, used);
+  // Reading the figures again changes nothing.
+  const RuntimeBytes again = runtime_bytes();
+  EXPECT_EQ(again.total(), r.total());
+  EXPECT_THROW(set_device(device_count()), kiln::Error);
 }
 
 #else  // built without CUDA
@@ -213,6 +252,13 @@ TEST(CudaRuntime, CpuOnlyStubsSayNoCuda) {
   } catch (const kiln::Error& e) {
     EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
   }
+}
+
+TEST(CudaRuntime, CpuOnlyRuntimeBytesAreZero) {
+  const RuntimeBytes r = runtime_bytes();
+  EXPECT_FALSE(r.context_created);
+  EXPECT_EQ(r.total(), 0u);
+  EXPECT_EQ(runtime_reserved_bytes(), 0u);
 }
 
 TEST(CudaRuntime, Skipped) { GTEST_SKIP() << "built without CUDA (configure with -DKILN_CUDA=ON)"; }
