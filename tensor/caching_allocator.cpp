@@ -3,6 +3,9 @@
 #include "tensor/caching_allocator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/common/error.h"
@@ -23,6 +26,63 @@ std::size_t segment_size(std::size_t rounded) {
   if (is_small(rounded)) return kSmallSegment;
   if (rounded < kLargeMin) return kLargeSegment;
   return (rounded + kLargeRound - 1) / kLargeRound * kLargeRound;
+}
+
+namespace {
+
+std::size_t guard_bytes_from_env() {
+  const char* v = std::getenv("KILN_GUARD_BYTES");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end != '\0' || n > kMaxGuardBytes) {
+    std::fprintf(stderr, "kiln: ignoring KILN_GUARD_BYTES=%s (want 0..%zu)\n", v, kMaxGuardBytes);
+    return 0;
+  }
+  return static_cast<std::size_t>(n);
+}
+
+std::atomic<std::size_t>& guard_setting() {
+  static std::atomic<std::size_t> g{guard_bytes_from_env()};
+  return g;
+}
+
+}  // namespace
+
+void set_guard_bytes(std::size_t n) {
+  KILN_CHECK(n <= kMaxGuardBytes, "[allocator] guard bytes {} exceed the limit of {}", n,
+             kMaxGuardBytes);
+  guard_setting().store(n);
+}
+
+std::size_t guard_bytes() { return guard_setting().load(); }
+
+GuardLayout guard_layout(std::size_t nbytes, std::size_t guard) {
+  KILN_CHECK(guard <= kMaxGuardBytes, "[allocator] guard bytes {} exceed the limit of {}", guard,
+             kMaxGuardBytes);
+  GuardLayout g;
+  g.charged = round_size(nbytes);
+  if (nbytes == 0 || guard == 0) {
+    g.block_bytes = g.charged;
+    g.guard_offset = nbytes;
+    return g;
+  }
+  KILN_CHECK(nbytes <= kMaxRequest - guard, "[allocator] request of {} bytes is too large", nbytes);
+  g.block_bytes = round_size(nbytes + guard);
+  g.guard_offset = nbytes;
+  g.guard_len = guard;
+  return g;
+}
+
+GuardCheck check_guard_bytes(const std::uint8_t* guard, std::size_t n, std::uint8_t pattern) {
+  GuardCheck c;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (guard[i] == pattern) continue;
+    if (c.bad == 0) c.first = i;
+    c.last = i;
+    c.bad++;
+  }
+  return c;
 }
 
 }  // namespace caching
@@ -112,10 +172,11 @@ void BlockPool::out_of_memory(std::size_t rounded, const std::string& why) {
                                format_bytes(static_cast<std::int64_t>(total_b)))
                  : std::string("free ? of ?");
   auto b = [](std::size_t n) { return format_bytes(static_cast<std::int64_t>(n)); };
-  fail("[allocator] {}: out of memory: requested {}, reserved {}, allocated {} ({}); a new {} "
-       "segment was refused after releasing the cache{}{}",
-       name_, b(rounded), b(s_.reserved), b(s_.allocated), device,
-       b(caching::segment_size(rounded)), why.empty() ? "" : ": ", why);
+  fail(
+      "[allocator] {}: out of memory: requested {}, reserved {}, allocated {} ({}); a new {} "
+      "segment was refused after releasing the cache{}{}",
+      name_, b(rounded), b(s_.reserved), b(s_.allocated), device, b(caching::segment_size(rounded)),
+      why.empty() ? "" : ": ", why);
 }
 
 std::size_t BlockPool::release_free_segments() {
@@ -139,28 +200,33 @@ std::size_t BlockPool::release_free_segments() {
 }
 
 void* BlockPool::allocate(std::size_t nbytes, MemCategory c) {
-  const std::size_t rounded = caching::round_size(nbytes);
+  const std::size_t guard = nbytes > 0 && backend_.can_guard() ? caching::guard_bytes() : 0;
+  const caching::GuardLayout layout = caching::guard_layout(nbytes, guard);
+  const std::size_t rounded = layout.charged;  // what the tracker is charged
   if (rounded == 0) {
     if (tracker_) tracker_->on_alloc(c, 0);  // counted as an event, charged nothing
     return nullptr;
   }
-  const bool small = caching::is_small(rounded);
+  // The block: the rounded request, or with guards the rounded request plus guard. Pool,
+  // segment and split decisions follow the block's size.
+  const std::size_t need = layout.block_bytes;
+  const bool small = caching::is_small(need);
   std::lock_guard lock(mu_);
   FreeSet& pool = pool_of(small);
-  Block key;  // sorts before every free block of at least `rounded` bytes
-  key.size = rounded;
+  Block key;  // sorts before every free block of at least `need` bytes
+  key.size = need;
   Block* b = nullptr;
   if (auto it = pool.lower_bound(&key); it != pool.end()) {
     b = *it;
     pool.erase(it);
     free_block_count_--;
   } else {
-    b = reserve_segment(rounded, small);
+    b = reserve_segment(need, small);
   }
-  const std::size_t rest = b->size - rounded;
+  const std::size_t rest = b->size - need;
   if (rest >= (small ? caching::kSmallSplitMin : caching::kLargeSplitMin)) {
     auto* tail = new Block;
-    tail->addr = b->addr + rounded;
+    tail->addr = b->addr + need;
     tail->size = rest;
     tail->segment = b->segment;
     tail->small = small;
@@ -168,13 +234,27 @@ void* BlockPool::allocate(std::size_t nbytes, MemCategory c) {
     tail->next = b->next;
     if (b->next) b->next->prev = tail;
     b->next = tail;
-    b->size = rounded;
+    b->size = need;
     pool.insert(tail);
     free_block_count_++;
   }
   b->allocated = true;
   b->charged = rounded;
+  b->requested = nbytes;
+  b->guard = layout.guard_len;
   b->category = c;
+  if (b->guard > 0) {
+    try {
+      backend_.fill(reinterpret_cast<void*>(b->addr + layout.guard_offset), caching::kGuardPattern,
+                    b->guard);
+    } catch (...) {
+      // Give the block back untouched by the accounting, then report the device's error.
+      b->allocated = false;
+      b->charged = b->requested = b->guard = 0;
+      insert_free(b);
+      throw;
+    }
+  }
   active_.emplace(b->addr, b);
   s_.allocated += rounded;
   s_.allocated_peak = std::max(s_.allocated_peak, s_.allocated);
@@ -182,6 +262,42 @@ void* BlockPool::allocate(std::size_t nbytes, MemCategory c) {
   s_.num_allocs++;
   if (tracker_) tracker_->on_alloc(c, static_cast<std::int64_t>(rounded));
   return reinterpret_cast<void*>(b->addr);
+}
+
+std::string BlockPool::check_block_guard(const Block& b) {
+  if (b.guard == 0) return "";
+  std::vector<std::uint8_t> host(b.guard);
+  try {
+    backend_.read(host.data(), reinterpret_cast<const void*>(b.addr + b.requested), b.guard);
+  } catch (const std::exception& e) {
+    return fmt::format("{} block {:#x} (requested {} bytes, {}): guard not readable: {}", name_,
+                       b.addr, b.requested, mem_category_name(b.category), e.what());
+  } catch (...) {
+    return fmt::format("{} block {:#x} (requested {} bytes, {}): guard not readable", name_, b.addr,
+                       b.requested, mem_category_name(b.category));
+  }
+  const caching::GuardCheck c = caching::check_guard_bytes(host.data(), host.size());
+  if (c.bad == 0) return "";
+  return fmt::format(
+      "{} block {:#x} (requested {} bytes, block {} bytes, {}): {} of {} guard bytes "
+      "overwritten, at bytes {}..{} past the end",
+      name_, b.addr, b.requested, b.size, mem_category_name(b.category), c.bad, b.guard, c.first,
+      c.last);
+}
+
+std::vector<std::string> BlockPool::check_guards() {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out = std::move(guard_violations_);
+  guard_violations_.clear();
+  std::vector<const Block*> live;
+  for (const auto& [addr, b] : active_)
+    if (b->guard > 0) live.push_back(b);
+  // Address order, so that reports are stable from run to run on the same layout.
+  std::sort(live.begin(), live.end(),
+            [](const Block* x, const Block* y) { return x->addr < y->addr; });
+  for (const Block* b : live)
+    if (std::string v = check_block_guard(*b); !v.empty()) out.push_back(std::move(v));
+  return out;
 }
 
 void BlockPool::deallocate(void* p, MemCategory c) {
@@ -194,12 +310,25 @@ void BlockPool::deallocate(void* p, MemCategory c) {
   KILN_CHECK(it != active_.end(), "[allocator] {}: free of {} which is not an allocated block",
              name_, p);
   Block* b = it->second;
+  if (b->guard > 0) {
+    // Never throws: this runs in destructors. A violation is kept for check_guards() and
+    // printed now, while the block's owner is still on the stack.
+    std::string v = check_block_guard(*b);
+    if (!v.empty()) {
+      std::fprintf(stderr, "kiln: guard bytes overwritten (found at free): %s\n", v.c_str());
+      guard_violations_.push_back(std::move(v));
+    }
+  }
   active_.erase(it);
   s_.allocated -= b->charged;
   s_.block_bytes -= b->size;
   if (tracker_) tracker_->on_free(b->category, static_cast<std::int64_t>(b->charged));
   b->allocated = false;
-  b->charged = 0;
+  b->charged = b->requested = b->guard = 0;
+  insert_free(b);
+}
+
+void BlockPool::insert_free(Block* b) {
   FreeSet& pool = pool_of(b->small);
   // Merge with free neighbours: the block absorbs them, so its address stays the lowest.
   if (Block* n = b->next; n && !n->allocated) {
@@ -235,7 +364,8 @@ PoolStats BlockPool::stats() const {
   s.free_blocks = free_block_count_;
   s.largest_free = 0;
   if (!small_free_.empty()) s.largest_free = (*small_free_.rbegin())->size;
-  if (!large_free_.empty()) s.largest_free = std::max(s.largest_free, (*large_free_.rbegin())->size);
+  if (!large_free_.empty())
+    s.largest_free = std::max(s.largest_free, (*large_free_.rbegin())->size);
   return s;
 }
 
@@ -269,6 +399,17 @@ class CudaBackend final : public PoolBackend {
     total_bytes = m.total_bytes;
     return true;
   }
+  bool can_guard() const override { return true; }
+  // On the legacy default stream, like every kernel: the fill lands after the kernels that
+  // used the block before, and the read after the ones that wrote it.
+  void fill(void* p, std::uint8_t value, std::size_t n) override {
+    DeviceGuard g(device_);
+    cuda::memset_async(p, value, n);
+  }
+  void read(void* host_dst, const void* p, std::size_t n) override {
+    DeviceGuard g(device_);
+    cuda::memcpy_d2h(host_dst, p, n);
+  }
 
  private:
   struct DeviceGuard {
@@ -293,9 +434,9 @@ class CudaBackend final : public PoolBackend {
 CudaCachingAllocator::CudaCachingAllocator(int device)
     : device_(device),
       backend_(std::make_unique<CudaBackend>(device)),
-      pool_(std::make_unique<BlockPool>(*backend_, &MemoryTracker::get(DeviceType::CUDA),
-                                        device == 0 ? std::string("cuda")
-                                                    : fmt::format("cuda:{}", device))) {}
+      pool_(std::make_unique<BlockPool>(
+          *backend_, &MemoryTracker::get(DeviceType::CUDA),
+          device == 0 ? std::string("cuda") : fmt::format("cuda:{}", device))) {}
 
 CudaCachingAllocator::~CudaCachingAllocator() = default;
 
@@ -310,6 +451,21 @@ void CudaCachingAllocator::deallocate(void* p, std::size_t, MemCategory c) {
 std::size_t CudaCachingAllocator::empty_cache() { return pool_->empty_cache(); }
 PoolStats CudaCachingAllocator::stats() const { return pool_->stats(); }
 
+namespace caching {
+
+std::vector<std::string> check_guards() {
+  std::vector<std::string> out;
+  if (!cuda::compiled_with_cuda()) return out;
+  const int n = cuda::device_count();
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> v = cuda_caching_allocator(i).check_guards();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+}  // namespace caching
+
 CudaCachingAllocator& cuda_caching_allocator(int index) {
   KILN_CHECK(cuda::compiled_with_cuda(),
              "[allocator] cuda: kiln was built without CUDA (configure with -DKILN_CUDA=ON)");
@@ -323,6 +479,32 @@ CudaCachingAllocator& cuda_caching_allocator(int index) {
   KILN_CHECK(index >= 0 && static_cast<std::size_t>(index) < per_device.size(),
              "[allocator] cuda:{} is not a visible device ({} found)", index, per_device.size());
   return *per_device[static_cast<std::size_t>(index)];
+}
+
+DeviceMemoryRows cuda_device_memory(int index) {
+  CudaCachingAllocator& alloc = cuda_caching_allocator(index);
+  const int prev = cuda::current_device();
+  if (prev != index) cuda::set_device(index);
+  DeviceMemoryRows d;
+  try {
+    const PoolStats ps = alloc.stats();
+    const cuda::MemInfo m = cuda::mem_get_info();
+    const cuda::RuntimeBytes r = cuda::runtime_bytes();
+    auto i64 = [](std::size_t n) { return static_cast<std::int64_t>(n); };
+    d.total = i64(m.total_bytes);
+    d.used = i64(m.total_bytes - m.free_bytes);
+    d.other = i64(r.other_processes);
+    d.reserved = i64(ps.reserved);
+    d.allocated = i64(ps.allocated);
+    d.context = i64(r.context);
+    d.libraries = i64(r.libraries());
+    d.context_measured = r.context_measured;
+  } catch (...) {
+    if (prev != index) cuda::set_device(prev);
+    throw;
+  }
+  if (prev != index) cuda::set_device(prev);
+  return d;
 }
 
 // ---- meta simulation -----------------------------------------------------------------------

@@ -43,6 +43,15 @@
 // all kernels run on one stream (stream order makes the next user wait for the last one). Code
 // that frees memory still in use by another stream must synchronize first.
 //
+// Guard bytes (a debug mode for the backend-ops test): with caching::set_guard_bytes(g), or the
+// environment variable KILN_GUARD_BYTES=g, every block allocated from then on is followed by g
+// guard bytes filled with kGuardPattern; they are checked when the block is freed and by
+// caching::check_guards(). The guard starts right after the requested bytes, not after the
+// rounding, so a one-byte overrun is caught; the block itself becomes round_up(n + g, 512).
+// The tracker is still charged round_up(n, 512), so allocated figures do not change (reserved
+// and slack do, by the guards). Off (g = 0, the default), nothing changes at all. Only backends
+// with memory (CUDA, the tests' malloc) guard; the meta simulation never does.
+//
 // Thread-safe: one mutex per pool.
 #pragma once
 
@@ -53,6 +62,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "tensor/memory.h"
 #include "tensor/storage.h"
@@ -77,6 +87,36 @@ std::size_t round_size(std::size_t nbytes);
 bool is_small(std::size_t rounded);
 // The segment reserved when no free block of the pool fits a block of `rounded` bytes.
 std::size_t segment_size(std::size_t rounded);
+
+// ---- guard bytes (see the top of this file)
+inline constexpr std::uint8_t kGuardPattern = 0xA5;  // 10100101: no float/bf16 zero or one
+inline constexpr std::size_t kMaxGuardBytes = std::size_t{1} << 20;
+// Guard bytes after every block allocated from now on (0: off). Blocks keep the guard they were
+// allocated with, so switching while blocks are alive is safe. Throws above kMaxGuardBytes.
+void set_guard_bytes(std::size_t n);
+std::size_t guard_bytes();  // initially KILN_GUARD_BYTES, else 0
+// Checks the guards of every live block of the CUDA allocators and returns one line per
+// violated block (its address, requested and guard sizes, category, how many guard bytes
+// changed and where), together with the violations found when blocks were freed since the
+// last call (which were also printed to stderr then). Empty: all intact, or no GPU.
+std::vector<std::string> check_guards();
+
+// Where the guard of a block of `nbytes` requested bytes lies, with `guard` guard bytes.
+struct GuardLayout {
+  std::size_t block_bytes = 0;   // round_size(nbytes + guard); round_size(nbytes) when off
+  std::size_t charged = 0;       // round_size(nbytes): what the tracker is charged either way
+  std::size_t guard_offset = 0;  // == nbytes: the guard follows the requested bytes directly
+  std::size_t guard_len = 0;     // == guard
+};
+GuardLayout guard_layout(std::size_t nbytes, std::size_t guard);
+// Guard bytes read back (host copy) against the pattern.
+struct GuardCheck {
+  std::size_t bad = 0;    // bytes that differ from the pattern
+  std::size_t first = 0;  // offset of the first and last differing byte (valid when bad > 0)
+  std::size_t last = 0;
+};
+GuardCheck check_guard_bytes(const std::uint8_t* guard, std::size_t n,
+                             std::uint8_t pattern = kGuardPattern);
 }  // namespace caching
 
 // Where a BlockPool gets its segments: the CUDA driver, malloc (tests), or nothing at all
@@ -91,6 +131,13 @@ class PoolBackend {
   virtual bool mem_info(std::size_t& free_bytes, std::size_t& total_bytes) {
     (void)free_bytes, (void)total_bytes;
     return false;
+  }
+  // Guard bytes need real memory: fill sets n bytes at p (inside a block) to `value`, read
+  // copies n bytes at p to the host. Backends without memory return false from can_guard().
+  virtual bool can_guard() const { return false; }
+  virtual void fill(void* p, std::uint8_t value, std::size_t n) { (void)p, (void)value, (void)n; }
+  virtual void read(void* host_dst, const void* p, std::size_t n) {
+    (void)host_dst, (void)p, (void)n;
   }
 };
 
@@ -113,16 +160,16 @@ class CountingBackend final : public PoolBackend {
 };
 
 struct PoolStats {
-  std::size_t allocated = 0;       // rounded sizes of blocks in use (what the tracker is charged)
+  std::size_t allocated = 0;  // rounded sizes of blocks in use (what the tracker is charged)
   std::size_t allocated_peak = 0;
-  std::size_t block_bytes = 0;     // sizes of blocks in use (>= allocated: unsplit remainders)
-  std::size_t reserved = 0;        // segments held
+  std::size_t block_bytes = 0;  // sizes of blocks in use (>= allocated: unsplit remainders)
+  std::size_t reserved = 0;     // segments held
   std::size_t reserved_peak = 0;
   std::size_t segments = 0;
   std::size_t active_blocks = 0;
-  std::size_t free_blocks = 0;     // both pools
-  std::size_t largest_free = 0;    // largest free block, both pools
-  std::int64_t num_allocs = 0;     // requests served (n > 0)
+  std::size_t free_blocks = 0;          // both pools
+  std::size_t largest_free = 0;         // largest free block, both pools
+  std::int64_t num_allocs = 0;          // requests served (n > 0)
   std::int64_t num_segment_allocs = 0;  // segments reserved from the backend
   std::int64_t num_cache_flushes = 0;   // out-of-memory retries that released cached segments
   std::int64_t num_ooms = 0;            // requests that failed after the retry
@@ -149,13 +196,18 @@ class BlockPool {
   PoolStats stats() const;
   // Size of the block behind p (0 if p is not an allocated block): for tests.
   std::size_t block_size(const void* p) const;
+  // Guard bytes (caching::check_guards): checks every live guarded block, and returns those
+  // violations with the ones found at free time since the last call.
+  std::vector<std::string> check_guards();
 
  private:
   struct Block {
     std::uintptr_t addr = 0;
     std::size_t size = 0;
     std::uint64_t segment = 0;  // reservation order of its segment (best-fit tie break)
-    std::size_t charged = 0;  // rounded request, while allocated
+    std::size_t charged = 0;    // rounded request, while allocated
+    std::size_t requested = 0;  // bytes asked for, while allocated (the guard starts there)
+    std::size_t guard = 0;      // guard bytes after `requested` (0: none)
     bool small = false;
     bool allocated = false;
     MemCategory category = MemCategory::Temporaries;
@@ -174,7 +226,10 @@ class BlockPool {
   FreeSet& pool_of(bool small) { return small ? small_free_ : large_free_; }
   Block* reserve_segment(std::size_t rounded, bool small);  // caller holds mu_
   std::size_t release_free_segments();                      // caller holds mu_
+  void insert_free(Block* b);  // a free block into its pool, merged with free neighbours
   [[noreturn]] void out_of_memory(std::size_t rounded, const std::string& why);
+  // "" when the guard is intact, else the violation's description (caller holds mu_).
+  std::string check_block_guard(const Block& b);
 
   PoolBackend& backend_;
   MemoryTracker* tracker_;
@@ -184,6 +239,7 @@ class BlockPool {
   std::unordered_map<std::uintptr_t, Block*> active_;
   std::size_t free_block_count_ = 0;
   PoolStats s_;
+  std::vector<std::string> guard_violations_;  // found at free time, until check_guards()
 };
 
 // The CUDA allocator of one device: a BlockPool over kiln::cuda::device_malloc/device_free,
@@ -200,6 +256,7 @@ class CudaCachingAllocator final : public Allocator {
   }
   std::size_t empty_cache();
   PoolStats stats() const;
+  std::vector<std::string> check_guards() { return pool_->check_guards(); }
   int device() const { return device_; }
 
  private:
@@ -211,6 +268,12 @@ class CudaCachingAllocator final : public Allocator {
 // The allocator of cuda:index, created on first use and never destroyed (tensors may outlive
 // statics). Throws when the build has no CUDA or the index is not a visible device.
 CudaCachingAllocator& cuda_caching_allocator(int index);
+
+// cuda:index now, as the driver sees it (cudaMemGetInfo) beside this allocator's segments and
+// the runtime's own memory (kiln::cuda::runtime_bytes): the Runtime and Unattributed rows.
+// Call it after a device_synchronize() if kernels may still be queued (they do not change
+// the figures, but library calls in flight may). Throws like cuda_caching_allocator.
+DeviceMemoryRows cuda_device_memory(int index);
 
 // The meta device's simulation of the CUDA allocator: a BlockPool on a CountingBackend that
 // charges MemoryTracker::get(DeviceType::Meta). Used by the meta allocator while

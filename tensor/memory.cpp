@@ -1,8 +1,8 @@
 #include "tensor/memory.h"
 
-#include <fstream>
-
 #include <fmt/format.h>
+
+#include <fstream>
 
 #include "kernels/common/error.h"
 
@@ -16,30 +16,48 @@ thread_local const char* t_label = "";
 
 std::string_view mem_category_name(MemCategory c) {
   switch (c) {
-    case MemCategory::Weights: return "weights";
-    case MemCategory::MasterWeights: return "master weights";
-    case MemCategory::Gradients: return "gradients";
-    case MemCategory::OptimizerState: return "optimizer state";
-    case MemCategory::Activations: return "activations";
-    case MemCategory::KVCache: return "kv cache";
-    case MemCategory::Logits: return "logits+loss";
-    case MemCategory::Temporaries: return "temporaries";
-    case MemCategory::Inputs: return "inputs";
-    case MemCategory::Runtime: return "runtime";
-    case MemCategory::Count: break;
+    case MemCategory::Weights:
+      return "weights";
+    case MemCategory::MasterWeights:
+      return "master weights";
+    case MemCategory::Gradients:
+      return "gradients";
+    case MemCategory::OptimizerState:
+      return "optimizer state";
+    case MemCategory::Activations:
+      return "activations";
+    case MemCategory::KVCache:
+      return "kv cache";
+    case MemCategory::Logits:
+      return "logits+loss";
+    case MemCategory::Temporaries:
+      return "temporaries";
+    case MemCategory::Inputs:
+      return "inputs";
+    case MemCategory::Runtime:
+      return "runtime";
+    case MemCategory::Count:
+      break;
   }
   return "?";
 }
 
 std::string_view phase_name(Phase p) {
   switch (p) {
-    case Phase::Idle: return "idle";
-    case Phase::Forward: return "forward";
-    case Phase::Backward: return "backward";
-    case Phase::Optimizer: return "optimizer";
-    case Phase::Prefill: return "prefill";
-    case Phase::Decode: return "decode";
-    case Phase::Count: break;
+    case Phase::Idle:
+      return "idle";
+    case Phase::Forward:
+      return "forward";
+    case Phase::Backward:
+      return "backward";
+    case Phase::Optimizer:
+      return "optimizer";
+    case Phase::Prefill:
+      return "prefill";
+    case Phase::Decode:
+      return "decode";
+    case Phase::Count:
+      break;
   }
   return "?";
 }
@@ -125,9 +143,9 @@ void MemoryTracker::dump_timeline(const std::string& path) const {
   std::ofstream f(path);
   KILN_CHECK(f.good(), "[memory] cannot open {} for writing", path);
   for (const auto& e : ev) {
-    f << fmt::format(R"({{"seq":{},"category":"{}","phase":"{}","delta":{},"total":{},"label":"{}"}})",
-                     e.seq, mem_category_name(e.category), phase_name(e.phase), e.delta, e.total,
-                     e.label)
+    f << fmt::format(
+             R"({{"seq":{},"category":"{}","phase":"{}","delta":{},"total":{},"label":"{}"}})",
+             e.seq, mem_category_name(e.category), phase_name(e.phase), e.delta, e.total, e.label)
       << '\n';
   }
 }
@@ -141,7 +159,23 @@ std::string format_bytes(std::int64_t b) {
   return fmt::format("{}{:.2f} GiB", sign, v / (1024.0 * 1024 * 1024));
 }
 
-std::string format_memory_summary(const MemStats& s, std::string_view title) {
+std::string format_device_memory(const DeviceMemoryRows& d) {
+  std::string out;
+  out += fmt::format("  {:<16} {:>12}   CUDA context {}{} + cuBLASLt/cuDNN {}\n", "runtime",
+                     format_bytes(d.runtime()), format_bytes(d.context),
+                     d.context_measured ? "" : " (with other processes: no NVML)",
+                     format_bytes(d.libraries));
+  out += fmt::format("  {:<16} {:>12}   driver used - kiln reserved - runtime{}\n", "unattributed",
+                     format_bytes(d.unattributed()), d.other ? " - other processes" : "");
+  out += fmt::format("  {:<16} {:>12}   of {} (kiln reserved {}, allocated {}{})\n", "driver used",
+                     format_bytes(d.used), format_bytes(d.total), format_bytes(d.reserved),
+                     format_bytes(d.allocated),
+                     d.other ? fmt::format(", other processes {}", format_bytes(d.other)) : "");
+  return out;
+}
+
+std::string format_memory_summary(const MemStats& s, std::string_view title,
+                                  const DeviceMemoryRows* device) {
   std::string out = fmt::format("{}\n", title);
   out += fmt::format("  {:<16} {:>12} {:>12} {:>12}\n", "category", "current", "peak", "at peak");
   for (std::size_t i = 0; i < kNumMemCategories; ++i) {
@@ -154,7 +188,9 @@ std::string format_memory_summary(const MemStats& s, std::string_view title) {
                      format_bytes(s.total_peak), format_bytes(s.total_peak));
   if (s.reserved_peak > 0)
     out += fmt::format("  {:<16} {:>12} {:>12}\n", "allocator slack",
-                       format_bytes(s.reserved - s.total), format_bytes(s.reserved_peak - s.total_peak));
+                       format_bytes(s.reserved - s.total),
+                       format_bytes(s.reserved_peak - s.total_peak));
+  if (device) out += format_device_memory(*device);
   out += fmt::format("  global peak in phase '{}'{}\n", phase_name(s.peak_phase),
                      s.peak_label.empty() ? "" : fmt::format(", at {}", s.peak_label));
   return out;

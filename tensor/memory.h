@@ -27,11 +27,11 @@ enum class MemCategory : std::uint8_t {
   OptimizerState,  // AdamW m and v, SGD momentum
   Activations,     // alive after an op returns during forward (what autograd saves)
   KVCache,
-  Logits,          // LM-head logits, per-row loss/lse and the logits' gradient: often
-                   // the largest buffers at large vocab, so shown apart
-  Temporaries,     // scratch inside an op; activation gradients in backward
-  Inputs,          // token batches
-  Runtime,         // library workspaces
+  Logits,       // LM-head logits, per-row loss/lse and the logits' gradient: often
+                // the largest buffers at large vocab, so shown apart
+  Temporaries,  // scratch inside an op; activation gradients in backward
+  Inputs,       // token batches
+  Runtime,      // library workspaces
   Count
 };
 inline constexpr std::size_t kNumMemCategories = static_cast<std::size_t>(MemCategory::Count);
@@ -83,11 +83,11 @@ class MemLabelScope {
 using CategoryBytes = std::array<std::int64_t, kNumMemCategories>;
 
 struct MemEvent {
-  std::int64_t seq;        // event number
+  std::int64_t seq;  // event number
   MemCategory category;
   Phase phase;
-  std::int64_t delta;      // + allocation, - free (allocated bytes)
-  std::int64_t total;      // allocated bytes after the event, all categories
+  std::int64_t delta;  // + allocation, - free (allocated bytes)
+  std::int64_t total;  // allocated bytes after the event, all categories
   std::string label;
 };
 
@@ -99,7 +99,7 @@ struct MemStats {
   CategoryBytes at_peak{};  // breakdown at the moment of total_peak
   Phase peak_phase = Phase::Idle;
   std::string peak_label;
-  std::int64_t reserved = 0;       // bytes the allocator holds (>= total)
+  std::int64_t reserved = 0;  // bytes the allocator holds (>= total)
   std::int64_t reserved_peak = 0;
   std::int64_t num_allocs = 0;
   std::int64_t num_frees = 0;
@@ -131,8 +131,31 @@ class MemoryTracker {
   std::vector<MemEvent> events_;
 };
 
-// A readable table: category, current, peak, at-peak.
-std::string format_memory_summary(const MemStats& s, std::string_view title);
+// A CUDA device as the driver sees it, beside what kiln accounts for: the memory report's rows
+// that no allocator can charge. Read at one moment (tensor/caching_allocator.h:
+// cuda_device_memory). Bytes.
+struct DeviceMemoryRows {
+  std::int64_t total = 0;         // device memory (cudaMemGetInfo's total)
+  std::int64_t used = 0;          // total - free: every process on the device
+  std::int64_t other = 0;         // in use before kiln's context existed (other processes; NVML)
+  std::int64_t reserved = 0;      // kiln's caching-allocator segments (allocated + slack)
+  std::int64_t allocated = 0;     // of which in blocks in use
+  std::int64_t context = 0;       // the CUDA context
+  std::int64_t libraries = 0;     // cuBLASLt and cuDNN handles and workspaces
+  bool context_measured = false;  // false: `context` also holds other processes' memory
+  // Runtime row: the context and the libraries.
+  std::int64_t runtime() const { return context + libraries; }
+  // Unattributed row: the driver's used memory that kiln cannot name (lazily loaded kernels,
+  // library allocations outside our allocator, ...). The goal is 0.
+  std::int64_t unattributed() const { return used - other - reserved - runtime(); }
+};
+
+// A readable table: category, current, peak, at-peak; with `device`, also the Runtime and
+// Unattributed rows and the driver's figure.
+std::string format_memory_summary(const MemStats& s, std::string_view title,
+                                  const DeviceMemoryRows* device = nullptr);
+// The device rows alone, a few indented lines.
+std::string format_device_memory(const DeviceMemoryRows& d);
 std::string format_bytes(std::int64_t bytes);
 
 }  // namespace kiln
