@@ -10,6 +10,7 @@
 #include "apps/commands.h"
 #include "models/budget.h"
 #include "models/param_count.h"
+#include "models/trainer.h"
 
 namespace kiln::apps {
 
@@ -17,7 +18,8 @@ namespace {
 
 struct BudgetOptions {
   std::string model, mode = "both", dtype = "fp32", optimizer = "adamw", gpu_mem, svg;
-  std::string simulate = "cpu";
+  std::string simulate;  // "": cuda when measuring on cuda, else cpu
+  std::string device = "cpu";
   std::int64_t batch = 1, seq = 256, context = 0, decode = 32;
   bool recompute = false, json = false, measure = false;
 };
@@ -48,14 +50,31 @@ Run add_budget_command(CLI::App &app) {
   app.add_flag("--recompute", o->recompute, "Per-layer activation recomputation (training)");
   app.add_option("--gpu-mem", o->gpu_mem,
                  "Memory to fit, e.g. 80GiB, 24GB: largest batch and context");
-  app.add_option(
-         "--simulate", o->simulate,
-         "Allocator the dry run charges like: cpu (64-byte blocks) | cuda (512-byte blocks)")
+  app.add_option("--simulate", o->simulate,
+                 "Allocator the dry run charges like: cpu (64-byte blocks) | cuda (512-byte "
+                 "blocks); default: cuda with --device cuda, else cpu")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_flag("--measure", o->measure, "Also run on the CPU and read its tracker (small models)");
+  app.add_flag("--measure", o->measure,
+               "Also run on --device and read its tracker (on cuda also the driver: runtime and "
+               "unattributed rows)");
+  app.add_option("--device", o->device, "Device --measure runs on: cpu | cuda[:N]")
+      ->capture_default_str();
   app.add_flag("--json", o->json, "Print JSON instead of the table");
   app.add_option("--svg", o->svg, "Write two charts (by category; training-step timeline) to FILE");
   return [o] {
+    // Measuring needs the device; without --measure, --device cuda only picks the simulated
+    // allocator, which needs no GPU.
+    const Device device = o->measure ? models::resolve_device(o->device, "budget") : [&] {
+      try {
+        return Device::parse(o->device);
+      } catch (const Error &) {
+        fail("[budget] unknown device '{}' (cpu, cuda or cuda:N)", o->device);
+      }
+    }();
+    KILN_CHECK(!(device.is_cuda() && o->simulate == "cpu"),
+               "[budget] --device {} measures the CUDA allocator: the dry run must simulate it "
+               "too (drop --simulate cpu)",
+               device.str());
     models::BudgetSpec base;
     base.cfg = models::resolve_model_config(o->model);
     base.batch = o->batch;
@@ -67,7 +86,9 @@ Run add_budget_command(CLI::App &app) {
                                                              : DType::F32;
     base.adamw = o->optimizer == "adamw";
     base.recompute = o->recompute;
-    base.simulate = o->simulate == "cuda" ? DeviceType::CUDA : DeviceType::CPU;
+    base.simulate = o->simulate == "cuda" || (o->simulate.empty() && device.is_cuda())
+                        ? DeviceType::CUDA
+                        : DeviceType::CPU;
     std::int64_t limit = o->gpu_mem.empty() ? 0 : models::parse_bytes(o->gpu_mem);
 
     std::vector<models::BudgetReport> reports;
@@ -81,7 +102,7 @@ Run add_budget_command(CLI::App &app) {
       bool want_timeline = !o->svg.empty() && mode == models::BudgetMode::Train;
       r.dry = models::run_budget(r.spec, Device::meta(), want_timeline);
       if (want_timeline) timeline = std::move(r.dry.timeline);
-      if (o->measure) r.measured = models::run_budget(r.spec, Device::cpu());
+      if (o->measure) r.measured = models::run_budget(r.spec, device);
       if (limit > 0) r.fit = models::fit_budget(r.spec, limit);
       reports.push_back(std::move(r));
     }

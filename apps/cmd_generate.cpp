@@ -18,9 +18,12 @@
 #include <vector>
 
 #include "apps/commands.h"
+#include "kernels/cuda/runtime.h"
 #include "models/generation_config.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/sampling.h"
+#include "models/trainer.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/memory.h"
 
 namespace kiln::apps {
@@ -30,7 +33,7 @@ namespace {
 // Flags shared by generate and chat; optionals are unset when the flag is absent, so the
 // defaults come from generation_config.json.
 struct CommonOptions {
-  std::string model, config, tokenizer, device = "cpu", dtype = "f32";
+  std::string model, config, tokenizer, device = "cpu", dtype = "f32", attention = "kiln";
   bool random_weights = false;
   std::uint64_t weights_seed = 0, seed = 0;
   std::optional<double> temperature, top_p, min_p, repetition_penalty;
@@ -57,6 +60,21 @@ void add_common(CLI::App& app, CommonOptions& o) {
   app.add_option("--seed", o.seed, "Sampling seed")->capture_default_str();
   app.add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
   app.add_option("--dtype", o.dtype, "f32 | bf16 (weights and KV cache)")->capture_default_str();
+  app.add_option("--attention", o.attention, "CUDA attention kernel: kiln | cudnn")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"kiln", "cudnn"}));
+}
+
+// The memory table of the device the model ran on; on CUDA with the runtime and unattributed
+// rows (the driver's figure).
+std::string memory_summary(Device d) {
+  if (!d.is_cuda())
+    return format_memory_summary(MemoryTracker::get(d.type).stats(), "memory (" + d.str() + ")");
+  cuda::device_synchronize();
+  const DeviceMemoryRows rows = cuda_device_memory(d.index);
+  return format_memory_summary(
+      MemoryTracker::get(DeviceType::CUDA).stats(),
+      fmt::format("memory ({}, {})", d.str(), cuda::device_info(d.index).name), &rows);
 }
 
 models::LoadedModel load(const CommonOptions& o) {
@@ -67,7 +85,8 @@ models::LoadedModel load(const CommonOptions& o) {
   src.weights_seed = o.weights_seed;
   src.tokenizer = o.tokenizer;
   src.dtype = parse_dtype(o.dtype);
-  src.device = Device::parse(o.device);
+  src.device = models::resolve_device(o.device, "generate");
+  models::set_attention_from_flag(o.attention, "generate");
   KILN_CHECK(o.random_weights || !o.model.empty(),
              "[generate] give --model DIR|file.bin, or --random-weights --config config.json");
   KILN_CHECK(!(o.random_weights && !o.model.empty()),
@@ -191,8 +210,8 @@ int run_generate(const GenerateCmd& o) {
              "[generate] give --prompt TEXT or --prompt-ids 1,2,3");
   KILN_CHECK(o.prompt.empty() || o.prompt_ids.empty(),
              "[generate] --prompt and --prompt-ids exclude each other");
-  MemoryTracker& tracker = MemoryTracker::get(DeviceType::CPU);
   models::LoadedModel m = load(o.c);
+  const Device device = m.model->lm_head_weight().device();
   models::DecoderModel& model = *m.model;
   const io::Tokenizer* tok = m.tokenizer.get();
   std::vector<std::int32_t> ids;
@@ -263,7 +282,9 @@ int run_generate(const GenerateCmd& o) {
              "{:.0f}) = {:.1f} MB -> {:.2f} GB/s at the decode rate\n",
              b.weights / 1e6, b.kv / 1e6, mean_ctx, per_tok / 1e6,
              per_tok * st.decode_tokens_per_s() / 1e9);
-  if (o.bandwidth) {
+  if (o.bandwidth && !device.is_cpu())
+    fmt::print(stderr, "--bandwidth measures host memory: skipped for {}\n", device.str());
+  if (o.bandwidth && device.is_cpu()) {
     Bandwidth bw = measure_bandwidth();
     fmt::print(stderr,
                "memory bandwidth ({} MB buffers, {} threads): copy {:.2f} GB/s, read "
@@ -271,7 +292,7 @@ int run_generate(const GenerateCmd& o) {
                bw.bytes >> 20, bw.threads, bw.copy_gbs, bw.read_gbs,
                100.0 * per_tok * st.decode_tokens_per_s() / 1e9 / bw.read_gbs);
   }
-  fmt::print(stderr, "{}", format_memory_summary(tracker.stats(), "memory (cpu)"));
+  fmt::print(stderr, "{}", memory_summary(device));
   return 0;
 }
 
@@ -353,8 +374,7 @@ int run_chat(const ChatCmd& o) {
                turn, st.prompt_tokens, st.new_tokens, models::stop_reason_name(st.stop),
                st.ttft_s() * 1e3, st.decode_tokens_per_s(), session.tokens().size(), context);
   }
-  fmt::print(stderr, "{}",
-             format_memory_summary(MemoryTracker::get(DeviceType::CPU).stats(), "memory (cpu)"));
+  fmt::print(stderr, "{}", memory_summary(m.model->lm_head_weight().device()));
   return 0;
 }
 

@@ -1,7 +1,7 @@
 // kiln train: see models/trainer.h for the loop.
-#include <iostream>
-
 #include <fmt/format.h>
+
+#include <iostream>
 
 #include "apps/commands.h"
 #include "models/config.h"
@@ -19,7 +19,21 @@ Run add_train_command(CLI::App& app) {
   app.add_option("--tokenizer", o->tokenizer, "char | byte | llama2c:PATH/tokenizer.bin")
       ->capture_default_str();
   app.add_option("--preset", o->preset, "Model preset: " + presets)->capture_default_str();
-  app.add_option("--device", o->device, "auto | cpu | cuda")->capture_default_str();
+  app.add_option("--device", o->device,
+                 "auto (cuda when a GPU is visible, else cpu) | cpu | cuda[:N]")
+      ->capture_default_str();
+  app.add_option("--dtype", o->dtype,
+                 "auto (bf16 on cuda: bf16 weights/activations, f32 masters and moments; f32 "
+                 "on cpu) | bf16 | f32 (checking mode)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "f32", "fp32"}));
+  app.add_option("--attention", o->attention, "CUDA attention kernel: kiln | cudnn")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"kiln", "cudnn"}));
+  app.add_option("--peak-tflops", o->peak_tflops,
+                 "bf16 dense peak for MFU (default: from the GPU's name; H100 SXM 989.4, H100 "
+                 "PCIe 756, H200 989.4)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
   app.add_option("--seq", o->seq, "Tokens per sequence (at most the model's context)")
       ->capture_default_str();
@@ -36,7 +50,8 @@ Run add_train_command(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--eval-batches", o->eval_batches, "Batches per validation run")
       ->capture_default_str();
-  app.add_option("--log-interval", o->log_interval, "Steps between log lines")->capture_default_str();
+  app.add_option("--log-interval", o->log_interval, "Steps between log lines")
+      ->capture_default_str();
   app.add_option("--ckpt-interval", o->ckpt_interval, "Steps between checkpoints (0: at the end)")
       ->capture_default_str();
   app.add_option("--out", o->out_dir, "Directory for ckpt.h5, final.h5 and log.jsonl")
@@ -51,16 +66,24 @@ Run add_train_command(CLI::App& app) {
   app.add_option("--mem-timeline", o->mem_timeline,
                  "Write every allocation/free of the first step as JSON lines to this file");
   app.add_option("--threads", o->threads, "CPU threads (0: OpenMP default)")->capture_default_str();
-  app.add_option("--progress", o->progress, "Progress bar: 1 on, 0 off, -1 when stderr is a terminal")
+  app.add_option("--progress", o->progress,
+                 "Progress bar: 1 on, 0 off, -1 when stderr is a terminal")
       ->capture_default_str();
   return [o] {
     models::TrainResult r = models::train(*o, std::cout);
+    const std::string mfu =
+        r.mfu > 0 ? fmt::format("MFU {:.1f}% of {:g} TFLOP/s", 100.0 * r.mfu, r.peak_tflops)
+                  : std::string("MFU n/a: unknown peak, pass --peak-tflops");
     std::cout << fmt::format(
-        "done: {} steps in {:.1f} s ({:.0f} tok/s) | final train loss {:.4f} | val loss {:.4f} | "
-        "best val loss {:.4f}\ncheckpoint: {}\n\n",
-        r.steps_done, r.train_seconds, r.tokens_per_second, r.final_train_loss, r.final_val_loss,
-        r.best_val_loss, r.checkpoint);
-    std::cout << format_memory_summary(r.memory, "memory (cpu), by category:");
+        "done: {} steps in {:.1f} s ({:.0f} tok/s, {}) | final train loss {:.4f} | val loss "
+        "{:.4f} | best val loss {:.4f}\ncheckpoint: {}\n\n",
+        r.steps_done, r.train_seconds, r.tokens_per_second, mfu, r.final_train_loss,
+        r.final_val_loss, r.best_val_loss, r.checkpoint);
+    std::cout << format_memory_summary(
+        r.memory,
+        fmt::format("memory ({}{}), by category:", r.device,
+                    r.device_name.empty() ? "" : ", " + r.device_name),
+        r.device_memory ? &*r.device_memory : nullptr);
     return 0;
   };
 }

@@ -2,7 +2,6 @@
 // the fit search and size parsing. The analytic model is in budget_analytic.cpp,
 // the report (text, JSON, SVG) in budget_report.cpp.
 #include "models/budget.h"
-#include "tensor/caching_allocator.h"
 
 #include <fmt/format.h>
 
@@ -14,8 +13,10 @@
 #include <optional>
 
 #include "autograd/engine.h"
+#include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
 #include "nn/optim.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/storage.h"
 
 namespace kiln::models {
@@ -48,6 +49,8 @@ std::string_view budget_row_name(BudgetRow r) {
       return "runtime";
     case BudgetRow::Slack:
       return "allocator slack";
+    case BudgetRow::Unattributed:
+      return "unattributed";
     case BudgetRow::Count:
       break;
   }
@@ -204,14 +207,23 @@ void infer_run(const BudgetSpec& s, Device device) {
 
 BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
   s.validate();
-  KILN_CHECK(device.is_meta() || device.is_cpu(),
-             "[budget] measuring on {} needs the CUDA backend (a later issue)", device.str());
+  if (device.is_cuda()) {
+    KILN_CHECK(cuda::compiled_with_cuda(),
+               "[budget] --device {}: kiln was built without CUDA (-DKILN_CUDA=ON); use --device "
+               "cpu",
+               device.str());
+    KILN_CHECK(device.index >= 0 && device.index < cuda::device_count(),
+               "[budget] --device {}: no such CUDA device ({} found); use --device cpu",
+               device.str(), cuda::device_count());
+    cuda::set_device(device.index);
+  }
   std::optional<SimulateScope> sim;
   if (device.is_meta()) sim.emplace(s.simulate);
-  // Slack then counts only this run's cached blocks (on CPU, or in the
-  // simulated CUDA pool of a meta run).
+  // Slack then counts only this run's cached blocks (on CPU, in the simulated
+  // CUDA pool of a meta run, or in the device's pool).
   if (device.is_cpu()) empty_cpu_cache();
   if (device.is_meta()) empty_meta_cuda_cache();
+  if (device.is_cuda()) cuda_caching_allocator(device.index).empty_cache();
   auto& tracker = MemoryTracker::get(device.type);
   tracker.reset_peaks();
   const MemStats base = tracker.stats();
@@ -242,6 +254,19 @@ BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
   const auto slack = static_cast<std::size_t>(BudgetRow::Slack);
   std::int64_t reserved = (st.reserved_peak - base.reserved) - f.total_peak;
   f.at_peak[slack] = f.peak[slack] = std::max<std::int64_t>(0, reserved);
+  if (device.is_cuda()) {
+    // The pool released nothing since the run began (empty_cache comes only before it, or on
+    // an out-of-memory retry), so the driver now sees the segments of the reserved peak, and
+    // the runtime's handles made during the run.
+    cuda::device_synchronize();
+    const DeviceMemoryRows d = cuda_device_memory(device.index);
+    const auto runtime = static_cast<std::size_t>(BudgetRow::Runtime);
+    const auto unattributed = static_cast<std::size_t>(BudgetRow::Unattributed);
+    f.at_peak[runtime] += d.runtime();
+    f.peak[runtime] += d.runtime();
+    f.at_peak[unattributed] = f.peak[unattributed] = d.unattributed();
+    f.device = d;
+  }
   return f;
 }
 

@@ -2,7 +2,9 @@
 //   analytic  closed-form formulas per category (docs/memory.md derives them);
 //   dry run   the real training step, or prefill + decode, run on the meta
 //             device: the same allocation decisions, no memory, exact for kiln;
-//   measured  the same code on a real device, reading its tracker.
+//   measured  the same code on a real device, reading its tracker; on a CUDA
+//             device also the driver's figure, for the Runtime (CUDA context,
+//             cuBLASLt/cuDNN) and Unattributed rows.
 // Figures are bytes at the moment of the global peak, per row, plus each
 // category's own peak.
 #pragma once
@@ -35,8 +37,10 @@ enum class BudgetRow : int {
   Temporaries,
   Logits,
   Inputs,
-  Runtime,
-  Slack,  // allocator slack: reserved minus allocated
+  Runtime,       // tracker's Runtime category (RoPE tables); measured on CUDA, plus the context
+                 // and the cuBLASLt/cuDNN handles and workspaces
+  Slack,         // allocator slack: reserved minus allocated
+  Unattributed,  // measured on CUDA: driver used - kiln reserved - runtime (the goal is 0)
   Count
 };
 inline constexpr std::size_t kNumBudgetRows = static_cast<std::size_t>(BudgetRow::Count);
@@ -78,6 +82,10 @@ struct BudgetFigures {
   std::string peak_label;          // op or layer running at the peak
   std::vector<MemEvent> timeline;  // with run_budget(..., timeline = true)
   double seconds = 0;              // wall time of the run
+  // Measured on CUDA: the device as the driver saw it at the end of the run, with the
+  // allocator's segments still cached (so at the reserved peak). Its runtime() is in the
+  // Runtime row and its unattributed() is the Unattributed row.
+  std::optional<DeviceMemoryRows> device;
 };
 
 // Closed-form model of the dry run (see docs/memory.md). Weights, master
@@ -93,7 +101,9 @@ BudgetFigures analytic_budget(const BudgetSpec& s);
 // clip_grad_norm, optimizer step, zero_grad. Inference: KV cache of
 // kv_capacity() positions, prefill of `seq` tokens, then decodes() one-token
 // steps, each under Prefill/Decode phases as models/sampling.cpp does.
-// Device::meta() is the dry run (rounding as s.simulate); a CPU is measured.
+// Device::meta() is the dry run (rounding as s.simulate); a CPU or a CUDA
+// device is measured (compare a CUDA measurement with simulate = CUDA). Each
+// run starts from an empty allocator cache, so slack is the run's own.
 BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline = false);
 
 // The largest batch (at s.seq / s.kv_capacity()) and the largest sequence

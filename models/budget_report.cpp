@@ -34,17 +34,26 @@ nlohmann::json figures_json(const BudgetFigures& f) {
     rows[name] = f.at_peak[i];
     peaks[name] = f.peak[i];
   }
-  return {{"at_peak", rows},
-          {"row_peaks", peaks},
-          {"total_peak", f.total_peak},
-          {"peak_phase", std::string(phase_name(f.peak_phase))},
-          {"peak_label", f.peak_label},
-          {"seconds", f.seconds}};
+  nlohmann::json j = {{"at_peak", rows},
+                      {"row_peaks", peaks},
+                      {"total_peak", f.total_peak},
+                      {"peak_phase", std::string(phase_name(f.peak_phase))},
+                      {"peak_label", f.peak_label},
+                      {"seconds", f.seconds}};
+  if (f.device) {
+    const DeviceMemoryRows& d = *f.device;
+    j["device"] = {{"driver_total", d.total},          {"driver_used", d.used},
+                   {"other_processes", d.other},       {"kiln_reserved", d.reserved},
+                   {"kiln_allocated", d.allocated},    {"cuda_context", d.context},
+                   {"cuda_libraries", d.libraries},    {"runtime", d.runtime()},
+                   {"unattributed", d.unattributed()}, {"context_measured", d.context_measured}};
+  }
+  return j;
 }
 
 const char* row_color(std::size_t i) {
   static const char* colors[] = {"#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#8cd17d",
-                                 "#b6992d", "#e15759", "#499894", "#79706e", "#d4a6c8"};
+                                 "#b6992d", "#e15759", "#499894", "#79706e", "#d4a6c8", "#bab0ac"};
   return colors[i % (sizeof(colors) / sizeof(colors[0]))];
 }
 
@@ -104,7 +113,14 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
       any = any || r.analytic.at_peak[i] || r.dry.at_peak[i] ||
             (r.measured && r.measured->at_peak[i]);
     auto row = static_cast<BudgetRow>(i);
-    if (!any && row != BudgetRow::Runtime && row != BudgetRow::Slack) continue;
+    bool device_measured = false;
+    for (const auto& r : reports)
+      device_measured = device_measured || (r.measured && r.measured->device);
+    // Unattributed exists only where a CUDA device was measured; Runtime and slack always show.
+    if (row == BudgetRow::Unattributed && !device_measured) continue;
+    if (!any && row != BudgetRow::Runtime && row != BudgetRow::Slack &&
+        row != BudgetRow::Unattributed)
+      continue;
     out += line(std::string(budget_row_name(row)),
                 [i](const BudgetFigures& f) { return f.at_peak[i]; });
   }
@@ -120,6 +136,9 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
                          phase_name(r.measured->peak_phase),
                          r.measured->peak_label.empty() ? "" : ", at " + r.measured->peak_label);
     out += "\n";
+    if (r.measured && r.measured->device)
+      out += "  measured on the GPU, at the end of the run (the pool still holds its peak):\n" +
+             format_device_memory(*r.measured->device);
     if (r.fit) {
       const FitResult& f = *r.fit;
       bool fits = r.dry.total_peak <= f.limit;

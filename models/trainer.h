@@ -1,11 +1,20 @@
 // The training loop behind `kiln train`: data, model, AdamW with cosine LR,
 // clipping, periodic validation on the held-out tail, JSONL log, progress bar,
-// checkpoints and bit-exact resume.
+// checkpoints and bit-exact resume; on the CPU or a CUDA device, with tokens/s
+// and model FLOPs utilization (MFU) per log line.
+//
+// On CUDA the model, the optimizer state and each batch live on the device; the
+// default dtype there is bf16 (bf16 weights and activations, f32 master weights
+// and AdamW moments), f32 is the checking mode. Timers are read after a device
+// synchronize. Checkpoints have one format everywhere (f32 weights = the masters,
+// f32 moments): a CUDA run writes and resumes them through a CPU copy.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 
 #include "models/checkpoint.h"
 #include "tensor/memory.h"
@@ -16,7 +25,10 @@ struct TrainOptions {
   std::string data_path;
   std::string tokenizer = "char";  // char | byte | llama2c:PATH
   std::string preset = "shakespeare-char";
-  std::string device = "auto";     // auto | cpu | cuda
+  std::string device = "auto";     // auto (cuda when a GPU is visible, else cpu) | cpu | cuda[:N]
+  std::string dtype = "auto";      // auto (bf16 on cuda, f32 on cpu) | f32 | bf16
+  std::string attention = "kiln";  // CUDA attention kernel: kiln | cudnn
+  double peak_tflops = 0;          // MFU denominator; 0: bf16_peak_tflops(the GPU's name)
   // Defaults: shakespeare-char on 2 CPU cores, ~3M tokens in about 5 minutes.
   std::int64_t batch = 16;
   std::int64_t seq = 128;
@@ -33,14 +45,14 @@ struct TrainOptions {
   std::int64_t log_interval = 10;
   std::int64_t ckpt_interval = 0;  // 0: checkpoint only at the end
   std::string out_dir = "runs/default";
-  bool resume = false;             // continue from out_dir/ckpt.h5
+  bool resume = false;  // continue from out_dir/ckpt.h5
   std::uint64_t seed = 1337;
   bool recompute = false;
-  double time_limit_s = 0;         // 0: none; else stop after this much training time
-  std::int64_t stop_at = 0;        // 0: none; else stop (and checkpoint) at this step
-  int progress = -1;               // -1: when stderr is a terminal
-  int threads = 0;                 // 0: OpenMP default
-  std::string mem_timeline;        // if set: JSON lines of every allocation in the first step
+  double time_limit_s = 0;   // 0: none; else stop after this much training time
+  std::int64_t stop_at = 0;  // 0: none; else stop (and checkpoint) at this step
+  int progress = -1;         // -1: when stderr is a terminal
+  int threads = 0;           // 0: OpenMP default
+  std::string mem_timeline;  // if set: JSON lines of every allocation in the first step
 
   nlohmann::json to_json() const;
 };
@@ -52,14 +64,51 @@ struct TrainResult {
   double best_val_loss = 0;
   double train_seconds = 0;
   double tokens_per_second = 0;
-  MemStats memory;
+  double flops_per_token = 0;  // train_flops_per_token(cfg, seq)
+  double peak_tflops = 0;      // the MFU denominator used (0: unknown)
+  double mfu = 0;              // fraction of peak_tflops (0 when unknown)
+  std::string device;          // "cpu", "cuda:0"
+  std::string device_name;     // the GPU's name on CUDA
+  std::string dtype;
+  MemStats memory;                                // the run's device tracker
+  std::optional<DeviceMemoryRows> device_memory;  // CUDA: runtime and unattributed rows
   std::string checkpoint;
 };
 
 TrainResult train(const TrainOptions& o, std::ostream& log);
 
-// Mean loss over n batches of the sampler's data (no grad).
+// Mean loss over n batches of the sampler's data (no grad), on the model's device.
 double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::int64_t batch,
                 std::int64_t seq, std::int64_t n_batches, std::uint64_t seed);
+
+// ---- devices, shared by the subcommands -----------------------------------------------------
+// "auto" (cuda:0 when a GPU is visible, else cpu), "cpu", "cuda", "cuda:N". Asking for CUDA
+// where there is none fails with a clear "[who] --device ...: ..." message (built without
+// CUDA, or no device found); a CUDA device is made current.
+Device resolve_device(const std::string& spec, std::string_view who);
+// "auto" (bf16 on CUDA, f32 elsewhere), "f32"/"fp32", "bf16".
+DType resolve_train_dtype(const std::string& spec, Device device);
+// "kiln" | "cudnn" -> ops::set_attention_impl; fails on anything else.
+void set_attention_from_flag(const std::string& impl, std::string_view who);
+
+// ---- model FLOPs utilization ------------------------------------------------------------------
+// Training FLOPs per token, PaLM's convention (Chowdhery et al. 2022, appendix B):
+//     6·N + 12·L·H·Dh·T
+// N: the parameters that take part in a matmul: every parameter except the input embedding
+//    table (and a learned position table), with the LM head counted once, whether tied to the
+//    embedding or not (its V·C product runs either way). 6·N = 2 (multiply-add) x 3 (forward,
+//    and backward's two products) per parameter.
+// 12·L·H·Dh·T: the attention products QK^T and AV (2·2·T·H·Dh per token and layer forward,
+//    x3 with backward), with the full T: the causal mask's halving is not discounted, as PaLM
+//    and nanoGPT count.
+// Norms, activations, softmax, RoPE and the loss are not counted (the convention's choice).
+double train_flops_per_token(const ModelConfig& c, std::int64_t seq);
+// N above.
+std::int64_t matmul_params(const ModelConfig& c);
+// Dense bf16 tensor-core peak in TFLOP/s by CUDA device name, from NVIDIA's datasheets
+// (without sparsity): H100 SXM 989.4, H100 PCIe 756, H200 (and GH200) 989.4. 0 when the name
+// is not in the table: pass --peak-tflops then. MFU = tokens/s · flops/token / peak, also in
+// f32 mode (the bf16 peak stays the reference).
+double bf16_peak_tflops(std::string_view device_name);
 
 }  // namespace kiln::models

@@ -1,15 +1,16 @@
 // The kiln binary on bad input: a clear "error: [...]" message and exit code
 // 1, never a crash; --help explains each subcommand.
 #include <gtest/gtest.h>
-
-#include "tests/run_kiln.h"
-
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/cuda/runtime.h"
+#include "tests/run_kiln.h"
 
 namespace fs = std::filesystem;
 
@@ -31,10 +32,17 @@ TEST(Cli, HelpDescribesSubcommands) {
   EXPECT_NE(r.output.find("sample"), std::string::npos);
   KilnRun t = run_kiln("train --help");
   EXPECT_EQ(t.exit_code, 0);
-  for (const char* opt : {"--data", "--tokenizer", "--preset", "--device", "--batch", "--seq",
-                          "--steps", "--lr", "--warmup", "--weight-decay", "--clip",
-                          "--eval-interval", "--out", "--resume", "--seed"})
+  for (const char* opt :
+       {"--data", "--tokenizer", "--preset", "--device", "--batch", "--seq", "--steps", "--lr",
+        "--warmup", "--weight-decay", "--clip", "--eval-interval", "--out", "--resume", "--seed",
+        "--dtype", "--attention", "--peak-tflops"})
     EXPECT_NE(t.output.find(opt), std::string::npos) << opt;
+  KilnRun g = run_kiln("generate --help");
+  EXPECT_EQ(g.exit_code, 0);
+  EXPECT_NE(g.output.find("--attention"), std::string::npos);
+  KilnRun b = run_kiln("budget --help");
+  EXPECT_EQ(b.exit_code, 0);
+  EXPECT_NE(b.output.find("--device"), std::string::npos);
 }
 
 TEST(Cli, MissingDataFileFails) {
@@ -55,7 +63,7 @@ TEST(Cli, SequenceLongerThanContextFails) {
   fs::path d = temp_dir("seq");
   std::ofstream(d / "t.txt") << std::string(5000, 'a') + std::string(5000, 'b');
   KilnRun r = run_kiln("train --data " + (d / "t.txt").string() + " --seq 100000 --steps 1 --out " +
-                      (d / "run").string());
+                       (d / "run").string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("exceeds the model's context"), std::string::npos) << r.output;
 }
@@ -64,13 +72,152 @@ TEST(Cli, UnknownPresetAndDeviceFail) {
   fs::path d = temp_dir("preset");
   std::ofstream(d / "t.txt") << std::string(5000, 'x') + "yz";
   KilnRun r = run_kiln("train --data " + (d / "t.txt").string() + " --preset nope --out " +
-                      (d / "run").string());
+                       (d / "run").string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("unknown preset 'nope'"), std::string::npos) << r.output;
-  KilnRun c = run_kiln("train --data " + (d / "t.txt").string() + " --device cuda --out " +
-                      (d / "run").string());
+  KilnRun c = run_kiln("train --data " + (d / "t.txt").string() + " --device tpu --out " +
+                       (d / "run").string());
   EXPECT_EQ(c.exit_code, 1) << c.output;
-  EXPECT_NE(c.output.find("CUDA"), std::string::npos) << c.output;
+  EXPECT_NE(c.output.find("unknown device 'tpu'"), std::string::npos) << c.output;
+  KilnRun a = run_kiln("train --data " + (d / "t.txt").string() + " --attention flash --out " +
+                       (d / "run").string());
+  EXPECT_NE(a.exit_code, 0) << a.output;  // CLI11 rejects it before kiln runs
+}
+
+namespace {
+
+// What a CUDA request says on a machine without one: the build's reason, and the way out.
+void expect_no_cuda_error(const KilnRun& r, const std::string& who) {
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("error: [" + who + "] --device cuda"), std::string::npos) << r.output;
+  if (kiln::cuda::compiled_with_cuda())
+    EXPECT_NE(r.output.find("no CUDA device found"), std::string::npos) << r.output;
+  else
+    EXPECT_NE(r.output.find("built without CUDA"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("use --device cpu"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+TEST(Cli, DeviceCudaWithoutAGpuFailsClearly) {
+  if (kiln::cuda::device_count() > 0) {
+    // Not skipped on a GPU machine: there an index past the last device is the clear error.
+    fs::path d = temp_dir("cuda_index");
+    std::ofstream(d / "t.txt") << std::string(5000, 'x') + "yz";
+    KilnRun r = run_kiln("train --data " + (d / "t.txt").string() +
+                         " --device cuda:" + std::to_string(kiln::cuda::device_count()) +
+                         " --out " + (d / "run").string());
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("CUDA device(s) visible"), std::string::npos) << r.output;
+    return;
+  }
+  fs::path d = temp_dir("no_cuda");
+  std::ofstream(d / "t.txt") << std::string(5000, 'x') + "yz";
+  expect_no_cuda_error(run_kiln("train --data " + (d / "t.txt").string() +
+                                " --device cuda --steps 1 --out " + (d / "run").string()),
+                       "train");
+  std::ofstream(d / "config.json") << R"({"model_type": "qwen3", "vocab_size": 300,
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "max_position_embeddings": 16})";
+  expect_no_cuda_error(
+      run_kiln("generate --random-weights --config " + (d / "config.json").string() +
+               " --prompt-ids 1,2 --max-new-tokens 1 --device cuda"),
+      "generate");
+  expect_no_cuda_error(
+      run_kiln("budget --model stories260K --mode train --seq 32 --measure --device cuda"),
+      "budget");
+  // Without --measure, --device cuda only makes the dry run simulate the CUDA allocator.
+  KilnRun sim = run_kiln("budget --model stories260K --mode train --seq 32 --device cuda");
+  EXPECT_EQ(sim.exit_code, 0) << sim.output;
+  EXPECT_NE(sim.output.find("allocates like the CUDA allocator"), std::string::npos) << sim.output;
+}
+
+TEST(Cli, TrainPrintsThroughputAndMfu) {
+  fs::path d = temp_dir("mfu");
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog.\n";
+  std::ofstream(d / "t.txt") << text;
+  const std::string base = "train --device cpu --data " + (d / "t.txt").string() +
+                           " --steps 2 --batch 2 --seq 16 --eval-interval 0 --eval-batches 1 "
+                           "--progress 0 --log-interval 1 --out " +
+                           (d / "run").string();
+  // No GPU name to look the peak up by: MFU is not guessed.
+  KilnRun r = run_kiln(base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tok/s | MFU n/a"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MFU n/a: unknown peak, pass --peak-tflops"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("6N + 12 L H Dh T"), std::string::npos) << r.output;
+  // With a peak, a percentage per log line and in the summary.
+  KilnRun p = run_kiln(base + " --peak-tflops 0.001");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(p.output.find("% of 0.001 TFLOP/s"), std::string::npos) << p.output;
+  EXPECT_EQ(p.output.find("MFU n/a"), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("memory (cpu), by category:"), std::string::npos) << p.output;
+}
+
+// The same commands on a GPU (skipped without one; gpu_check.sh fails on that skip there).
+TEST(Cli, TrainGenerateBudgetOnCuda) {
+  if (kiln::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: kiln --device cuda";
+  fs::path d = temp_dir("cuda_run");
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "to be or not to be, that is the question.\n";
+  std::ofstream(d / "t.txt") << text;
+  for (const char* dtype : {"bf16", "f32"}) {
+    KilnRun r = run_kiln("train --device cuda --dtype " + std::string(dtype) + " --data " +
+                         (d / "t.txt").string() +
+                         " --steps 4 --batch 4 --seq 32 --eval-interval 2 --eval-batches 1 "
+                         "--progress 0 --log-interval 1 --out " +
+                         (d / ("run_" + std::string(dtype))).string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("cuda:0"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 4/4 | loss "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("| MFU "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("unattributed"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("runtime"), std::string::npos) << r.output;
+    // The checkpoint is the usual f32 file: sample reads it on the CPU; resume continues.
+    KilnRun s =
+        run_kiln("sample --ckpt " + (d / ("run_" + std::string(dtype)) / "final.h5").string() +
+                 " --prompt to --max-new-tokens 5 --temperature 0");
+    EXPECT_EQ(s.exit_code, 0) << s.output;
+  }
+  KilnRun resume = run_kiln("train --device cuda --resume --data " + (d / "t.txt").string() +
+                            " --steps 6 --batch 4 --seq 32 --eval-interval 0 --eval-batches 1 "
+                            "--progress 0 --log-interval 1 --out " +
+                            (d / "run_bf16").string());
+  ASSERT_EQ(resume.exit_code, 0) << resume.output;
+  EXPECT_NE(resume.output.find("resumed from"), std::string::npos) << resume.output;
+  EXPECT_NE(resume.output.find("step 6/6"), std::string::npos) << resume.output;
+
+  std::ofstream(d / "config.json") << R"({"model_type": "qwen3", "vocab_size": 300,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "max_position_embeddings": 64, "tie_word_embeddings": true})";
+  for (const char* attn : {"kiln", "cudnn"}) {
+    KilnRun g = run_kiln("generate --random-weights --config " + (d / "config.json").string() +
+                         " --dtype bf16 --device cuda --attention " + attn +
+                         " --prompt-ids 1,2,3,4 --max-new-tokens 8 --temperature 0");
+    ASSERT_EQ(g.exit_code, 0) << attn << ": " << g.output;
+    EXPECT_NE(g.output.find("decode"), std::string::npos) << g.output;
+    EXPECT_NE(g.output.find("unattributed"), std::string::npos) << g.output;
+  }
+
+  KilnRun b = run_kiln(
+      "budget --model stories260K --mode both --batch 2 --seq 64 --measure "
+      "--device cuda --dtype bf16 --json",
+      /*with_stderr=*/false);
+  ASSERT_EQ(b.exit_code, 0) << b.output;  // 2 would mean measured != dry run
+  auto j = nlohmann::json::parse(b.output);
+  for (const auto& r : j) {
+    EXPECT_EQ(r["simulate"], "cuda");
+    EXPECT_EQ(r["measured"]["total_peak"], r["dry_run"]["total_peak"]) << r["mode"];
+    const auto& dev = r["measured"]["device"];
+    EXPECT_GT(dev["cuda_context"].get<std::int64_t>(), 0);
+    EXPECT_GE(dev["kiln_reserved"].get<std::int64_t>(),
+              r["measured"]["total_peak"].get<std::int64_t>());
+    EXPECT_EQ(r["measured"]["at_peak"]["unattributed"], dev["unattributed"]);
+  }
 }
 
 TEST(Cli, TrainThenSample) {
@@ -78,16 +225,16 @@ TEST(Cli, TrainThenSample) {
   std::string text;
   for (int i = 0; i < 400; ++i) text += "to be or not to be, that is the question.\n";
   std::ofstream(d / "t.txt") << text;
-  KilnRun r = run_kiln("train --data " + (d / "t.txt").string() +
-                      " --steps 6 --batch 2 --seq 16 --eval-interval 3 --eval-batches 1 --out " +
-                      (d / "run").string() + " --progress 0 --log-interval 2");
+  KilnRun r = run_kiln("train --device cpu --data " + (d / "t.txt").string() +
+                       " --steps 6 --batch 2 --seq 16 --eval-interval 3 --eval-batches 1 --out " +
+                       (d / "run").string() + " --progress 0 --log-interval 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 2/6 | loss "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("val loss"), std::string::npos);
   EXPECT_NE(r.output.find("optimizer state"), std::string::npos);  // the memory summary
   EXPECT_TRUE(fs::exists(d / "run" / "log.jsonl"));
   KilnRun s = run_kiln("sample --ckpt " + (d / "run" / "final.h5").string() +
-                      " --prompt to --max-new-tokens 20 --temperature 0");
+                       " --prompt to --max-new-tokens 20 --temperature 0");
   ASSERT_EQ(s.exit_code, 0) << s.output;
   EXPECT_EQ(s.output.rfind("to", 0), 0u) << s.output;
   EXPECT_GE(s.output.size(), 20u);
@@ -111,7 +258,7 @@ fs::path tiny_qwen3(const std::string& name) {
 TEST(Cli, GenerateWithRandomWeightsPrintsSpeedsAndMemory) {
   fs::path d = tiny_qwen3("gen_ok");
   KilnRun r = run_kiln("generate --random-weights --config " + (d / "config.json").string() +
-                      " --prompt-ids 1,2,3 --max-new-tokens 4 --temperature 0");
+                       " --prompt-ids 1,2,3 --max-new-tokens 4 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("decode"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("kv cache"), std::string::npos) << r.output;
@@ -129,6 +276,6 @@ TEST(Cli, GenerateRejectsOutOfRangeIdsAndLongPrompts) {
   EXPECT_EQ(longp.exit_code, 1) << longp.output;
   EXPECT_NE(longp.output.find("error:"), std::string::npos) << longp.output;
   KilnRun badcfg = run_kiln("generate --random-weights --config " + (d / "nope.json").string() +
-                           " --prompt-ids 1");
+                            " --prompt-ids 1");
   EXPECT_GT(badcfg.exit_code, 0) << badcfg.output;
 }

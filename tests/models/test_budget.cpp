@@ -10,8 +10,6 @@
 //    bytes per token), sizes, the fit search and `kiln budget` end to end.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-
-#include "tests/run_kiln.h"
 #include <sys/wait.h>
 
 #include <array>
@@ -19,10 +17,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kernels/cuda/runtime.h"
 #include "models/budget.h"
 #include "models/decoder.h"
 #include "models/param_count.h"
+#include "models/trainer.h"
+#include "tensor/ops.h"
 #include "tensor/storage.h"
+#include "tests/run_kiln.h"
 
 using namespace kiln;
 using namespace kiln::models;
@@ -242,7 +244,8 @@ TEST(Budget, CommandLine) {
   const std::string svg = testing::TempDir() + "budget.svg";
   KilnRun run = run_kiln(
       "budget --model stories260K --mode both --batch 2 --seq 64 --measure --gpu-mem 64MiB "
-      "--json --svg " + svg,
+      "--json --svg " +
+          svg,
       /*with_stderr=*/false);
   const std::string& out = run.output;
   ASSERT_EQ(run.exit_code, 0) << out;
@@ -259,4 +262,166 @@ TEST(Budget, CommandLine) {
   std::string s((std::istreambuf_iterator<char>(f)), {});
   EXPECT_NE(s.find("<svg"), std::string::npos);
   EXPECT_NE(s.find("<polygon"), std::string::npos);  // the timeline chart
+}
+
+// ---- CUDA rows: Runtime and Unattributed ----------------------------------------------------
+
+TEST(Budget, CpuMeasurementsHaveNoDeviceRows) {
+  EXPECT_EQ(budget_row_name(BudgetRow::Unattributed), "unattributed");
+  EXPECT_EQ(idx(BudgetRow::Unattributed) + 1, kNumBudgetRows);
+  BudgetSpec s;
+  s.cfg = tiny_qwen3();
+  s.mode = BudgetMode::Train, s.batch = 1, s.seq = 16;
+  BudgetFigures m = run_budget(s, Device::cpu());
+  EXPECT_FALSE(m.device.has_value());
+  EXPECT_EQ(m.at_peak[idx(BudgetRow::Unattributed)], 0);
+  BudgetReport r;
+  r.spec = s;
+  r.analytic = analytic_budget(s);
+  r.dry = run_budget(s, Device::meta());
+  r.measured = m;
+  const nlohmann::json j = budget_report_json({r});
+  EXPECT_FALSE(j[0]["measured"].contains("device"));
+  EXPECT_EQ(j[0]["measured"]["at_peak"]["unattributed"], 0);
+  // The text shows the Unattributed row only where a GPU was measured.
+  EXPECT_EQ(budget_report_text({r}).find("unattributed"), std::string::npos);
+}
+
+TEST(Budget, DeviceRowsGoIntoTheReport) {
+  // A CUDA measurement as run_budget builds it, with made-up driver figures: the text and JSON
+  // carry the runtime breakdown and unattributed = used - other - reserved - runtime.
+  BudgetSpec s;
+  s.cfg = tiny_qwen3();
+  s.mode = BudgetMode::Train, s.batch = 1, s.seq = 16, s.simulate = DeviceType::CUDA;
+  BudgetReport r;
+  r.spec = s;
+  r.analytic = analytic_budget(s);
+  r.dry = run_budget(s, Device::meta());
+  BudgetFigures m = r.dry;
+  DeviceMemoryRows d;
+  d.total = 80LL << 30;
+  d.used = (1LL << 30) + (123LL << 20);
+  d.other = 0;
+  d.reserved = 1LL << 30;
+  d.allocated = 900LL << 20;
+  d.context = 100LL << 20;
+  d.libraries = 20LL << 20;
+  d.context_measured = true;
+  EXPECT_EQ(d.runtime(), 120LL << 20);
+  EXPECT_EQ(d.unattributed(), 3LL << 20);
+  m.at_peak[idx(BudgetRow::Runtime)] += d.runtime();
+  m.at_peak[idx(BudgetRow::Unattributed)] = d.unattributed();
+  m.device = d;
+  r.measured = m;
+  const nlohmann::json j = budget_report_json({r});
+  const auto& dev = j[0]["measured"]["device"];
+  EXPECT_EQ(dev["unattributed"], 3LL << 20);
+  EXPECT_EQ(dev["runtime"], 120LL << 20);
+  EXPECT_EQ(dev["cuda_context"], 100LL << 20);
+  EXPECT_EQ(dev["kiln_reserved"], 1LL << 30);
+  const std::string text = budget_report_text({r});
+  EXPECT_NE(text.find("unattributed"), std::string::npos) << text;
+  EXPECT_NE(text.find("3.00 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("CUDA context 100.00 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("driver used"), std::string::npos) << text;
+}
+
+TEST(Budget, MeasuredOnCudaEqualsTheCudaDryRun) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: run_budget on cuda";
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (BudgetMode mode : {BudgetMode::Train, BudgetMode::Infer}) {
+      BudgetSpec s;
+      s.cfg = tiny_qwen3();
+      s.mode = mode, s.dtype = dt, s.batch = 2, s.seq = 32, s.decode_steps = 8;
+      s.simulate = DeviceType::CUDA;
+      const std::string what = fmt::format("cuda {} {}", budget_mode_name(mode), dtype_name(dt));
+      BudgetFigures dry = run_budget(s, Device::meta());
+      BudgetFigures meas = run_budget(s, Device::cuda());
+      ASSERT_TRUE(meas.device.has_value()) << what;
+      const DeviceMemoryRows& d = *meas.device;
+      // The allocator rows are exact; Runtime gains the context and libraries; Unattributed
+      // is the driver's remainder.
+      for (std::size_t i = 0; i < kNumBudgetRows; ++i) {
+        const auto row = static_cast<BudgetRow>(i);
+        if (row == BudgetRow::Runtime || row == BudgetRow::Unattributed) continue;
+        EXPECT_EQ(dry.at_peak[i], meas.at_peak[i]) << what << ": " << budget_row_name(row);
+      }
+      EXPECT_EQ(meas.total_peak, dry.total_peak) << what;
+      EXPECT_EQ(meas.at_peak[idx(BudgetRow::Runtime)],
+                dry.at_peak[idx(BudgetRow::Runtime)] + d.runtime())
+          << what;
+      EXPECT_EQ(meas.at_peak[idx(BudgetRow::Unattributed)], d.unattributed()) << what;
+      EXPECT_GT(d.context, 0) << what;
+      EXPECT_GE(d.reserved, meas.total_peak) << what;
+      EXPECT_LE(d.used, d.total) << what;
+      std::printf("%s: driver used %lld, reserved %lld, runtime %lld, unattributed %lld\n",
+                  what.c_str(), static_cast<long long>(d.used), static_cast<long long>(d.reserved),
+                  static_cast<long long>(d.runtime()), static_cast<long long>(d.unattributed()));
+    }
+  }
+}
+
+// ---- MFU and devices (models/trainer.h) -------------------------------------------------------
+
+TEST(TrainerMfu, FlopsPerTokenFollowPalm) {
+  // stories15M, tied: per layer 4·288² (attention) + 3·288·768 (MLP) + 2·288 (norms), 6
+  // layers, a final norm, and the 32000 x 288 table counted once (as the LM head).
+  const std::int64_t layer = 4 * 288 * 288 + 3 * 288 * 768 + 2 * 288;
+  const std::int64_t n15 = 6 * layer + 288 + 32000 * 288;
+  EXPECT_EQ(matmul_params(preset("stories15M")), n15);
+  EXPECT_DOUBLE_EQ(train_flops_per_token(preset("stories15M"), 256),
+                   6.0 * n15 + 12.0 * 6 * 6 * 48 * 256);
+  // Untied (tiny Qwen3): the input table is left out, the LM head counted.
+  const ModelConfig q = tiny_qwen3();
+  DecoderModel m(q, 1, DType::F32, Device::meta());
+  std::int64_t all = 0, table = 0;
+  for (auto& [name, p] : m.named_parameters()) {
+    all += p.numel();
+    if (name == "model.embed_tokens.weight") table = p.numel();
+  }
+  ASSERT_EQ(table, q.vocab_size * q.dim);
+  EXPECT_EQ(matmul_params(q), all - table);
+  // Attention uses H · head_dim (32 here, not dim / heads = 16).
+  EXPECT_DOUBLE_EQ(train_flops_per_token(q, 100) - train_flops_per_token(q, 0),
+                   12.0 * q.n_layers * q.n_heads * q.head_dim * 100);
+}
+
+TEST(TrainerMfu, PeakTableByDeviceName) {
+  EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA H100 80GB HBM3"), 989.4);
+  EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA H100 SXM5 80GB"), 989.4);
+  EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA H100 PCIe"), 756.0);
+  EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA H200"), 989.4);
+  EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA H100 NVL"), 0.0);
+  EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA A100-SXM4-80GB"), 0.0);
+  EXPECT_DOUBLE_EQ(bf16_peak_tflops(""), 0.0);
+}
+
+TEST(TrainerMfu, DevicesAndDtypes) {
+  EXPECT_EQ(resolve_device("cpu", "train"), Device::cpu());
+  EXPECT_EQ(resolve_train_dtype("auto", Device::cpu()), DType::F32);
+  EXPECT_EQ(resolve_train_dtype("auto", Device::cuda()), DType::BF16);
+  EXPECT_EQ(resolve_train_dtype("fp32", Device::cuda()), DType::F32);
+  EXPECT_THROW(resolve_train_dtype("f16", Device::cpu()), Error);
+  EXPECT_THROW(resolve_device("meta", "train"), Error);
+  EXPECT_THROW(resolve_device("tpu", "train"), Error);
+  EXPECT_THROW(set_attention_from_flag("flash", "train"), Error);
+  set_attention_from_flag("cudnn", "train");
+  EXPECT_EQ(ops::attention_impl(), ops::AttentionImpl::Cudnn);
+  set_attention_from_flag("kiln", "train");
+  EXPECT_EQ(ops::attention_impl(), ops::AttentionImpl::Kiln);
+  if (cuda::device_count() == 0) {
+    EXPECT_EQ(resolve_device("auto", "train"), Device::cpu());
+    try {
+      resolve_device("cuda", "train");
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("[train] --device cuda: ", 0), 0u) << msg;
+      EXPECT_NE(msg.find("use --device cpu"), std::string::npos) << msg;
+    }
+  } else {
+    EXPECT_EQ(resolve_device("auto", "train"), Device::cuda(0));
+    EXPECT_EQ(resolve_device("cuda:0", "train"), Device::cuda(0));
+    EXPECT_THROW(resolve_device("cuda:" + std::to_string(cuda::device_count()), "train"), Error);
+  }
 }
