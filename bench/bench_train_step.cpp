@@ -1,39 +1,56 @@
-// CPU training-step benchmark: full train steps of a preset decoder in fp32, the kiln side of
-// bench/torch_train_step.py (same model, optimizer settings and step).
+// Training-step benchmark: full train steps of a preset decoder, the kiln side of
+// bench/torch_train_step.py (CPU, fp32) and bench/torch_train_step_gpu.py (CUDA, bf16).
 //
 // One step = forward + cross-entropy (Activations, Phase::Forward), backward, AdamW step,
-// zero_grad, on a fixed batch of random token ids. Prints one JSON line:
-//   {"peer":"kiln","threads":N,"tok_per_s":...,"ms_per_step":...,"peak_bytes":...}
-// Example: kiln_bench_train_step --preset stories15M --batch 8 --seq 256 --threads 2
+// zero_grad, on a fixed batch of random token ids; AdamW lr 5e-4, betas (0.9, 0.95), eps 1e-8,
+// weight decay 0.1 on matrices (the peers' settings). Prints one JSON line:
+//   {"peer":"kiln","device":...,"tok_per_s":...,"ms_per_step":...,"mfu":...,"peak_bytes":...}
+//
+// CPU:  kiln_bench_train_step --preset stories15M --batch 8 --seq 256 --threads 2
+//       (per-phase times; the loss is read every step, as the CPU peer does)
+// CUDA: kiln_bench_train_step --device cuda --dtype bf16 --preset stories42M --seq 1024 --batch 0
+//       Kernels queue asynchronously: the timed steps run back to back and the clock is read
+//       after a device synchronize (no per-phase split, which would need a sync per phase).
+//       --batch 0 searches the largest power of two that fits, from --max-batch down (an
+//       out-of-memory error halves it). Memory: the tracker's allocated peak over the timed
+//       steps (what torch.cuda.max_memory_allocated reports for the peer), the allocator's
+//       reserved peak, and the driver's used memory with the runtime and unattributed rows.
+//       MFU = tok/s x (6N + 12 L H Dh T) / the bf16 dense peak (models/trainer.h).
+// Exit status 3: out of memory at the asked batch (JSON line with "oom": true).
+#include <cblas.h>
 #include <omp.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
-#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <cblas.h>
-#include <nlohmann/json.hpp>
-
 #include "autograd/engine.h"
+#include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
+#include "models/trainer.h"
 #include "nn/optim.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/memory.h"
+#include "tensor/storage.h"
 
 using namespace kiln;
 
 namespace {
 
-Tensor random_ids(std::int64_t b, std::int64_t t, std::int64_t vocab, std::mt19937& rng) {
+Tensor random_ids(std::int64_t b, std::int64_t t, std::int64_t vocab, std::mt19937& rng,
+                  Device device) {
   std::uniform_int_distribution<std::int32_t> d(0, static_cast<std::int32_t>(vocab - 1));
   std::vector<std::int32_t> v(static_cast<std::size_t>(b * t));
   for (auto& x : v) x = d(rng);
-  return ops::from_vector(v, {b, t});
+  return ops::from_vector(v, {b, t}).to(device);
 }
 
 // CPU time of the whole process (all threads): under load, wall time measures the scheduler as
@@ -49,114 +66,216 @@ double load_1m() {
   return getloadavg(l, 1) == 1 ? l[0] : -1.0;
 }
 
+bool is_oom(const std::exception& e) {
+  return std::string(e.what()).find("out of memory") != std::string::npos;
+}
+
+double round_to(double x, double s) { return std::round(x * s) / s; }
+
+struct Settings {
+  std::string preset = "stories15M";
+  Device device = Device::cpu();
+  DType dtype = DType::F32;
+  std::int64_t seq = 0;
+  int threads = 2, warmup = 2, steps = 5;
+  bool recompute = false;
+  double peak_tflops = 0;
+};
+
+// Builds the model and runs warmup + timed steps at `batch`; the JSON line on success.
+nlohmann::json run(const Settings& st, std::int64_t batch) {
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const bool cuda_dev = st.device.is_cuda();
+  auto sync = [&] {
+    if (cuda_dev) cuda::device_synchronize();
+  };
+  models::ModelConfig cfg = models::preset(st.preset);
+  models::DecoderModel model(cfg, /*seed=*/0, st.dtype, st.device);
+  model.recompute = st.recompute;
+  nn::AdamWOptions o;
+  o.lr = 5e-4;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;  // the torch peers' settings
+  nn::AdamW opt(model.named_parameters(), o);
+
+  std::mt19937 rng(1);
+  Tensor ids, targets;
+  {
+    MemoryScope scope(MemCategory::Inputs);
+    ids = random_ids(batch, st.seq, cfg.vocab_size, rng, st.device);
+    targets = random_ids(batch, st.seq, cfg.vocab_size, rng, st.device);
+  }
+
+  double t_fwd = 0.0, t_bwd = 0.0, t_opt = 0.0;  // CPU only: summed over timed steps
+  Tensor last_loss;
+  auto step = [&]() {
+    Tensor loss;
+    auto a = Clock::now();
+    {
+      MemoryScope scope(MemCategory::Activations);
+      PhaseScope phase(Phase::Forward);
+      loss = model.loss(ids, targets);
+    }
+    if (!cuda_dev) (void)loss.item();
+    auto b = Clock::now();
+    kiln::backward(loss);  // sets Phase::Backward and Temporaries itself
+    auto c = Clock::now();
+    opt.step();
+    opt.zero_grad();
+    auto d = Clock::now();
+    t_fwd += secs(a, b);
+    t_bwd += secs(b, c);
+    t_opt += secs(c, d);
+    last_loss = loss.detach();
+  };
+
+  const double load_before = load_1m();
+  for (int i = 0; i < st.warmup; ++i) step();
+  sync();
+  MemoryTracker& tracker = MemoryTracker::get(st.device.type);
+  tracker.reset_peaks();
+  t_fwd = t_bwd = t_opt = 0.0;
+  auto t0 = Clock::now();
+  const double c0 = process_cpu_s();
+  for (int i = 0; i < st.steps; ++i) step();
+  sync();
+  const double dt = secs(t0, Clock::now());
+  const double cpu = process_cpu_s() - c0;
+  const double loss = last_loss.item();
+  const MemStats ms = tracker.stats();
+
+  const double tps = static_cast<double>(batch * st.seq * st.steps) / dt;
+  const double flops_per_token = models::train_flops_per_token(cfg, st.seq);
+  std::string card;
+  if (cuda_dev) card = cuda::device_info(st.device.index).name;
+  const double peak = st.peak_tflops > 0 ? st.peak_tflops : models::bf16_peak_tflops(card);
+  nlohmann::json j = {
+      {"peer", "kiln"},
+      {"device", st.device.str()},
+      {"dtype", std::string(dtype_name(st.dtype))},
+      {"tok_per_s", round_to(tps, 10.0)},
+      {"ms_per_step", round_to(1000.0 * dt / st.steps, 100.0)},
+      {"config", st.preset},
+      {"batch", batch},
+      {"seq", st.seq},
+      {"params", model.num_parameters()},
+      {"matmul_params", models::matmul_params(cfg)},
+      {"flops_per_token", flops_per_token},
+      {"peak_tflops", peak},
+      {"mfu", peak > 0 ? round_to(tps * flops_per_token / (peak * 1e12), 1e4) : 0.0},
+      {"loss", round_to(loss, 1e4)},
+      {"steps", st.steps},
+      {"warmup", st.warmup},
+      {"peak_bytes", ms.total_peak},
+      {"reserved_peak_bytes", ms.reserved_peak},
+      {"recompute", st.recompute},
+  };
+  if (cuda_dev) {
+    const DeviceMemoryRows d = cuda_device_memory(st.device.index);
+    j["card"] = card;
+    j["attention"] = ops::attention_impl() == ops::AttentionImpl::Cudnn ? "cudnn" : "kiln";
+    j["driver_used_bytes"] = d.used;
+    j["driver_total_bytes"] = d.total;
+    j["runtime_bytes"] = d.runtime();
+    j["cuda_context_bytes"] = d.context;
+    j["unattributed_bytes"] = d.unattributed();
+    j["other_processes_bytes"] = d.other;
+  } else {
+    const char* wait = std::getenv("OMP_WAIT_POLICY");
+    j["threads"] = st.threads;
+    j["cpu_ms_per_step"] = round_to(1000.0 * cpu / st.steps, 100.0);
+    j["forward_ms"] = round_to(1000.0 * t_fwd / st.steps, 10.0);
+    j["backward_ms"] = round_to(1000.0 * t_bwd / st.steps, 10.0);
+    j["optimizer_ms"] = round_to(1000.0 * t_opt / st.steps, 10.0);
+    j["omp_wait_policy"] = wait ? wait : "default";
+    j["loadavg_1m"] = round_to(load_before, 100.0);
+  }
+  return j;
+}
+
+// Releases what an out-of-memory attempt left cached, so the next one starts clean.
+void release_cache(Device d) {
+  if (d.is_cuda()) {
+    cuda::device_synchronize();
+    cuda_caching_allocator(d.index).empty_cache();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"kiln CPU train-step benchmark (peer: bench/torch_train_step.py)"};
-  std::string preset = "stories15M";
-  std::int64_t batch = 8, seq = 0;
-  int threads = 2, warmup = 2, steps = 5;
-  bool recompute = false;
-  app.add_option("--preset", preset, "model preset (models/config.h)");
-  app.add_option("--batch", batch)->check(CLI::PositiveNumber);
-  app.add_option("--seq", seq, "sequence length (default: the preset's context)");
-  app.add_option("--threads", threads)->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber);
-  app.add_option("--steps", steps)->check(CLI::PositiveNumber);
-  app.add_flag("--recompute", recompute, "per-layer activation checkpointing");
+  CLI::App app{"kiln train-step benchmark (peers: bench/torch_train_step.py, _gpu.py)"};
+  Settings st;
+  std::string device = "cpu", dtype = "auto", attention = "kiln";
+  std::int64_t batch = 8, max_batch = 512;
+  app.add_option("--preset", st.preset, "model preset (models/config.h)");
+  app.add_option("--device", device, "cpu | cuda[:N]");
+  app.add_option("--dtype", dtype, "auto (bf16 on cuda, f32 on cpu) | f32 | bf16");
+  app.add_option("--attention", attention, "CUDA attention: kiln | cudnn");
+  app.add_option("--batch", batch, "rows per step; 0: the largest power of two that fits (cuda)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-batch", max_batch, "where --batch 0 starts")->check(CLI::PositiveNumber);
+  app.add_option("--seq", st.seq, "sequence length (default: the preset's context)");
+  app.add_option("--threads", st.threads)->check(CLI::PositiveNumber);
+  app.add_option("--warmup", st.warmup)->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", st.steps)->check(CLI::PositiveNumber);
+  app.add_option("--peak-tflops", st.peak_tflops, "bf16 peak for MFU (default: by GPU name)");
+  app.add_flag("--recompute", st.recompute, "per-layer activation checkpointing");
   CLI11_PARSE(app, argc, argv);
 
   try {
     // OpenBLAS is the OpenMP build: it follows omp_set_num_threads, but set both so a pthread
     // build would not oversubscribe the cores either.
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
+    omp_set_num_threads(st.threads);
+    openblas_set_num_threads(st.threads);
+    st.device = models::resolve_device(device, "bench");
+    st.dtype = models::resolve_train_dtype(dtype, st.device);
+    models::set_attention_from_flag(attention, "bench");
+    const models::ModelConfig cfg = models::preset(st.preset);
+    if (st.seq == 0) st.seq = cfg.max_seq_len;
+    KILN_CHECK(st.seq > 0 && st.seq <= cfg.max_seq_len, "[bench] --seq {} must be in [1, {}]",
+               st.seq, cfg.max_seq_len);
+    KILN_CHECK(batch > 0 || st.device.is_cuda(), "[bench] --batch 0 (search) needs --device cuda");
 
-    models::ModelConfig cfg = models::preset(preset);
-    if (seq == 0) seq = cfg.max_seq_len;
-    KILN_CHECK(seq > 0 && seq <= cfg.max_seq_len, "[bench] --seq {} must be in [1, {}]", seq,
-               cfg.max_seq_len);
-
-    models::DecoderModel model(cfg, /*seed=*/0, DType::F32, Device::cpu());
-    model.recompute = recompute;
-    nn::AdamWOptions o;
-    o.lr = 5e-4;
-    o.beta1 = 0.9;
-    o.beta2 = 0.95;
-    o.eps = 1e-8;
-    o.weight_decay = 0.1;  // the torch peer's settings
-    nn::AdamW opt(model.named_parameters(), o);
-
-    std::mt19937 rng(1);
-    Tensor ids, targets;
-    {
-      MemoryScope scope(MemCategory::Inputs);
-      ids = random_ids(batch, seq, cfg.vocab_size, rng);
-      targets = random_ids(batch, seq, cfg.vocab_size, rng);
-    }
-
-    using Clock = std::chrono::steady_clock;
-    auto secs = [](Clock::time_point a, Clock::time_point b) {
-      return std::chrono::duration<double>(b - a).count();
-    };
-    double t_fwd = 0.0, t_bwd = 0.0, t_opt = 0.0;  // summed over timed steps
-    auto step = [&]() {
-      Tensor loss;
-      auto a = Clock::now();
-      {
-        MemoryScope scope(MemCategory::Activations);
-        PhaseScope phase(Phase::Forward);
-        loss = model.loss(ids, targets);
+    if (batch > 0) {
+      try {
+        std::printf("%s\n", run(st, batch).dump().c_str());
+        return 0;
+      } catch (const std::exception& e) {
+        if (!is_oom(e)) throw;
+        std::printf(
+            "%s\n",
+            nlohmann::json{{"peer", "kiln"}, {"oom", true}, {"batch", batch}, {"error", e.what()}}
+                .dump()
+                .c_str());
+        return 3;
       }
-      double value = loss.item();
-      auto b = Clock::now();
-      kiln::backward(loss);  // sets Phase::Backward and Temporaries itself
-      auto c = Clock::now();
-      opt.step();
-      opt.zero_grad();
-      auto d = Clock::now();
-      t_fwd += secs(a, b);
-      t_bwd += secs(b, c);
-      t_opt += secs(c, d);
-      return value;
-    };
-
-    double load_before = load_1m();
-    for (int i = 0; i < warmup; ++i) step();
-    MemoryTracker::get(DeviceType::CPU).reset_peaks();
-    t_fwd = t_bwd = t_opt = 0.0;
-    double last = 0.0;
-    auto t0 = Clock::now();
-    double c0 = process_cpu_s();
-    for (int i = 0; i < steps; ++i) last = step();
-    double dt = secs(t0, Clock::now());
-    double cpu = process_cpu_s() - c0;
-    MemStats ms = MemoryTracker::get(DeviceType::CPU).stats();
-
-    const char* wait = std::getenv("OMP_WAIT_POLICY");
-    auto round_to = [](double x, double s) { return std::round(x * s) / s; };
-    nlohmann::json j = {
-        {"peer", "kiln"},
-        {"threads", threads},
-        {"tok_per_s", round_to(static_cast<double>(batch * seq * steps) / dt, 10.0)},
-        {"ms_per_step", round_to(1000.0 * dt / steps, 100.0)},
-        {"config", preset},
-        {"batch", batch},
-        {"seq", seq},
-        {"params", model.num_parameters()},
-        {"loss", round_to(last, 1e4)},
-        {"cpu_ms_per_step", round_to(1000.0 * cpu / steps, 100.0)},
-        {"forward_ms", round_to(1000.0 * t_fwd / steps, 10.0)},
-        {"backward_ms", round_to(1000.0 * t_bwd / steps, 10.0)},
-        {"optimizer_ms", round_to(1000.0 * t_opt / steps, 10.0)},
-        {"peak_bytes", ms.total_peak},
-        {"reserved_peak_bytes", ms.reserved_peak},
-        {"recompute", recompute},
-        {"omp_wait_policy", wait ? wait : "default"},
-        {"loadavg_1m", round_to(load_before, 100.0)},
-    };
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
+    }
+    // Search: the largest power of two <= max_batch whose steps run; each try is a fresh model.
+    std::int64_t b = 1;
+    while (b * 2 <= max_batch) b *= 2;
+    std::vector<std::int64_t> refused;
+    for (; b >= 1; b /= 2) {
+      try {
+        nlohmann::json j = run(st, b);
+        j["batch_search"] = {{"max_batch", max_batch}, {"refused", refused}};
+        std::printf("%s\n", j.dump().c_str());
+        return 0;
+      } catch (const std::exception& e) {
+        if (!is_oom(e)) throw;
+        refused.push_back(b);
+        std::fprintf(stderr, "batch %lld: out of memory, halving\n", static_cast<long long>(b));
+        release_cache(st.device);
+      }
+    }
+    std::printf("%s\n",
+                nlohmann::json{{"peer", "kiln"}, {"oom", true}, {"batch", 1}}.dump().c_str());
+    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
