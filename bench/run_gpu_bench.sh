@@ -177,6 +177,10 @@ if att:
         md.append(f"| {a['T']} | {a['B']} x {a['H']} | {a['impl']} | {a['fwd_tflops']:.1f} | {a['bwd_tflops']:.1f} | {a['fwd_bwd_tflops']:.1f} | {ratio} |")
 if res["ratios"]:
     md += ["", "## Ratios", "", *[f"- {k}: {v}" for k, v in res["ratios"].items()]]
+failed = [(r["kind"], r["result"].get("error", "")) for r in runs if "error" in r["result"]]
+if failed:
+    md += ["", "## Failed runs", "",
+           *[f"- {k}: {' '.join(str(e).split())[-300:]}" for k, e in failed]]
 json.dump(res, open(base + ".json", "w"), indent=2)
 open(base + ".md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))

@@ -10,12 +10,23 @@
 #      CUDA toolkit or in PyTorch's nvidia-* wheels, and puts their folders on LD_LIBRARY_PATH;
 #   3. maps the source/build paths compiled into the tests onto this checkout and the bundle;
 #   4. runs every test binary directly (gtest XML; ctest's files hold the build machine's paths),
-#      then every Google Benchmark binary in bench/, then bench/gpu_bench.sh WORKDIR BUNDLE if it
-#      exists (the hook for end-to-end benchmarks against PyTorch; it writes WORKDIR/*.json);
-#   5. writes OUTDIR/results.json, OUTDIR/summary.md, OUTDIR/gpu_check.log and
-#      OUTDIR/details.tar.gz (per-binary logs, gtest XML, benchmark JSON). OUTDIR stays at five
-#      files, so that it can be copied back from machines that return only a few.
-# Exit status: 0 all passed; 1 a test failed or crashed; 2 no NVIDIA GPU found (the tests still
+#      counting passed, failed and skipped tests. On a GPU machine no CUDA test may skip: a
+#      skipped test whose message names CUDA, a GPU or a device counts as a failure there;
+#   5. runs compute-sanitizer --tool memcheck on a small subset: the CUDA runtime, allocator and
+#      guard-byte tests, and kiln train / generate / budget on tiny shapes (every kernel of a
+#      training step and of decoding), the latter with KILN_GUARD_BYTES=64; any memcheck error or
+#      guard violation fails the check;
+#   6. every Google Benchmark binary in bench/, then bench/run_gpu_bench.sh (kiln vs PyTorch:
+#      training steps, attention; its JSON and markdown land in OUTDIR as gpu_bench.json/.md);
+#   7. writes OUTDIR/results.json, OUTDIR/summary.md, OUTDIR/gpu_check.log and
+#      OUTDIR/details.tar.gz (per-binary logs, gtest XML, sanitizer logs, benchmark JSON), with
+#      nvidia-smi.txt and the two gpu_bench files: at most seven files, so that they can be
+#      copied back from machines that return only a few.
+# KILN_GPU_CHECK_STAGES picks the stages (default "tests sanitizer bench"), so that the whole can
+# be split over several shorter runs; KILN_TEST_FILTER (a regex on binary names) narrows the
+# tests.
+# Exit status: 0 all passed; 1 a test failed or crashed, a CUDA test skipped on a GPU machine,
+# the sanitizer found an error, or a benchmark failed; 2 no NVIDIA GPU found (the tests still
 # run, the CUDA ones skip, and results.json says so); 3 no bundle and no way to build one.
 set -uo pipefail
 
@@ -29,7 +40,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo" || exit 1
 bundle=${KILN_BUNDLE:-$repo/build-gpu/bundle}
 work=$(mktemp -d "${TMPDIR:-/tmp}/kiln_gpu_check.XXXXXX")
-rm -f "$out/results.json" "$out/summary.md" "$out/details.tar.gz"
+rm -f "$out/results.json" "$out/summary.md" "$out/details.tar.gz" "$out/gpu_bench.json" \
+  "$out/gpu_bench.md"
+stages=" ${KILN_GPU_CHECK_STAGES:-tests sanitizer bench} "
+stage() { case "$stages" in *" $1 "*) return 0 ;; esac; return 1; }
 
 main() {
 
@@ -67,8 +81,8 @@ write_results() {
   if command -v python3 >/dev/null; then
     STATUS="$status" COMMIT="$commit" STARTED="$started" SECONDS_TOTAL=$(($(date +%s) - t0)) \
       GPU_FOUND="$gpu_found" WORK="$work" OUT="$out" LIBDIRS="${cuda_lib_dirs:-}" \
-      MISSING="${missing_libs:-}" python3 - <<'PY'
-import glob, json, os, socket, xml.etree.ElementTree as ET
+      MISSING="${missing_libs:-}" STAGES="$stages" python3 - <<'PY'
+import glob, json, os, re, socket, xml.etree.ElementTree as ET
 
 work, out = os.environ["WORK"], os.environ["OUT"]
 gpus = []
@@ -83,13 +97,16 @@ if os.path.exists(f"{work}/manifest.env"):
         k, _, v = line.strip().partition("=")
         manifest[k.replace("KILN_BUNDLE_", "").lower()] = v.strip("'")
 
-tests, totals = {}, {"passed": 0, "failed": 0, "skipped": 0, "total": 0}
+# A skip that names CUDA, a GPU or a device: on a GPU machine it must not happen.
+cuda_skip = re.compile(r"cuda|gpu|device", re.I)
+gpu_found = os.environ["GPU_FOUND"] == "1"
+tests, totals = {}, {"passed": 0, "failed": 0, "skipped": 0, "total": 0, "cuda_skipped": 0}
 for rc_file in sorted(glob.glob(f"{work}/tests/*.rc")):
     name = os.path.basename(rc_file)[:-3]
     rc = int(open(rc_file).read().split()[0])
     secs = int(open(rc_file).read().split()[1])
-    r = {"passed": 0, "failed": 0, "skipped": 0, "total": 0, "exit_code": rc, "seconds": secs,
-         "failed_tests": []}
+    r = {"passed": 0, "failed": 0, "skipped": 0, "total": 0, "cuda_skipped": 0, "exit_code": rc,
+         "seconds": secs, "failed_tests": [], "skipped_tests": []}
     xml = f"{work}/tests/{name}.xml"
     if os.path.exists(xml):
         for case in ET.parse(xml).getroot().iter("testcase"):
@@ -101,9 +118,19 @@ for rc_file in sorted(glob.glob(f"{work}/tests/*.rc")):
                 r["failed_tests"].append(f"{case.get('classname')}.{case.get('name')}")
             elif case.get("result") == "skipped" or case.find("skipped") is not None:
                 r["skipped"] += 1
+                sk = case.find("skipped")
+                msg = (sk.get("message") or sk.text or "") if sk is not None else ""
+                msg = " ".join(msg.split())
+                tname = f"{case.get('classname')}.{case.get('name')}"
+                r["skipped_tests"].append(f"{tname}: {msg[:200]}")
+                if cuda_skip.search(msg):
+                    r["cuda_skipped"] += 1
+                    if gpu_found:
+                        r["failed_tests"].append(f"{tname} (skipped on a GPU machine: {msg[:160]})")
             else:
                 r["passed"] += 1
-        r["result"] = "pass" if rc == 0 and r["failed"] == 0 else "fail"
+        gpu_skip = gpu_found and r["cuda_skipped"] > 0
+        r["result"] = "pass" if rc == 0 and r["failed"] == 0 and not gpu_skip else "fail"
     else:
         # No XML: it did not start or died before writing it (or is not a gtest binary).
         r["result"] = "crashed" if rc != 0 else "no_report"
@@ -113,6 +140,22 @@ for rc_file in sorted(glob.glob(f"{work}/tests/*.rc")):
 
 benchmarks = sorted(os.path.relpath(p, work) for p in glob.glob(f"{work}/bench/*.json"))
 notes = [n for n in open(f"{work}/notes.txt").read().splitlines() if n]
+sanitizer = {}
+for rc_file in sorted(glob.glob(f"{work}/sanitizer/*.rc")):
+    name = os.path.basename(rc_file)[:-3]
+    rc, secs = open(rc_file).read().split()[:2]
+    log = open(f"{work}/sanitizer/{name}.log", errors="replace").read()
+    m = re.search(r"ERROR SUMMARY: (\d+) error", log)
+    guard = log.count("guard bytes overwritten")
+    sanitizer[name] = {"exit_code": int(rc), "seconds": int(secs),
+                       "errors": int(m.group(1)) if m else None, "guard_violations": guard,
+                       "result": "pass" if int(rc) == 0 and m and m.group(1) == "0" and guard == 0 else "fail"}
+gpu_bench = None
+if os.path.exists(f"{out}/gpu_bench.json"):
+    try:
+        gpu_bench = json.load(open(f"{out}/gpu_bench.json")).get("ratios")
+    except Exception as e:
+        gpu_bench = {"error": str(e)}
 res = {
     "schema": 1,
     "status": os.environ["STATUS"],
@@ -128,7 +171,10 @@ res = {
     "missing_libs": os.environ["MISSING"].split(),
     "tests": tests,
     "totals": totals,
+    "stages": os.environ["STAGES"].split(),
+    "sanitizer": sanitizer,
     "benchmarks": benchmarks,
+    "gpu_bench_ratios": gpu_bench,
     "notes": notes,
 }
 json.dump(res, open(f"{out}/results.json", "w"), indent=2)
@@ -140,15 +186,25 @@ md = [f"# kiln gpu_check: {res['status']}", "",
       f"- GPU: {', '.join(g['name'] + ' (driver ' + g['driver'] + ', ' + g['memory'] + ')' for g in gpus) or 'none found'}",
       f"- CUDA libraries from: {', '.join(res['cuda_lib_dirs']) or 'the system paths'}"
       + (f"; missing: {' '.join(res['missing_libs'])}" if res['missing_libs'] else ""), "",
-      "| binary | result | passed | failed | skipped | total | seconds |",
+      "| binary | result | passed | failed | skipped (CUDA) | total | seconds |",
       "| --- | --- | --- | --- | --- | --- | --- |"]
 for name, r in tests.items():
-    md.append(f"| {name} | {r['result']} | {r['passed']} | {r['failed']} | {r['skipped']} | {r['total']} | {r['seconds']} |")
-md.append(f"| **all** | | {totals['passed']} | {totals['failed']} | {totals['skipped']} | {totals['total']} | |")
+    md.append(f"| {name} | {r['result']} | {r['passed']} | {r['failed']} | {r['skipped']} ({r['cuda_skipped']}) | {r['total']} | {r['seconds']} |")
+md.append(f"| **all** | | {totals['passed']} | {totals['failed']} | {totals['skipped']} ({totals['cuda_skipped']}) | {totals['total']} | |")
 failed = [t for r in tests.values() for t in r["failed_tests"]]
 if failed:
     md += ["", "Failed tests:", *[f"- {t}" for t in failed]]
+skipped = [t for r in tests.values() for t in r["skipped_tests"]]
+if skipped:
+    md += ["", "Skipped tests:", *[f"- {t}" for t in skipped[:40]]]
+if sanitizer:
+    md += ["", "| compute-sanitizer memcheck | result | errors | guard violations | seconds |",
+           "| --- | --- | --- | --- | --- |"]
+    for name, r in sanitizer.items():
+        md.append(f"| {name} | {r['result']} | {r['errors']} | {r['guard_violations']} | {r['seconds']} |")
 md += ["", "Benchmarks: " + (", ".join(benchmarks) if benchmarks else "none run")]
+if os.path.exists(f"{out}/gpu_bench.md"):
+    md += ["", open(f"{out}/gpu_bench.md").read()]
 if notes:
     md += ["", "Notes:", *[f"- {n}" for n in notes]]
 open(f"{out}/summary.md", "w").write("\n".join(md) + "\n")
@@ -283,10 +339,12 @@ if [ -n "$probe" ] && ! "$probe" --gtest_list_tests >/dev/null 2>"$work/probe.er
 fi
 
 # ---- 6. tests ----------------------------------------------------------------------------------------
-mkdir -p "$work/tests" "$work/bench"
+mkdir -p "$work/tests" "$work/bench" "$work/sanitizer"
 for rel in "${exes[@]}"; do
+  stage tests || break
   case "$rel" in tests/test_*) ;; *) continue ;; esac
   name=$(basename "$rel")
+  if [ -n "${KILN_TEST_FILTER:-}" ] && ! [[ "$name" =~ $KILN_TEST_FILTER ]]; then continue; fi
   say "running $name"
   t=$(date +%s)
   # Same working directory as under ctest (the build tree's tests/ folder).
@@ -299,14 +357,74 @@ for rel in "${exes[@]}"; do
   [ "$rc" = 0 ] || say "$name exited with status $rc (log: details.tar.gz tests/$name.log)"
 done
 
-# ---- 7. benchmarks -----------------------------------------------------------------------------------
+# ---- 7. compute-sanitizer memcheck on a small subset --------------------------------------------------
+sanitizer_failed=0
+sanitize() {  # NAME DIR CMD...: memcheck CMD (run in DIR); its log and exit status into $work
+  local name=$1 dir=$2
+  shift 2
+  say "compute-sanitizer: $name"
+  local t
+  t=$(date +%s)
+  (cd "$dir" && timeout "${KILN_SANITIZER_TIMEOUT:-600}" "$sanitizer_bin" --tool memcheck \
+    --error-exitcode 99 --print-limit 20 "$@") >"$work/sanitizer/$name.log" 2>&1
+  local rc=$?
+  echo "$rc $(($(date +%s) - t))" >"$work/sanitizer/$name.rc"
+  grep -E 'ERROR SUMMARY|guard bytes overwritten' "$work/sanitizer/$name.log" | head -5 | sed "s/^/  $name: /"
+  if [ "$rc" != 0 ] || grep -q 'guard bytes overwritten' "$work/sanitizer/$name.log" ||
+    ! grep -q 'ERROR SUMMARY: 0 errors' "$work/sanitizer/$name.log"; then
+    sanitizer_failed=1
+    say "compute-sanitizer: $name failed (exit $rc; log: details.tar.gz sanitizer/$name.log)"
+  fi
+}
+if stage sanitizer && [ "$gpu_found" = 1 ]; then
+  sanitizer_bin=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ ! -x "$sanitizer_bin" ]; then
+    note "compute-sanitizer not found (PATH, /usr/local/cuda/bin): memcheck not run"
+    sanitizer_failed=1
+  else
+    san_dir="$work/sanitizer/run"
+    mkdir -p "$san_dir"
+    # Small inputs for kiln: a text, and a tiny Qwen3 config for generate.
+    for i in $(seq 1 200); do echo "to be or not to be, that is the question."; done >"$san_dir/t.txt"
+    cat >"$san_dir/config.json" <<'JSON'
+{"model_type": "qwen3", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+ "max_position_embeddings": 64, "tie_word_embeddings": false}
+JSON
+    [ -x "$bundle/tests/test_kernels" ] &&
+      sanitize test_kernels_cuda_runtime "$bundle/tests" ./test_kernels --gtest_filter='CudaDevice*:CudaDevices*'
+    [ -x "$bundle/tests/test_tensor" ] &&
+      sanitize test_tensor_allocator "$bundle/tests" ./test_tensor \
+        --gtest_filter='CudaCachingAllocator*:DeviceMemoryRows*:CachingAllocatorGuards*'
+    if [ -x "$bundle/apps/kiln" ]; then
+      for dt in bf16 f32; do
+        KILN_GUARD_BYTES=64 sanitize "kiln_train_$dt" "$san_dir" "$bundle/apps/kiln" train --device cuda \
+          --dtype "$dt" --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 \
+          --eval-batches 1 --progress 0 --log-interval 1 --out "run_$dt"
+      done
+      KILN_GUARD_BYTES=64 sanitize kiln_generate "$san_dir" "$bundle/apps/kiln" generate --device cuda \
+        --dtype bf16 --random-weights --config config.json --prompt-ids 1,2,3,4,5 \
+        --max-new-tokens 6 --temperature 0
+      KILN_GUARD_BYTES=64 sanitize kiln_generate_cudnn "$san_dir" "$bundle/apps/kiln" generate \
+        --device cuda --dtype bf16 --attention cudnn --random-weights --config config.json \
+        --prompt-ids 1,2,3,4,5 --max-new-tokens 6 --temperature 0
+    fi
+    [ "$sanitizer_failed" = 0 ] || note "compute-sanitizer memcheck found errors (see the table)"
+  fi
+fi
+
+# ---- 8. benchmarks -----------------------------------------------------------------------------------
+bench_failed=0
 for rel in "${exes[@]}"; do
+  stage bench || break
   case "$rel" in bench/*) ;; *) continue ;; esac
   name=$(basename "$rel")
-  # Only Google Benchmark binaries take --benchmark_out; others (a CLI driver with a PyTorch peer,
-  # say) belong in the bench/gpu_bench.sh hook, which knows their flags.
+  # Only Google Benchmark binaries take --benchmark_out; the others (CLI drivers with a PyTorch
+  # peer) run from bench/run_gpu_bench.sh, which knows their flags.
   if ! grep -qa 'benchmark_out_format' "$bundle/$rel"; then
-    note "benchmark $name is not a Google Benchmark binary: skipped (run it from bench/gpu_bench.sh)"
+    case "$name" in kiln_bench_train_step | kiln_bench_attention) ;;
+      *) note "benchmark $name is not a Google Benchmark binary: skipped" ;;
+    esac
     continue
   fi
   say "benchmark $name"
@@ -314,19 +432,39 @@ for rel in "${exes[@]}"; do
     --benchmark_out="$work/bench/$name.json" --benchmark_out_format=json) >"$work/bench/$name.log" 2>&1 ||
     note "benchmark $name exited with status $?"
 done
-if [ -x "$repo/bench/gpu_bench.sh" ]; then
-  say "running bench/gpu_bench.sh"
-  "$repo/bench/gpu_bench.sh" "$work/bench" "$bundle" >"$work/bench/gpu_bench.log" 2>&1 ||
-    note "bench/gpu_bench.sh exited with status $?"
+if stage bench && [ "$gpu_found" = 1 ] && [ -x "$repo/bench/run_gpu_bench.sh" ]; then
+  say "running bench/run_gpu_bench.sh (kiln vs PyTorch)"
+  KILN_BUNDLE_COMMIT=${KILN_BUNDLE_COMMIT:-} "$repo/bench/run_gpu_bench.sh" "$work/bench" "$bundle/bench" \
+    >"$work/bench/run_gpu_bench.log" 2>&1
+  rc=$?
+  [ "$rc" = 0 ] || { note "bench/run_gpu_bench.sh exited with status $rc"; bench_failed=1; }
+  for f in "$work"/bench/gpu_*.json; do [ -e "$f" ] && cp "$f" "$out/gpu_bench.json"; done
+  for f in "$work"/bench/gpu_*.md; do [ -e "$f" ] && cp "$f" "$out/gpu_bench.md"; done
+  tail -40 "$work/bench/run_gpu_bench.log"
 fi
 
-# ---- 8. results --------------------------------------------------------------------------------------
+# ---- 9. results --------------------------------------------------------------------------------------
 failed=0
 for f in "$work"/tests/*.rc; do
   [ -e "$f" ] || continue
   [ "$(cut -d' ' -f1 "$f")" = 0 ] || failed=1
 done
-ls "$work"/tests/*.rc >/dev/null 2>&1 || { note "no test binaries in the bundle"; failed=1; }
+if stage tests; then
+  ls "$work"/tests/*.rc >/dev/null 2>&1 || { note "no test binaries in the bundle"; failed=1; }
+fi
+# On a GPU machine a skipped CUDA test is a failure (the test's own message says why it skipped).
+if [ "$gpu_found" = 1 ]; then
+  cuda_skips=$(cat "$work"/tests/*.xml 2>/dev/null | python3 -c '
+import re, sys
+print(sum(1 for m in re.finditer(r"<skipped[^>]*message=\"([^\"]*)\"", sys.stdin.read())
+          if re.search(r"cuda|gpu|device", m.group(1), re.I)))' 2>/dev/null || echo 0)
+  if [ "${cuda_skips:-0}" != 0 ]; then
+    note "$cuda_skips CUDA test(s) skipped on a GPU machine: counted as failures"
+    failed=1
+  fi
+fi
+[ "$sanitizer_failed" = 0 ] || failed=1
+[ "$bench_failed" = 0 ] || failed=1
 if [ "$gpu_found" = 0 ]; then
   finish no_gpu 2
 elif [ "$failed" = 1 ]; then
