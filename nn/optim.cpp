@@ -1,7 +1,12 @@
 #include "nn/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <span>
+#include <vector>
+
+#include "tensor/ops_cuda_multi.h"
 
 namespace kiln::nn {
 
@@ -30,20 +35,24 @@ void Optimizer::add_param(const std::string& name, const Tensor& p, int moments)
 }
 
 template <typename F>
+void Optimizer::update_one(ParamState& s, const Tensor& g, F&& update) {
+  if (!s.master.defined()) {
+    update(s.param, g, s);
+    return;
+  }
+  MemoryScope scratch(MemCategory::Temporaries);
+  Tensor g32 = g.to(DType::F32);
+  update(s.master, g32, s);
+  s.param.copy_(s.master);  // round the updated master into bf16/f16
+}
+
+template <typename F>
 void Optimizer::for_each_update(F&& update) {
   PhaseScope phase(Phase::Optimizer);
   step_count++;
   for (auto& s : state_) {
     Tensor g = s.param.grad();
-    if (!g.defined()) continue;
-    if (!s.master.defined()) {
-      update(s.param, g, s);
-      continue;
-    }
-    MemoryScope scratch(MemCategory::Temporaries);
-    Tensor g32 = g.to(DType::F32);
-    update(s.master, g32, s);
-    s.param.copy_(s.master);  // round the updated master into bf16/f16
+    if (g.defined()) update_one(s, g, update);
   }
 }
 
@@ -59,10 +68,31 @@ AdamW::AdamW(const std::vector<std::pair<std::string, Tensor>>& params, const Ad
 }
 
 void AdamW::step() {
-  for_each_update([&](Tensor& w, const Tensor& g, ParamState& s) {
-    ops::adamw_step_(w, g, s.m, s.v, lr, opt.beta1, opt.beta2, opt.eps,
-                     s.decay ? opt.weight_decay : 0.0, step_count);
-  });
+  PhaseScope phase(Phase::Optimizer);
+  step_count++;
+  std::vector<ops::AdamWTensors> batch;  // parameters off the CPU
+  for (auto& s : state_) {
+    Tensor g = s.param.grad();
+    if (!g.defined()) continue;
+    const double wd = s.decay ? opt.weight_decay : 0.0;
+    if (!s.param.device().is_cpu()) {
+      batch.push_back({s.param, g, s.master, s.m, s.v, wd});
+      continue;
+    }
+    update_one(s, g, [&](Tensor& w, const Tensor& g32, ParamState& st) {
+      ops::adamw_step_(w, g32, st.m, st.v, lr, opt.beta1, opt.beta2, opt.eps, wd, step_count);
+    });
+  }
+  // One multi-tensor step per device (adamw_multi_step_ takes one device at a time).
+  while (!batch.empty()) {
+    const Device d = batch.front().param.device();
+    auto same = std::stable_partition(batch.begin(), batch.end(), [&](const ops::AdamWTensors& it) {
+      return it.param.device() == d;
+    });
+    ops::adamw_multi_step_(std::span(batch.begin(), same), lr, opt.beta1, opt.beta2, opt.eps,
+                           step_count);
+    batch.erase(batch.begin(), same);
+  }
 }
 
 Sgd::Sgd(const std::vector<std::pair<std::string, Tensor>>& params, const SgdOptions& o) : opt(o) {
@@ -82,17 +112,29 @@ double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, dou
   if (warmup > 0 && step < warmup)
     return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   if (step >= total) return min_lr;
-  double progress =
-      static_cast<double>(step - warmup) / static_cast<double>(std::max<std::int64_t>(total - warmup, 1));
+  double progress = static_cast<double>(step - warmup) /
+                    static_cast<double>(std::max<std::int64_t>(total - warmup, 1));
   double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
   return min_lr + coeff * (max_lr - min_lr);
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   double sq = 0.0;
+  std::vector<Tensor> device_grads;  // CUDA: summed together below, one sync per device
   for (const auto& p : params) {
     Tensor g = p.grad();
-    if (g.defined()) sq += ops::sum_squares(g);
+    if (!g.defined()) continue;
+    if (g.device().is_cuda())
+      device_grads.push_back(g);
+    else
+      sq += ops::sum_squares(g);
+  }
+  while (!device_grads.empty()) {
+    const Device d = device_grads.front().device();
+    auto same = std::stable_partition(device_grads.begin(), device_grads.end(),
+                                      [&](const Tensor& g) { return g.device() == d; });
+    sq += ops::cuda_ops::sum_squares_multi(std::span<const Tensor>(device_grads.begin(), same));
+    device_grads.erase(device_grads.begin(), same);
   }
   double norm = std::sqrt(sq);
   if (max_norm > 0.0 && norm > max_norm) {

@@ -49,6 +49,10 @@ class Optimizer {
   // Runs `update(weights_f32, grad_f32, state)` for each parameter with a gradient.
   template <typename F>
   void for_each_update(F&& update);
+  // One parameter of for_each_update: a low-precision parameter's gradient goes to f32 scratch,
+  // the update runs on the master, which is then rounded back into the parameter.
+  template <typename F>
+  void update_one(ParamState& s, const Tensor& g, F&& update);
   std::vector<ParamState> state_;
 };
 
@@ -56,6 +60,10 @@ struct AdamWOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 };
 
+// step(): CPU parameters as before, one adamw_step_ each (bit-identical results); CUDA (and
+// meta) parameters in one ops::adamw_multi_step_ call per device: a single launch, gradients as
+// they are (bf16 grads are read as bf16, no f32 copies), masters updated and rounded into the
+// parameters in the same kernel. Same arithmetic either way.
 class AdamW : public Optimizer {
  public:
   AdamW(const std::vector<std::pair<std::string, Tensor>>& params, const AdamWOptions& o);
@@ -81,7 +89,9 @@ double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, dou
                  double min_lr);
 
 // Scales all gradients so their global L2 norm is at most max_norm (if
-// max_norm > 0). Returns the norm before clipping.
+// max_norm > 0). Returns the norm before clipping. CPU gradients are summed one
+// by one (in order, in double); CUDA gradients in one multi-tensor launch per
+// device with a single sync (cuda_ops::sum_squares_multi).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace kiln::nn
