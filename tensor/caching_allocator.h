@@ -50,7 +50,10 @@
 // rounding, so a one-byte overrun is caught; the block itself becomes round_up(n + g, 512).
 // The tracker is still charged round_up(n, 512), so allocated figures do not change (reserved
 // and slack do, by the guards). Off (g = 0, the default), nothing changes at all. Only backends
-// with memory (CUDA, the tests' malloc) guard; the meta simulation never does.
+// with memory (CUDA, the tests' malloc) guard; the meta simulation never does. On CUDA the fill
+// is a cudaMemsetAsync and the check a copy to the host, both on the legacy default stream in
+// order with the kernels; the check at free time synchronizes that stream, so this is a debug
+// mode (tests, compute-sanitizer runs), not one to time.
 //
 // Thread-safe: one mutex per pool.
 #pragma once
