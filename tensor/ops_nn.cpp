@@ -190,9 +190,10 @@ Tensor rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, co
 
 std::tuple<Tensor, Tensor, Tensor> layernorm(const Tensor& x, const Tensor& w, const Tensor& b,
                                              double eps) {
-  KILN_CHECK(w.dim() == 1 && b.shape() == w.shape() && x.size(-1) == w.size(0),
+  KILN_CHECK(w.dim() == 1 && (!b.defined() || b.shape() == w.shape()) &&
+                 x.size(-1) == w.size(0),
              "[layernorm] input {} does not match weight {} / bias {}", shape_str(x.shape()),
-             shape_str(w.shape()), shape_str(b.shape()));
+             shape_str(w.shape()), b.defined() ? shape_str(b.shape()) : "none");
   std::int64_t rows = rows_of(x);
   Tensor mean = Tensor::empty({rows}, compute_dtype(x.dtype()), x.device());
   Tensor rstd = Tensor::empty({rows}, compute_dtype(x.dtype()), x.device());
@@ -205,7 +206,8 @@ std::tuple<Tensor, Tensor, Tensor> layernorm(const Tensor& x, const Tensor& w, c
   Tensor y = map_kernel("layernorm", x, [&](auto tag, Tensor& o) {
     using T = typename decltype(tag)::type;
     cpu::layernorm_forward<T>(rows, w.size(0), eps, cx.t.data<T>(), cw.t.data<T>(),
-                              cb.t.data<T>(), o.data<T>(), mean.data<T>(), rstd.data<T>());
+                              cb.t.defined() ? cb.t.data<T>() : nullptr, o.data<T>(),
+                              mean.data<T>(), rstd.data<T>());
   });
   return {y, mean, rstd};
 }
