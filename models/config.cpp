@@ -67,7 +67,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
     std::string style = j.value("rope_style", std::string("interleaved"));
     KILN_CHECK(style == "interleaved" || style == "rotate_half",
                "[config] rope_style '{}' must be interleaved or rotate_half", style);
-    c.rope_style = style == "interleaved" ? ops::RopeStyle::Interleaved : ops::RopeStyle::RotateHalf;
+    c.rope_style =
+        style == "interleaved" ? ops::RopeStyle::Interleaved : ops::RopeStyle::RotateHalf;
     c.qk_norm = j.value("qk_norm", false);
     c.qkv_bias = j.value("qkv_bias", false);
     c.tie_embeddings = j.value("tie_embeddings", true);
@@ -240,7 +241,8 @@ ModelConfig from_hf_config(const nlohmann::json& j) {
   c.max_seq_len = j.contains("max_position_embeddings") ? get_int("max_position_embeddings") : 4096;
   c.norm_eps = j.value("rms_norm_eps", 1e-6);
   double theta = 10000.0;
-  if (j.contains("rope_theta") && j["rope_theta"].is_number()) theta = j["rope_theta"].get<double>();
+  if (j.contains("rope_theta") && j["rope_theta"].is_number())
+    theta = j["rope_theta"].get<double>();
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
       j["rope_parameters"].contains("rope_theta"))
     theta = j["rope_parameters"]["rope_theta"].get<double>();

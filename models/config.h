@@ -3,10 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tensor/ops.h"
 
@@ -18,24 +17,24 @@ namespace kiln::models {
 enum class PosEmbedding { Rope, Learned };
 
 struct ModelConfig {
-  std::string name;            // preset name or model_type
+  std::string name;  // preset name or model_type
   std::int64_t vocab_size = 0;
-  std::int64_t dim = 0;        // hidden_size
+  std::int64_t dim = 0;  // hidden_size
   std::int64_t n_layers = 0;
   std::int64_t n_heads = 0;
   std::int64_t n_kv_heads = 0;
-  std::int64_t head_dim = 0;   // 0: dim / n_heads
-  std::int64_t hidden_dim = 0; // intermediate_size
+  std::int64_t head_dim = 0;    // 0: dim / n_heads
+  std::int64_t hidden_dim = 0;  // intermediate_size
   std::int64_t max_seq_len = 0;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   ops::RopeStyle rope_style = ops::RopeStyle::Interleaved;  // llama2.c; HF uses RotateHalf
-  bool qk_norm = false;         // Qwen3
-  bool qkv_bias = false;        // Qwen2
+  bool qk_norm = false;                                     // Qwen3
+  bool qkv_bias = false;                                    // Qwen2
   bool tie_embeddings = true;
-  bool layernorm = false;       // LayerNorm with bias instead of RMSNorm
-  bool gelu_mlp = false;        // GELU MLP (fc/proj) instead of SwiGLU
-  bool bias = false;            // biases on every linear (classic GPT block)
+  bool layernorm = false;  // LayerNorm with bias instead of RMSNorm
+  bool gelu_mlp = false;   // GELU MLP (fc/proj) instead of SwiGLU
+  bool bias = false;       // biases on every linear (classic GPT block)
   bool final_norm = true;
   PosEmbedding pos_embedding = PosEmbedding::Rope;
   double init_std = 0.02;

@@ -37,8 +37,8 @@ KVCache::KVCache(const ModelConfig& c, std::int64_t batch, std::int64_t max_len,
 }
 
 DecoderBody::DecoderBody(const ModelConfig& c, const nn::Init& init) {
-  embed_tokens = register_module("embed_tokens",
-                                 std::make_shared<nn::Embedding>(c.vocab_size, c.dim, init));
+  embed_tokens =
+      register_module("embed_tokens", std::make_shared<nn::Embedding>(c.vocab_size, c.dim, init));
   if (c.pos_embedding == PosEmbedding::Learned) {
     nn::Init pos_init = init;  // the same generator, its next counter range
     pos_init.std = c.init_std / 2;
@@ -49,10 +49,11 @@ DecoderBody::DecoderBody(const ModelConfig& c, const nn::Init& init) {
   double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layers));
   nn::MlpConfig m{c.dim, c.hidden_dim, c.gelu_mlp, c.bias};
   for (std::int64_t l = 0; l < c.n_layers; ++l)
-    layers->push_back(std::make_shared<nn::DecoderLayer>(attention_config(c), m, c.layernorm,
-                                                         init, out_std));
+    layers->push_back(
+        std::make_shared<nn::DecoderLayer>(attention_config(c), m, c.layernorm, init, out_std));
   if (c.final_norm)
-    norm = register_module("norm", std::make_shared<nn::Norm>(c.layernorm, c.dim, c.norm_eps, init));
+    norm =
+        register_module("norm", std::make_shared<nn::Norm>(c.layernorm, c.dim, c.norm_eps, init));
 }
 
 DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, DType dtype, Device device)
@@ -62,8 +63,8 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, DType dtype
   nn::Init init{&gen, cfg.init_std, dtype, device};
   model = register_module("model", std::make_shared<DecoderBody>(cfg, init));
   if (!cfg.tie_embeddings)
-    lm_head = register_module(
-        "lm_head", std::make_shared<nn::Linear>(cfg.dim, cfg.vocab_size, false, init, cfg.init_std));
+    lm_head = register_module("lm_head", std::make_shared<nn::Linear>(cfg.dim, cfg.vocab_size,
+                                                                      false, init, cfg.init_std));
   // Full HF names on the tensors, for messages ("gradient ... for leaf model.norm.weight").
   for (auto& [name, p] : named_parameters()) p.set_name(name);
   if (cfg.uses_rope())
@@ -76,8 +77,9 @@ const Tensor& DecoderModel::lm_head_weight() const {
 }
 
 Tensor DecoderModel::hidden(const Tensor& ids, std::int64_t pos_offset, KVCache* cache) {
-  KILN_CHECK(ids.dim() == 2 && ids.dtype() == DType::I32, "[model] ids must be i32 (B, T), got {} {}",
-             dtype_name(ids.dtype()), shape_str(ids.shape()));
+  KILN_CHECK(ids.dim() == 2 && ids.dtype() == DType::I32,
+             "[model] ids must be i32 (B, T), got {} {}", dtype_name(ids.dtype()),
+             shape_str(ids.shape()));
   std::int64_t T = ids.size(1);
   KILN_CHECK(pos_offset + T <= cfg.max_seq_len,
              "[model] sequence of {} tokens (from position {}) exceeds the model's context of {}",
@@ -94,8 +96,8 @@ Tensor DecoderModel::hidden(const Tensor& ids, std::int64_t pos_offset, KVCache*
     nn::LayerKV* kv = cache ? &cache->layers[l] : nullptr;
     if (recompute && !cache && grad_enabled()) {
       const nn::Rope* r = rope.get();
-      h = ag::checkpoint([layer, r](const std::vector<Tensor>& in) { return layer->forward(in[0], r); },
-                         {h});
+      h = ag::checkpoint(
+          [layer, r](const std::vector<Tensor>& in) { return layer->forward(in[0], r); }, {h});
     } else {
       h = layer->forward(h, rope.get(), pos_offset, kv);
     }

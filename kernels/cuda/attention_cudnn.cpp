@@ -352,27 +352,42 @@ class Desc {
 
 cudnnDataType_t to_cudnn(ElemType t) {
   switch (t) {
-    case ElemType::F32: return CUDNN_DATA_FLOAT;
-    case ElemType::BF16: return CUDNN_DATA_BFLOAT16;
-    case ElemType::F16: return CUDNN_DATA_HALF;
-    case ElemType::I32: return CUDNN_DATA_INT32;
-    case ElemType::Bool: return CUDNN_DATA_BOOLEAN;
+    case ElemType::F32:
+      return CUDNN_DATA_FLOAT;
+    case ElemType::BF16:
+      return CUDNN_DATA_BFLOAT16;
+    case ElemType::F16:
+      return CUDNN_DATA_HALF;
+    case ElemType::I32:
+      return CUDNN_DATA_INT32;
+    case ElemType::Bool:
+      return CUDNN_DATA_BOOLEAN;
   }
   fail("[attention_cudnn] unknown element type");
 }
 
 cudnnPointwiseMode_t to_cudnn(PwMode m) {
   switch (m) {
-    case PwMode::Add: return CUDNN_POINTWISE_ADD;
-    case PwMode::Sub: return CUDNN_POINTWISE_SUB;
-    case PwMode::Mul: return CUDNN_POINTWISE_MUL;
-    case PwMode::Div: return CUDNN_POINTWISE_DIV;
-    case PwMode::Exp: return CUDNN_POINTWISE_EXP;
-    case PwMode::Log: return CUDNN_POINTWISE_LOG;
-    case PwMode::Identity: return CUDNN_POINTWISE_IDENTITY;
-    case PwMode::GenIndex: return CUDNN_POINTWISE_GEN_INDEX;
-    case PwMode::CmpGe: return CUDNN_POINTWISE_CMP_GE;
-    case PwMode::Select: return CUDNN_POINTWISE_BINARY_SELECT;
+    case PwMode::Add:
+      return CUDNN_POINTWISE_ADD;
+    case PwMode::Sub:
+      return CUDNN_POINTWISE_SUB;
+    case PwMode::Mul:
+      return CUDNN_POINTWISE_MUL;
+    case PwMode::Div:
+      return CUDNN_POINTWISE_DIV;
+    case PwMode::Exp:
+      return CUDNN_POINTWISE_EXP;
+    case PwMode::Log:
+      return CUDNN_POINTWISE_LOG;
+    case PwMode::Identity:
+      return CUDNN_POINTWISE_IDENTITY;
+    case PwMode::GenIndex:
+      return CUDNN_POINTWISE_GEN_INDEX;
+    case PwMode::CmpGe:
+      return CUDNN_POINTWISE_CMP_GE;
+    case PwMode::Select:
+      return CUDNN_POINTWISE_BINARY_SELECT;
   }
   fail("[attention_cudnn] unknown pointwise mode");
 }
@@ -383,9 +398,12 @@ std::size_t pointwise_arity(PwMode m) {
     case PwMode::Exp:
     case PwMode::Log:
     case PwMode::Identity:
-    case PwMode::GenIndex: return 1;
-    case PwMode::Select: return 3;
-    default: return 2;
+    case PwMode::GenIndex:
+      return 1;
+    case PwMode::Select:
+      return 3;
+    default:
+      return 2;
   }
 }
 
@@ -757,11 +775,20 @@ void execute(Plan& p, const std::unordered_map<std::int64_t, void*>& bound, void
     void* ptr = nullptr;
     if (t.by_value) {
       switch (t.uid) {
-        case uid::kScale: ptr = &p.spec.scale; break;
-        case uid::kNegInf: ptr = &p.spec.neg_inf; break;
-        case uid::kOne: ptr = &p.spec.one; break;
-        case uid::kShift: ptr = &p.spec.shift; break;
-        default: fail("[attention_cudnn] no value for scalar uid {}", t.uid);
+        case uid::kScale:
+          ptr = &p.spec.scale;
+          break;
+        case uid::kNegInf:
+          ptr = &p.spec.neg_inf;
+          break;
+        case uid::kOne:
+          ptr = &p.spec.one;
+          break;
+        case uid::kShift:
+          ptr = &p.spec.shift;
+          break;
+        default:
+          fail("[attention_cudnn] no value for scalar uid {}", t.uid);
       }
     } else {
       auto it = bound.find(t.uid);

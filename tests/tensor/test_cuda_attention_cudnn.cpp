@@ -186,10 +186,18 @@ Census census(const sdpa::GraphSpec& g) {
   for (const auto& op : g.ops) {
     c.names.push_back(op.name);
     switch (op.kind) {
-      case sdpa::OpKind::Matmul: ++c.matmul; break;
-      case sdpa::OpKind::Reduction: ++c.reduction; break;
-      case sdpa::OpKind::Reshape: ++c.reshape; break;
-      case sdpa::OpKind::Pointwise: ++c.pointwise; break;
+      case sdpa::OpKind::Matmul:
+        ++c.matmul;
+        break;
+      case sdpa::OpKind::Reduction:
+        ++c.reduction;
+        break;
+      case sdpa::OpKind::Reshape:
+        ++c.reshape;
+        break;
+      case sdpa::OpKind::Pointwise:
+        ++c.pointwise;
+        break;
     }
   }
   return c;
