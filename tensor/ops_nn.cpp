@@ -11,6 +11,7 @@
 #include "kernels/cpu/optimizer.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/softmax.h"
+#include "kernels/cuda/attention.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
 #include "tensor/ops_util.h"
@@ -438,6 +439,16 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
   std::int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = k.size(2);
   if (device_path(q)) {
     Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
+    if (dq.device().is_meta() && meta_simulates() == DeviceType::CUDA && dq.numel() > 0) {
+      // A dry run simulating CUDA charges the scratch its launcher makes: Di (B, Hq, T) f32
+      // and, on the bf16 tensor-core path, the f32 dQ accumulator (B, T, Hq, D).
+      cuda::AttentionShape s;
+      s.B = B, s.Tq = T, s.Tk = T, s.Hq = Hq, s.Hkv = Hkv, s.D = D, s.q_offset = 0;
+      s.kv_batch_stride = T * Hkv * D;
+      const auto plan = cuda::plan_attention_backward(s, q.dtype() == DType::BF16, true);
+      MemoryScope scratch_scope(MemCategory::Temporaries);
+      Tensor scratch = Tensor::empty({plan.scratch_floats}, DType::F32, dq.device());
+    }
     if (run_cuda(dq)) {
       Tensor cq = q.contiguous(), ck = k.contiguous(), cv = v.contiguous();
       Tensor co = out.contiguous(), cdo = dout.contiguous();
