@@ -194,8 +194,11 @@ struct LinearNode final : Node {
     if (next[1].valid()) {
       Tensor x2 = x.reshape({-1, in});
       Tensor buf = leaf_grad_buffer(next[1]);
-      if (buf.defined() && buf.dtype() == g2.dtype() && x2.dtype() == g2.dtype() &&
-          (g2.dtype() == DType::F32 || g2.dtype() == DType::F64)) {
+      // Accumulate straight into the gradient buffer (no (out, in) temporary) where gemm_ can:
+      // f32/f64 on the CPU, every dtype on CUDA (cuBLASLt's beta = 1) and so on meta.
+      const bool gemm_dtype = g2.dtype() == DType::F32 || g2.dtype() == DType::F64 ||
+                              !g2.device().is_cpu();
+      if (buf.defined() && buf.dtype() == g2.dtype() && x2.dtype() == g2.dtype() && gemm_dtype) {
         ops::gemm_(buf, g2, x2, true, false, 1.0, 1.0);  // dW += g^T x
       } else {
         dw = ops::matmul(g2, x2, true, false);

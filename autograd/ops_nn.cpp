@@ -22,10 +22,18 @@ struct EmbeddingNode final : Node {
   DType table_dtype;
   std::string_view name() const override { return "embedding"; }
   std::vector<Tensor> backward(std::vector<Tensor>& g) override {
+    // The CPU kernel accumulates into f32/f64 tables; CUDA (and so meta) into any float dtype,
+    // so there a bf16 gradient needs no (V, C) f32 temporary.
+    const bool native = !g[0].device().is_cpu();
     Tensor buf = leaf_grad_buffer(next[1]);
-    if (buf.defined() && (buf.dtype() == DType::F32 || buf.dtype() == DType::F64)) {
+    if (buf.defined() && (buf.dtype() == DType::F32 || buf.dtype() == DType::F64 || native)) {
       ops::embedding_backward_(buf, ids, g[0]);  // += straight into .grad
       return {Tensor(), Tensor()};
+    }
+    if (native) {
+      Tensor d = ops::zeros(table_shape, table_dtype, g[0].device());
+      ops::embedding_backward_(d, ids, g[0]);
+      return {Tensor(), d};
     }
     DType acc = table_dtype == DType::F64 ? DType::F64 : DType::F32;
     Tensor d = ops::zeros(table_shape, acc, g[0].device());
