@@ -3,8 +3,8 @@
 # toolkit, PyTorch and transformers, but none of the Debian -dev packages and no network).
 #
 # It uses the bundle that scripts/bundle_gpu.sh built (build-gpu/bundle/, or build-gpu/bundle.tar.gz
-# which it unpacks); where the machine can build (nvcc, cmake and the -dev packages), it builds the
-# bundle itself. Then it:
+# or .tar.xz, which it unpacks); where the machine can build (nvcc, cmake and the -dev packages), it
+# builds the bundle itself. Then it:
 #   1. records nvidia-smi (OUTDIR/nvidia-smi.txt);
 #   2. finds the CUDA libraries the binaries need and the system lacks (cuDNN, NCCL, ...) in the
 #      CUDA toolkit or in PyTorch's nvidia-* wheels, and puts their folders on LD_LIBRARY_PATH;
@@ -230,6 +230,12 @@ finish() {
 if [ ! -d "$bundle" ] && [ -f "$bundle.tar.gz" ]; then
   say "unpacking $bundle.tar.gz"
   tar -C "$(dirname "$bundle")" -xzf "$bundle.tar.gz" || note "could not unpack $bundle.tar.gz"
+elif [ ! -d "$bundle" ] && [ -f "$bundle.tar.xz" ]; then
+  say "unpacking $bundle.tar.xz"
+  # tar -J needs the xz program; Python's lzma module does without it.
+  tar -C "$(dirname "$bundle")" -xJf "$bundle.tar.xz" 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+      "$bundle.tar.xz" "$(dirname "$bundle")" || note "could not unpack $bundle.tar.xz"
 fi
 if [ ! -d "$bundle" ]; then
   if command -v cmake >/dev/null && command -v pkg-config >/dev/null &&
