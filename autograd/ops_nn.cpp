@@ -284,10 +284,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t ignore_index) {
   MemoryScope scope(MemCategory::Logits);  // per-row loss and lse, and the loss itself
   auto [rows, lse] = ops::cross_entropy(logits, targets, ignore_index);
-  // Count the rows that contribute (meta tensors have no values: all rows).
+  // Count the rows that contribute (meta tensors have no values: all rows). CUDA targets are
+  // read back (N i32, one sync): counting all rows there would give a different mean than the
+  // CPU whenever a row is ignored.
   std::int64_t count = logits.size(0);
-  if (targets.device().is_cpu()) {
-    Tensor t = targets.contiguous();
+  if (targets.device().is_cpu() || targets.device().is_cuda()) {
+    MemoryScope scratch(MemCategory::Temporaries);
+    Tensor t = targets.to(Device::cpu()).contiguous();
     const std::int32_t* p = t.data<std::int32_t>();
     count = 0;
     for (std::int64_t i = 0; i < t.numel(); ++i) count += p[i] != ignore_index;
