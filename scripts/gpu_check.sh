@@ -13,9 +13,10 @@
 #      counting passed, failed and skipped tests. On a GPU machine no CUDA test may skip: a
 #      skipped test whose message names CUDA, a GPU or a device counts as a failure there;
 #   5. runs compute-sanitizer --tool memcheck on a small subset: the CUDA runtime, allocator and
-#      guard-byte tests, and kiln train / generate / budget on tiny shapes (every kernel of a
-#      training step and of decoding), the latter with KILN_GUARD_BYTES=64; any memcheck error or
-#      guard violation fails the check;
+#      guard-byte tests, the backend-ops test (every op's CUDA kernel on small shapes), and kiln
+#      train / generate on tiny shapes (every kernel of a training step and of decoding), the
+#      latter with KILN_GUARD_BYTES=64; and --tool racecheck on kiln's flash attention test. Any
+#      memcheck error, racecheck hazard or guard violation fails the check;
 #   6. every Google Benchmark binary in bench/, then bench/run_gpu_bench.sh (kiln vs PyTorch:
 #      training steps, attention; its JSON and markdown land in OUTDIR as gpu_bench.json/.md);
 #   7. writes OUTDIR/results.json, OUTDIR/summary.md, OUTDIR/gpu_check.log and
@@ -145,7 +146,7 @@ for rc_file in sorted(glob.glob(f"{work}/sanitizer/*.rc")):
     name = os.path.basename(rc_file)[:-3]
     rc, secs = open(rc_file).read().split()[:2]
     log = open(f"{work}/sanitizer/{name}.log", errors="replace").read()
-    m = re.search(r"ERROR SUMMARY: (\d+) error", log)
+    m = re.search(r"ERROR SUMMARY: (\d+) error", log) or re.search(r"RACECHECK SUMMARY: (\d+) hazard", log)
     guard = log.count("guard bytes overwritten")
     sanitizer[name] = {"exit_code": int(rc), "seconds": int(secs),
                        "errors": int(m.group(1)) if m else None, "guard_violations": guard,
@@ -198,7 +199,7 @@ skipped = [t for r in tests.values() for t in r["skipped_tests"]]
 if skipped:
     md += ["", "Skipped tests:", *[f"- {t}" for t in skipped[:40]]]
 if sanitizer:
-    md += ["", "| compute-sanitizer memcheck | result | errors | guard violations | seconds |",
+    md += ["", "| compute-sanitizer run | result | errors | guard violations | seconds |",
            "| --- | --- | --- | --- | --- |"]
     for name, r in sanitizer.items():
         md.append(f"| {name} | {r['result']} | {r['errors']} | {r['guard_violations']} | {r['seconds']} |")
@@ -365,19 +366,23 @@ done
 
 # ---- 7. compute-sanitizer memcheck on a small subset --------------------------------------------------
 sanitizer_failed=0
-sanitize() {  # NAME DIR CMD...: memcheck CMD (run in DIR); its log and exit status into $work
-  local name=$1 dir=$2
+# NAME DIR CMD...: CMD (run in DIR) under compute-sanitizer's $SAN_TOOL (memcheck unless set:
+# racecheck for the shared-memory kernels); its log and exit status into $work.
+sanitize() {
+  local name=$1 dir=$2 tool=${SAN_TOOL:-memcheck}
   shift 2
-  say "compute-sanitizer: $name"
+  say "compute-sanitizer ($tool): $name"
   local t
   t=$(date +%s)
-  (cd "$dir" && timeout "${KILN_SANITIZER_TIMEOUT:-600}" "$sanitizer_bin" --tool memcheck \
+  (cd "$dir" && timeout "${KILN_SANITIZER_TIMEOUT:-600}" "$sanitizer_bin" --tool "$tool" \
     --error-exitcode 99 --print-limit 20 "$@") >"$work/sanitizer/$name.log" 2>&1
   local rc=$?
   echo "$rc $(($(date +%s) - t))" >"$work/sanitizer/$name.rc"
-  grep -E 'ERROR SUMMARY|guard bytes overwritten' "$work/sanitizer/$name.log" | head -5 | sed "s/^/  $name: /"
+  grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|guard bytes overwritten' "$work/sanitizer/$name.log" |
+    head -5 | sed "s/^/  $name: /"
+  # memcheck ends with "ERROR SUMMARY: 0 errors", racecheck with "RACECHECK SUMMARY: 0 hazards".
   if [ "$rc" != 0 ] || grep -q 'guard bytes overwritten' "$work/sanitizer/$name.log" ||
-    ! grep -q 'ERROR SUMMARY: 0 errors' "$work/sanitizer/$name.log"; then
+    ! grep -qE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$work/sanitizer/$name.log"; then
     sanitizer_failed=1
     say "compute-sanitizer: $name failed (exit $rc; log: details.tar.gz sanitizer/$name.log)"
   fi
@@ -402,6 +407,13 @@ JSON
     [ -x "$bundle/tests/test_tensor" ] &&
       sanitize test_tensor_allocator "$bundle/tests" ./test_tensor \
         --gtest_filter='CudaCachingAllocator*:DeviceMemoryRows*:CachingAllocatorGuards*'
+    # Every op's CUDA kernel once (small shapes) under memcheck, and kiln's flash attention
+    # (shared memory, cp.async, ldmatrix) under racecheck.
+    [ -x "$bundle/tests/test_tensor" ] &&
+      sanitize test_tensor_backend_ops "$bundle/tests" ./test_tensor --gtest_filter='*BackendOpsCuda*'
+    [ -x "$bundle/tests/test_tensor" ] &&
+      SAN_TOOL=racecheck sanitize test_tensor_attention_racecheck "$bundle/tests" ./test_tensor \
+        --gtest_filter='CudaAttentionGpu.MatchesCpuForwardAndBackward'
     if [ -x "$bundle/apps/kiln" ]; then
       for dt in bf16 f32; do
         KILN_GUARD_BYTES=64 sanitize "kiln_train_$dt" "$san_dir" "$bundle/apps/kiln" train --device cuda \
