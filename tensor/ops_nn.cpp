@@ -12,6 +12,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/softmax.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/norm.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
 #include "tensor/ops_util.h"
@@ -34,6 +35,19 @@ Tensor map_kernel(const char* op, const Tensor& like, F&& f) {
   dispatch_compute(co.dtype(), op, [&](auto tag) { f(tag, co); });
   finish_out(out, co);
   return out;
+}
+
+// A dry run that simulates CUDA (meta, --simulate cuda) also charges the f32 scratch the CUDA
+// launchers allocate inside an op, from their own size functions: it is alive together, then
+// freed, as there.
+bool simulates_cuda(const Tensor& out) {
+  return out.device().is_meta() && meta_simulates() == DeviceType::CUDA && out.numel() > 0;
+}
+void charge_cuda_scratch(std::initializer_list<std::int64_t> floats) {
+  MemoryScope scratch(MemCategory::Temporaries);
+  std::vector<Tensor> alive;
+  for (std::int64_t n : floats)
+    if (n > 0) alive.push_back(Tensor::empty({n}, DType::F32, Device::meta()));
 }
 
 void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
@@ -171,6 +185,8 @@ Tensor rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, co
   if (device_path(x)) {
     Tensor dx = empty_like(x);
     if (run_cuda(dx)) cuda_ops::rmsnorm_backward(x, w, rstd, dy, dx, dw);
+    if (simulates_cuda(dx) && dw && dw->defined())  // the kernel's f32 dw partial sums
+      charge_cuda_scratch({cuda::norm_backward_scratch_floats(rows, w.size(0), false)});
     return dx;
   }
   Computed cx(x, true), cw(w, true), cdy(dy, true);
@@ -220,6 +236,10 @@ Tensor layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
   if (device_path(x)) {
     Tensor dx = empty_like(x);
     if (run_cuda(dx)) cuda_ops::layernorm_backward(x, w, mean, rstd, dy, dx, dw, db);
+    if (simulates_cuda(dx)) {  // the kernel's f32 dw and db partial sums, one buffer each
+      const std::int64_t n = cuda::norm_backward_scratch_floats(rows, w.size(0), false);
+      charge_cuda_scratch({dw && dw->defined() ? n : 0, db && db->defined() ? n : 0});
+    }
     return dx;
   }
   Computed cx(x, true), cw(w, true), cdy(dy, true);
@@ -439,15 +459,14 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
   std::int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = k.size(2);
   if (device_path(q)) {
     Tensor dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
-    if (dq.device().is_meta() && meta_simulates() == DeviceType::CUDA && dq.numel() > 0) {
+    if (simulates_cuda(dq)) {
       // A dry run simulating CUDA charges the scratch its launcher makes: Di (B, Hq, T) f32
       // and, on the bf16 tensor-core path, the f32 dQ accumulator (B, T, Hq, D).
       cuda::AttentionShape s;
       s.B = B, s.Tq = T, s.Tk = T, s.Hq = Hq, s.Hkv = Hkv, s.D = D, s.q_offset = 0;
       s.kv_batch_stride = T * Hkv * D;
       const auto plan = cuda::plan_attention_backward(s, q.dtype() == DType::BF16, true);
-      MemoryScope scratch_scope(MemCategory::Temporaries);
-      Tensor scratch = Tensor::empty({plan.scratch_floats}, DType::F32, dq.device());
+      charge_cuda_scratch({plan.scratch_floats});
     }
     if (run_cuda(dq)) {
       Tensor cq = q.contiguous(), ck = k.contiguous(), cv = v.contiguous();
