@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/row_group.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -24,15 +25,6 @@ std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign;
 
 // First bad token index (atomicMin), reset to ULLONG_MAX before each check.
 __device__ unsigned long long g_first_bad_token;
-
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> ldp(const T* p) {
-  return *reinterpret_cast<const Pack<T, V>*>(p);
-}
-template <typename T, int V>
-__device__ __forceinline__ void stp(T* p, const Pack<T, V>& v) {
-  *reinterpret_cast<Pack<T, V>*>(p) = v;
-}
 
 // ids: (n); table: (vocab, dim); out: (n, dim). Block-stride over tokens, threads over columns.
 template <typename T, int V>

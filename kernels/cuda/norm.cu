@@ -11,44 +11,10 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/row_group.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-struct Group {
-  int lane;            // thread index within the group
-  int size;            // threads in the group
-  std::int64_t index;  // row (forward) or chunk (backward)
-};
-
-template <bool kWarp>
-__device__ __forceinline__ Group make_group() {
-  if constexpr (kWarp) {
-    return {static_cast<int>(threadIdx.x % 32), 32,
-            static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32};
-  } else {
-    return {static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
-            static_cast<std::int64_t>(blockIdx.x)};
-  }
-}
-
-// Every thread of the group must call it (in block mode it holds __syncthreads).
-template <bool kWarp>
-__device__ __forceinline__ float group_sum(float v) {
-  if constexpr (kWarp)
-    return warp_sum(v);
-  else
-    return block_sum(v);
-}
-
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> ldp(const T* p) {
-  return *reinterpret_cast<const Pack<T, V>*>(p);
-}
-template <typename T, int V>
-__device__ __forceinline__ void stp(T* p, const Pack<T, V>& v) {
-  *reinterpret_cast<Pack<T, V>*>(p) = v;
-}
 
 // part[0, V) (=) or (+=) val[0, V). V is 1 or a multiple of 4; with V >= 4 `part` is 16-byte
 // aligned (the launcher checks the base, dim % V == 0 keeps every row start aligned).

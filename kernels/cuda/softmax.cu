@@ -6,50 +6,10 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/softmax.h"
+#include "kernels/cuda/row_group.cuh"
 
 namespace kiln::cuda {
 namespace {
-
-struct Group {
-  int lane;            // thread index within the group
-  int size;            // threads in the group
-  std::int64_t index;  // row
-};
-
-template <bool kWarp>
-__device__ __forceinline__ Group make_group() {
-  if constexpr (kWarp) {
-    return {static_cast<int>(threadIdx.x % 32), 32,
-            static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32};
-  } else {
-    return {static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
-            static_cast<std::int64_t>(blockIdx.x)};
-  }
-}
-
-template <bool kWarp>
-__device__ __forceinline__ float group_sum(float v) {
-  if constexpr (kWarp)
-    return warp_sum(v);
-  else
-    return block_sum(v);
-}
-template <bool kWarp>
-__device__ __forceinline__ float group_max(float v) {
-  if constexpr (kWarp)
-    return warp_max(v);
-  else
-    return block_max(v);
-}
-
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> ldp(const T* p) {
-  return *reinterpret_cast<const Pack<T, V>*>(p);
-}
-template <typename T, int V>
-__device__ __forceinline__ void stp(T* p, const Pack<T, V>& v) {
-  *reinterpret_cast<Pack<T, V>*>(p) = v;
-}
 
 // One step of the online max/sum: s is sum(exp(x_i - m)) over the values seen so far.
 // -inf values add nothing (and never form -inf - -inf); a NaN makes s NaN.
