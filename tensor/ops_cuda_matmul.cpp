@@ -122,6 +122,22 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 
 void zero(Tensor& t) { cuda::memset_async(t.raw_data(), 0, t.nbytes()); }
 
+// The launcher's arguments for one (M, K) x (K, N) product into a dense (M, N) output.
+GemmArgs gemm_args(GemmType type, const Operand& a, const Operand& b, std::int64_t M,
+                   std::int64_t N, std::int64_t K) {
+  GemmArgs g;
+  g.type = type;
+  g.trans_a = a.trans;
+  g.trans_b = b.trans;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.lda = a.ld;
+  g.ldb = b.ld;
+  g.ldc = N;
+  return g;
+}
+
 }  // namespace
 
 // c = alpha * op(a) op(b) + beta * c. The front end checked shapes, dtypes and c contiguous.
@@ -140,16 +156,7 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_
     return;
   }
   const Operand oa = operand(a, trans_a), ob = operand(b, trans_b);
-  GemmArgs g;
-  g.type = type;
-  g.trans_a = oa.trans;
-  g.trans_b = ob.trans;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.lda = oa.ld;
-  g.ldb = ob.ld;
-  g.ldc = N;
+  const GemmArgs g = gemm_args(type, oa, ob, M, N, K);
   cuda::gemm_lt(g, static_cast<float>(alpha), oa.ptr, ob.ptr, static_cast<float>(beta),
                 c.raw_data());
 }
@@ -163,16 +170,7 @@ void matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, Tensor
   const std::int64_t M = out.size(-2), N = out.size(-1), K = trans_a ? a.size(-2) : a.size(-1);
   if (K == 0) return zero(out);
   const Operand oa = operand(a, trans_a), ob = operand(b, trans_b);
-  GemmArgs g;
-  g.type = type;
-  g.trans_a = oa.trans;
-  g.trans_b = ob.trans;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.lda = oa.ld;
-  g.ldb = ob.ld;
-  g.ldc = N;
+  GemmArgs g = gemm_args(type, oa, ob, M, N, K);
   if (batch > 1 && b.dim() == 2 && !oa.trans &&
       (oa.batch_stride == M * oa.ld || (M == 1 && oa.batch_stride >= K))) {
     // A's batches are consecutive rows of one (B*M, K) matrix (or single rows B apart): one GEMM
@@ -226,16 +224,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
     return;
   }
   const Operand ox = rows_operand(x, rows, K), ow = operand(w, true);
-  GemmArgs g;
-  g.type = type;
-  g.trans_a = ox.trans;
-  g.trans_b = ow.trans;
-  g.M = rows;
-  g.N = N;
-  g.K = K;
-  g.lda = ox.ld;
-  g.ldb = ow.ld;
-  g.ldc = N;
+  const GemmArgs g = gemm_args(type, ox, ow, rows, N, K);
   if (b.defined()) {
     GemmEpilogueArgs ep;
     ep.epilogue = GemmEpilogue::Bias;
