@@ -5,7 +5,6 @@
 //
 // These tests never skip: without /usr/bin/python3 + torch they FAIL, since
 // they are the acceptance check that kiln computes what PyTorch computes.
-#include "tests/test_python.h"
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 
 #include "models/weights.h"
 #include "nn/optim.h"
+#include "tests/models/golden_harness.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -94,45 +94,11 @@ void init_weights(DecoderModel& m, std::uint64_t seed) {
 
 // ids in [0, V); targets = next id, with a few -100 (ignored) entries.
 std::pair<Tensor, Tensor> make_batch(const ModelConfig& c, std::uint32_t seed) {
-  std::vector<std::int32_t> ids(kB * (kT + 1)), x(kB * kT), y(kB * kT);
-  std::uint32_t s = seed;
-  for (auto& v : ids) {
-    s = s * 1664525u + 1013904223u;
-    v = static_cast<std::int32_t>((s >> 8) % static_cast<std::uint32_t>(c.vocab_size));
-  }
-  for (std::int64_t b = 0; b < kB; ++b)
-    for (std::int64_t t = 0; t < kT; ++t) {
-      x[b * kT + t] = ids[b * (kT + 1) + t];
-      y[b * kT + t] = ids[b * (kT + 1) + t + 1];
-    }
-  y[3] = -100;
-  y[kT + 0] = -100;
-  y[kT + 6] = -100;
-  return {ops::from_vector(x, {kB, kT}), ops::from_vector(y, {kB, kT})};
+  return test::golden_batch(c.vocab_size, kB, kT, seed, {3, kT + 0, kT + 6});
 }
 
-std::map<std::string, std::vector<double>> read_outputs(const std::string& path) {
-  io::SafetensorsFile f(path);
-  std::map<std::string, std::vector<double>> out;
-  for (const auto& e : f.entries()) {
-    Tensor t = models::tensor_from_bytes(e.dtype, e.shape, f.data(e), e.nbytes());
-    out[e.name] = t.to_double_vector();
-  }
-  return out;
-}
-
-// max |a - b|
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
-double max_abs(const std::vector<double>& a) {
-  double m = 0;
-  for (double v : a) m = std::max(m, std::fabs(v));
-  return m;
-}
+using test::max_abs;
+using test::max_abs_diff;
 
 class GoldenTest : public ::testing::Test {
  protected:
@@ -164,39 +130,12 @@ class GoldenTest : public ::testing::Test {
         {"qk_norm", c.qk_norm},
         {"qkv_bias", c.qkv_bias},
         {"tie_embeddings", c.tie_embeddings}};
-    std::ofstream(dir_ / "in" / "config.json") << cfg.dump(2);
-    nlohmann::json tr = {{"lr", kAdamW.lr},
-                         {"beta1", kAdamW.beta1},
-                         {"beta2", kAdamW.beta2},
-                         {"eps", kAdamW.eps},
-                         {"weight_decay", kAdamW.weight_decay},
-                         {"steps", kSteps}};
-    std::ofstream(dir_ / "in" / "train.json") << tr.dump(2);
-    models::save_safetensors(m, (dir_ / "in" / "weights.safetensors").string());
-    io::SafetensorsWriter w;
-    w.add("input_ids", "I32", ids.shape(), ids.raw_data(), ids.nbytes());
-    w.add("targets", "I32", targets.shape(), targets.raw_data(), targets.nbytes());
-    w.write((dir_ / "in" / "batch.safetensors").string());
+    test::write_golden_inputs(dir_ / "in", cfg, m, ids, targets, kAdamW, kSteps);
   }
 
   // Runs the PyTorch reference; returns its outputs (empty after a failure).
   std::map<std::string, std::vector<double>> run_reference() {
-    if (std::system((test_python() + " -c 'import torch, numpy' > /dev/null 2>&1").c_str()) != 0) {
-      ADD_FAILURE() << test_python() << " cannot import torch and numpy: the golden tests need "
-                       "Debian's python3-torch (run scripts/setup.sh). They are not skipped on purpose.";
-      return {};
-    }
-    std::string script = std::string(KILN_SOURCE_DIR) + "/tests/golden/reference_llama.py";
-    std::string log = (dir_ / "reference.log").string();
-    std::string cmd = test_python() + " '" + script + "' '" + (dir_ / "in").string() + "' '" +
-                      (dir_ / "out").string() + "' > '" + log + "' 2>&1";
-    if (std::system(cmd.c_str()) != 0) {
-      std::ifstream f(log);
-      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      ADD_FAILURE() << "reference_llama.py failed:\n" << text;
-      return {};
-    }
-    return read_outputs((dir_ / "out" / "outputs.safetensors").string());
+    return test::run_golden_reference("reference_llama.py", dir_);
   }
 
   void check_against_torch(const ModelConfig& cfg, std::uint64_t seed) {
