@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/common/adamw_scalars.h"
 #include "kernels/common/error.h"
 
 namespace kiln::cpu {
@@ -18,19 +19,15 @@ constexpr int64_t kParallelMin = 16384;
 
 namespace {
 
-struct AdamScalars {
-  float decay, beta1, beta2, one_m_b1, one_m_b2, neg_step_size, bc2_sqrt, eps;
-};
-
 // One AdamW update of elements [i0, i1). GCC does not vectorize std::sqrt without
 // -fno-math-errno, so the body is written with SSE (same IEEE ops in the same order as the
 // scalar tail, hence the same results).
 inline void adamw_range(int64_t i0, int64_t i1, float* __restrict param,
                         const float* __restrict grad, float* __restrict m, float* __restrict v,
-                        const AdamScalars& s) {
+                        float decay_f, const AdamWConsts& s) {
   int64_t i = i0;
 #if defined(__SSE2__)
-  const __m128 decay = _mm_set1_ps(s.decay), b1 = _mm_set1_ps(s.beta1), b2 = _mm_set1_ps(s.beta2);
+  const __m128 decay = _mm_set1_ps(decay_f), b1 = _mm_set1_ps(s.beta1), b2 = _mm_set1_ps(s.beta2);
   const __m128 omb1 = _mm_set1_ps(s.one_m_b1), omb2 = _mm_set1_ps(s.one_m_b2);
   const __m128 nss = _mm_set1_ps(s.neg_step_size), bc2 = _mm_set1_ps(s.bc2_sqrt);
   const __m128 eps = _mm_set1_ps(s.eps);
@@ -48,7 +45,7 @@ inline void adamw_range(int64_t i0, int64_t i1, float* __restrict param,
 #endif
   for (; i < i1; ++i) {
     const float g = grad[i];
-    const float p = param[i] * s.decay;
+    const float p = param[i] * decay_f;
     const float mi = m[i] * s.beta1 + s.one_m_b1 * g;
     const float vi = v[i] * s.beta2 + (s.one_m_b2 * g) * g;
     const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
@@ -63,23 +60,13 @@ inline void adamw_range(int64_t i0, int64_t i1, float* __restrict param,
 void adamw_step(int64_t n, float* param, const float* grad, float* m, float* v, float lr,
                 float beta1, float beta2, float eps, float weight_decay, int64_t step) {
   KILN_CHECK(n >= 0, "[adamw] negative size {}", n);
-  KILN_CHECK(step >= 1, "[adamw] step {} must be >= 1 (counted from 1)", step);
-  const double lr_d = lr, b1 = beta1, b2 = beta2;
-  const double bc1 = 1.0 - std::pow(b1, double(step));
-  const double bc2 = 1.0 - std::pow(b2, double(step));
-  const AdamScalars s{static_cast<float>(1.0 - lr_d * double(weight_decay)),
-                      beta1,
-                      beta2,
-                      static_cast<float>(1.0 - b1),
-                      static_cast<float>(1.0 - b2),
-                      static_cast<float>(-(lr_d / bc1)),
-                      static_cast<float>(std::sqrt(bc2)),
-                      eps};
+  const AdamWConsts s = adamw_consts(lr, beta1, beta2, eps, step);  // checks step >= 1
+  const float decay = adamw_decay(lr, weight_decay);
   constexpr int64_t kChunk = 4096;
   const int64_t nchunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t c = 0; c < nchunks; ++c)
-    adamw_range(c * kChunk, std::min(n, (c + 1) * kChunk), param, grad, m, v, s);
+    adamw_range(c * kChunk, std::min(n, (c + 1) * kChunk), param, grad, m, v, decay, s);
 }
 
 namespace {

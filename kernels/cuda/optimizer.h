@@ -15,7 +15,7 @@
 //        neg_step_size = f32(-(lr / (1 - b1^step))), bc2_sqrt = f32(sqrt(1 - b2^step))
 //   master = w' (if any); param = round_to_param_dtype(w')                              (=)
 // The scalars are computed in double from the f32-rounded inputs, as the CPU kernel does
-// (adamw_consts / adamw_decay below).
+// (adamw_consts / adamw_decay, kernels/common/adamw_scalars.h).
 //
 // sgd (PyTorch 1.13 torch.optim.SGD), per element, f32: as kernels/cpu/optimizer.h.
 //
@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/common/adamw_scalars.h"
 #include "kernels/cuda/runtime.h"
 
 namespace kiln::cuda {
@@ -47,27 +48,10 @@ namespace kiln::cuda {
 // Element types an optimizer item may hold.
 enum class OptDType : std::uint8_t { F32 = 0, BF16 = 1, F16 = 2 };
 
-struct AdamWConsts {
-  float beta1, beta2, one_m_b1, one_m_b2, neg_step_size, bc2_sqrt, eps;
-};
-
-// The per-step AdamW scalars, computed exactly as kernels/cpu/optimizer.cpp does.
-inline AdamWConsts adamw_consts(float lr, float beta1, float beta2, float eps, std::int64_t step) {
-  KILN_CHECK(step >= 1, "[adamw] step {} must be >= 1 (counted from 1)", step);
-  const double lr_d = lr, b1 = beta1, b2 = beta2;
-  const double bc1 = 1.0 - std::pow(b1, double(step));
-  const double bc2 = 1.0 - std::pow(b2, double(step));
-  return {beta1,
-          beta2,
-          static_cast<float>(1.0 - b1),
-          static_cast<float>(1.0 - b2),
-          static_cast<float>(-(lr_d / bc1)),
-          static_cast<float>(std::sqrt(bc2)),
-          eps};
-}
-inline float adamw_decay(float lr, float weight_decay) {
-  return static_cast<float>(1.0 - double(lr) * double(weight_decay));
-}
+// The per-step scalars (kernels/common/adamw_scalars.h, shared with the CPU kernel).
+using ::kiln::adamw_consts;
+using ::kiln::adamw_decay;
+using ::kiln::AdamWConsts;
 
 // One tensor of a multi-tensor AdamW step (device pointers, contiguous, numel elements each).
 struct AdamWItem {
