@@ -46,6 +46,25 @@ inline std::pair<Tensor, Tensor> golden_batch(std::int64_t V, std::int64_t B, st
   return {ops::from_vector(x, {B, T}), ops::from_vector(y, {B, T})};
 }
 
+// Seeded weights at a scale where every path matters (the default 0.02 init makes attention
+// nearly uniform and logits nearly flat): matrices N(0, 1/sqrt(fan_in)), embedding tables
+// (token, and GPT-2's positions) N(0, 0.5), norm weights 1 + N(0, 0.1), biases N(0, 0.1).
+inline void golden_init_weights(models::DecoderModel& m, std::uint64_t seed) {
+  Generator gen(seed);
+  for (auto& [name, p] : m.named_parameters()) {
+    Tensor v;
+    const bool bias = name.ends_with(".bias");
+    if (p.dim() == 1)
+      v = ops::randn(p.shape(), gen, bias ? 0.0 : 1.0, 0.1);
+    else if (name.find("embed_") != std::string::npos)
+      v = ops::randn(p.shape(), gen, 0.0, 0.5);
+    else
+      v = ops::randn(p.shape(), gen, 0.0, 1.0 / std::sqrt(static_cast<double>(p.size(1))));
+    Tensor d = p.detach();
+    d.copy_(v);
+  }
+}
+
 // max |a - b|
 inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double m = 0;

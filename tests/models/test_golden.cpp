@@ -74,23 +74,6 @@ ModelConfig qwen3_cfg() {
   return c;
 }
 
-// Seeded weights at a scale where every path matters (the default 0.02 init
-// makes attention nearly uniform and logits nearly flat): matrices
-// N(0, 1/sqrt(fan_in)), the embedding N(0, 0.5), norm weights 1 + N(0, 0.1).
-void init_weights(DecoderModel& m, std::uint64_t seed) {
-  Generator gen(seed);
-  for (auto& [name, p] : m.named_parameters()) {
-    Tensor v;
-    if (p.dim() == 1)
-      v = ops::randn(p.shape(), gen, 1.0, 0.1);
-    else if (name == "model.embed_tokens.weight")
-      v = ops::randn(p.shape(), gen, 0.0, 0.5);
-    else
-      v = ops::randn(p.shape(), gen, 0.0, 1.0 / std::sqrt(static_cast<double>(p.size(1))));
-    Tensor d = p.detach();
-    d.copy_(v);
-  }
-}
 
 // ids in [0, V); targets = next id, with a few -100 (ignored) entries.
 std::pair<Tensor, Tensor> make_batch(const ModelConfig& c, std::uint32_t seed) {
@@ -141,7 +124,7 @@ class GoldenTest : public ::testing::Test {
   void check_against_torch(const ModelConfig& cfg, std::uint64_t seed) {
     auto [ids, targets] = make_batch(cfg, static_cast<std::uint32_t>(seed));
     DecoderModel m(cfg, seed);
-    init_weights(m, seed + 100);
+    test::golden_init_weights(m, seed + 100);
     write_inputs(m, ids, targets);
     auto ref = run_reference();
     if (ref.empty()) return;
@@ -185,7 +168,7 @@ class GoldenTest : public ::testing::Test {
 
     // 10 AdamW steps from the same weights: losses before each step.
     DecoderModel t(cfg, seed);
-    init_weights(t, seed + 100);
+    test::golden_init_weights(t, seed + 100);
     nn::AdamW opt(t.named_parameters(), kAdamW);
     const auto& ref_losses = ref.at("adamw_losses");
     ASSERT_EQ(ref_losses.size(), static_cast<std::size_t>(kSteps));

@@ -202,23 +202,6 @@ constexpr int kSteps = 10;
 const nn::AdamWOptions kAdamW{/*lr=*/3e-3, /*beta1=*/0.9, /*beta2=*/0.95, /*eps=*/1e-8,
                               /*weight_decay=*/0.1};
 
-// Weights at a scale where every path matters: matrices N(0, 1/sqrt(fan_in)), the two
-// embedding tables N(0, 0.5), norm weights 1 + N(0, 0.1), biases N(0, 0.1).
-void init_weights(DecoderModel& m, std::uint64_t seed) {
-  Generator gen(seed);
-  for (auto& [name, p] : m.named_parameters()) {
-    Tensor v;
-    const bool bias = name.ends_with(".bias");
-    if (p.dim() == 1)
-      v = ops::randn(p.shape(), gen, bias ? 0.0 : 1.0, 0.1);
-    else if (name.find("embed_") != std::string::npos)
-      v = ops::randn(p.shape(), gen, 0.0, 0.5);
-    else
-      v = ops::randn(p.shape(), gen, 0.0, 1.0 / std::sqrt(static_cast<double>(p.size(1))));
-    Tensor d = p.detach();
-    d.copy_(v);
-  }
-}
 
 // ids in [0, V), targets = next id, a few -100 (ignored).
 std::pair<Tensor, Tensor> make_batch(std::int64_t V, std::uint32_t seed) {
@@ -264,7 +247,7 @@ TEST_F(Gpt2Golden, TinyGpt2MatchesPyTorchOnTheHfLayout) {
   const std::uint64_t seed = 7;
   auto [ids, targets] = make_batch(cfg.vocab_size, 11);
   DecoderModel m(cfg, seed);
-  init_weights(m, seed + 100);
+  test::golden_init_weights(m, seed + 100);
   write_inputs(m, ids, targets);
   auto ref = run_reference();
   if (ref.empty()) return;
@@ -316,7 +299,7 @@ TEST_F(Gpt2Golden, TinyGpt2MatchesPyTorchOnTheHfLayout) {
   }
 
   DecoderModel t(cfg, seed);
-  init_weights(t, seed + 100);
+  test::golden_init_weights(t, seed + 100);
   nn::AdamW opt(t.named_parameters(), kAdamW);
   const auto& ref_losses = ref.at("adamw_losses");
   ASSERT_EQ(ref_losses.size(), static_cast<std::size_t>(kSteps));
@@ -351,7 +334,7 @@ TEST_F(Gpt2Golden, TinyGpt2MatchesPyTorchOnTheHfLayout) {
 TEST(Gpt2, KvCacheDecodeUsesPositionOffsets) {
   const ModelConfig cfg = tiny_gpt2();
   DecoderModel m(cfg, 3);
-  init_weights(m, 33);
+  test::golden_init_weights(m, 33);
   std::vector<std::int32_t> toks = {5, 17, 2, 90, 41, 41, 7, 63, 0, 95, 12, 30};
   const auto T = static_cast<std::int64_t>(toks.size());
   const std::int64_t V = cfg.vocab_size;
