@@ -74,7 +74,6 @@ ModelConfig qwen3_cfg() {
   return c;
 }
 
-
 // ids in [0, V); targets = next id, with a few -100 (ignored) entries.
 std::pair<Tensor, Tensor> make_batch(const ModelConfig& c, std::uint32_t seed) {
   return test::golden_batch(c.vocab_size, kB, kT, seed, {3, kT + 0, kT + 6});

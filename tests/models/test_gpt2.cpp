@@ -202,7 +202,6 @@ constexpr int kSteps = 10;
 const nn::AdamWOptions kAdamW{/*lr=*/3e-3, /*beta1=*/0.9, /*beta2=*/0.95, /*eps=*/1e-8,
                               /*weight_decay=*/0.1};
 
-
 // ids in [0, V), targets = next id, a few -100 (ignored).
 std::pair<Tensor, Tensor> make_batch(std::int64_t V, std::uint32_t seed) {
   return test::golden_batch(V, kB, kT, seed, {5, kT + 2});
