@@ -132,15 +132,10 @@ void attention_backward(const Tensor &q, const Tensor &k, const Tensor &v, const
              "[attention_backward] lse must be a contiguous (B, Hq, T) f32 "
              "tensor, got {} {}",
              dtype_name(lse.dtype()), shape_str(lse.shape()));
-  cuda::AttentionShape s;
-  s.B = q.size(0);
-  s.Tq = q.size(1);
-  s.Hq = q.size(2);
-  s.D = q.size(3);
-  s.Tk = k.size(1);
-  s.Hkv = k.size(2);
-  s.q_offset = 0;
-  s.kv_batch_stride = s.Tk * s.Hkv * s.D;
+  KILN_CHECK(k.size(1) == q.size(1), "[attention_backward] needs Tq == Tk, got {} and {}",
+             q.size(1), k.size(1));
+  const cuda::AttentionShape s =
+      cuda::training_attention_shape(q.size(0), q.size(1), q.size(2), k.size(2), q.size(3));
   bool aligned = true;
   for (const Tensor *t :
        std::initializer_list<const Tensor *>{&q, &k, &v, &out, &dout, &dq, &dk, &dv})

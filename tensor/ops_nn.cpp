@@ -462,10 +462,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
     if (simulates_cuda(dq)) {
       // A dry run simulating CUDA charges the scratch its launcher makes: Di (B, Hq, T) f32
       // and, on the bf16 tensor-core path, the f32 dQ accumulator (B, T, Hq, D).
-      cuda::AttentionShape s;
-      s.B = B, s.Tq = T, s.Tk = T, s.Hq = Hq, s.Hkv = Hkv, s.D = D, s.q_offset = 0;
-      s.kv_batch_stride = T * Hkv * D;
-      const auto plan = cuda::plan_attention_backward(s, q.dtype() == DType::BF16, true);
+      const auto plan = cuda::plan_attention_backward(
+          cuda::training_attention_shape(B, T, Hq, Hkv, D), q.dtype() == DType::BF16, true);
       charge_cuda_scratch({plan.scratch_floats});
     }
     if (run_cuda(dq)) {

@@ -55,6 +55,13 @@ struct AttentionShape {
   int64_t kv_batch_stride = 0;  // elements from one batch of k/v to the next (>= Tk * Hkv * D)
 };
 
+// Training's shape (Tq == Tk == T, q_offset 0, dense k/v): what the backward runs on.
+inline AttentionShape training_attention_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                               int64_t D) {
+  return {.B = B, .Tq = T, .Tk = T, .Hq = Hq, .Hkv = Hkv, .D = D, .q_offset = 0,
+          .kv_batch_stride = T * Hkv * D};
+}
+
 enum class AttentionPath { Flash, Generic };
 
 struct AttentionPlan {
