@@ -5,7 +5,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
+
+#include "kernels/common/activation_math.h"
 
 namespace kiln::cpu {
 namespace {
@@ -13,25 +16,26 @@ namespace {
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = 1 << 15;
 
-template <typename T>
-inline T sigmoid(T x) {
-  return T(1) / (T(1) + detail::exp_fast(-x));
-}
-
-// tanh(u) = 1 - 2 / (1 + e^{2u}); saturates cleanly to +-1 with the clamped exp_fast.
-template <typename T>
-inline T tanh_via_exp(T u) {
-  if constexpr (std::is_same_v<T, double>) {
-    return std::tanh(u);
-  } else {
-    return T(1) - T(2) / (T(1) + detail::exp_fast(T(2) * u));
+// The exp and tanh the shared formulas (kernels/common/activation_math.h) use on the CPU.
+struct CpuMath {
+  template <typename T>
+  static T exp(T x) {
+    return detail::exp_fast(x);
   }
-}
-
-template <typename T>
-constexpr T kGeluC = T(0.7978845608028654);  // sqrt(2/pi)
-template <typename T>
-constexpr T kGeluA = T(0.044715);
+  // tanh(u) = 1 - 2 / (1 + e^{2u}); saturates cleanly to +-1 with the clamped exp_fast.
+  template <typename T>
+  static T tanh(T u) {
+    if constexpr (std::is_same_v<T, double>) {
+      return std::tanh(u);
+    } else {
+      return T(1) - T(2) / (T(1) + detail::exp_fast(T(2) * u));
+    }
+  }
+  template <typename T>
+  static T erf(T x) {
+    return std::erf(x);
+  }
+};
 
 // Each op runs its loop over [i0, i1) in a cloned (AVX2 / baseline) function; the public
 // function splits n into chunks across threads.
@@ -48,8 +52,7 @@ template <typename T>
 KILN_SIMD_CLONES void silu_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    const T xi = x[i];
-    y[i] = xi * sigmoid(xi);
+    y[i] = act::silu<CpuMath>(x[i]);
   }
 }
 
@@ -57,9 +60,7 @@ template <typename T>
 KILN_SIMD_CLONES void silu_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    const T xi = x[i];
-    const T s = sigmoid(xi);
-    dx[i] = dy[i] * s * (T(1) + xi * (T(1) - s));
+    dx[i] = act::silu_grad<CpuMath>(x[i], dy[i]);
   }
 }
 
@@ -67,9 +68,7 @@ template <typename T>
 KILN_SIMD_CLONES void gelu_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    const T xi = x[i];
-    const T t = tanh_via_exp(kGeluC<T> * (xi + kGeluA<T> * xi * xi * xi));
-    y[i] = T(0.5) * xi * (T(1) + t);
+    y[i] = act::gelu_tanh<CpuMath>(x[i]);
   }
 }
 
@@ -77,21 +76,15 @@ template <typename T>
 KILN_SIMD_CLONES void gelu_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    const T xi = x[i];
-    const T x2 = xi * xi;
-    const T t = tanh_via_exp(kGeluC<T> * (xi + kGeluA<T> * x2 * xi));
-    const T du = kGeluC<T> * (T(1) + T(3) * kGeluA<T> * x2);
-    dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * xi * (T(1) - t * t) * du);
+    dx[i] = act::gelu_tanh_grad<CpuMath>(x[i], dy[i]);
   }
 }
 
 template <typename T>
-KILN_SIMD_CLONES void swiglu_fwd_range(int64_t i0, int64_t i1, const T* gate, const T* up,
-                                       T* out) {
+KILN_SIMD_CLONES void swiglu_fwd_range(int64_t i0, int64_t i1, const T* gate, const T* up, T* out) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    const T g = gate[i];
-    out[i] = g * sigmoid(g) * up[i];
+    out[i] = act::swiglu<CpuMath>(gate[i], up[i]);
   }
 }
 
@@ -100,10 +93,10 @@ KILN_SIMD_CLONES void swiglu_bwd_range(int64_t i0, int64_t i1, const T* gate, co
                                        const T* dout, T* dgate, T* dup) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    const T g = gate[i], u = up[i], d = dout[i];  // read all before writing (outputs may alias)
-    const T s = sigmoid(g);
-    dgate[i] = d * u * s * (T(1) + g * (T(1) - s));
-    dup[i] = d * g * s;
+    T dg, du;  // all inputs are read before either output is written (outputs may alias)
+    act::swiglu_grad<CpuMath>(gate[i], up[i], dout[i], dg, du);
+    dgate[i] = dg;
+    dup[i] = du;
   }
 }
 
@@ -140,12 +133,12 @@ void swiglu_backward(int64_t n, const T* gate, const T* up, const T* dout, T* dg
              [&](int64_t i0, int64_t i1) { swiglu_bwd_range(i0, i1, gate, up, dout, dgate, dup); });
 }
 
-#define KILN_INSTANTIATE(T)                                                      \
-  template void silu_forward<T>(int64_t, const T*, T*);                          \
-  template void silu_backward<T>(int64_t, const T*, const T*, T*);               \
-  template void gelu_tanh_forward<T>(int64_t, const T*, T*);                     \
-  template void gelu_tanh_backward<T>(int64_t, const T*, const T*, T*);          \
-  template void swiglu_forward<T>(int64_t, const T*, const T*, T*);              \
+#define KILN_INSTANTIATE(T)                                             \
+  template void silu_forward<T>(int64_t, const T*, T*);                 \
+  template void silu_backward<T>(int64_t, const T*, const T*, T*);      \
+  template void gelu_tanh_forward<T>(int64_t, const T*, T*);            \
+  template void gelu_tanh_backward<T>(int64_t, const T*, const T*, T*); \
+  template void swiglu_forward<T>(int64_t, const T*, const T*, T*);     \
   template void swiglu_backward<T>(int64_t, const T*, const T*, const T*, T*, T*);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(double)

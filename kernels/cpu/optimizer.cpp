@@ -43,16 +43,7 @@ inline void adamw_range(int64_t i0, int64_t i1, float* __restrict param,
     _mm_storeu_ps(param + i, _mm_add_ps(p, _mm_div_ps(_mm_mul_ps(nss, mi), denom)));
   }
 #endif
-  for (; i < i1; ++i) {
-    const float g = grad[i];
-    const float p = param[i] * decay_f;
-    const float mi = m[i] * s.beta1 + s.one_m_b1 * g;
-    const float vi = v[i] * s.beta2 + (s.one_m_b2 * g) * g;
-    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = p + (s.neg_step_size * mi) / denom;
-  }
+  for (; i < i1; ++i) param[i] = adamw_update(param[i], grad[i], m[i], v[i], decay_f, s);
 }
 
 }  // namespace

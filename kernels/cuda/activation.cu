@@ -1,4 +1,4 @@
-// Pointwise activations (math in activation.h, matching kernels/cpu/activation.h).
+// Pointwise activations (the math: kernels/common/activation_math.h, shared with the CPU).
 //
 // One kernel template runs every op: a grid-stride loop over 16-byte packs (N elements) when all
 // pointers are aligned, then a scalar loop over the n % N tail. Each op is a functor mapping
@@ -6,6 +6,7 @@
 // x, y, dy, dx, gate, up, dout, dgate, dup: (n) contiguous.
 #include <cmath>
 
+#include "kernels/common/activation_math.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/common.cuh"
 
@@ -19,49 +20,41 @@ struct Ptrs {
   P p[K];
 };
 
-__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
+// The exp, tanh and erf the shared formulas (kernels/common/activation_math.h) use on CUDA.
+struct CudaMath {
+  __device__ static float exp(float x) { return expf(x); }
+  __device__ static float tanh(float x) { return tanhf(x); }
+  __device__ static float erf(float x) { return erff(x); }
+};
 
 struct SiluFwd {
   __device__ void operator()(const float (&in)[1], float (&out)[1]) const {
-    out[0] = in[0] * sigmoidf(in[0]);
+    out[0] = act::silu<CudaMath>(in[0]);
   }
 };
 struct SiluBwd {  // in: x, dy
   __device__ void operator()(const float (&in)[2], float (&out)[1]) const {
-    const float s = sigmoidf(in[0]);
-    out[0] = in[1] * s * (1.0f + in[0] * (1.0f - s));
+    out[0] = act::silu_grad<CudaMath>(in[0], in[1]);
   }
 };
 struct GeluFwd {
   __device__ void operator()(const float (&in)[1], float (&out)[1]) const {
-    const float x = in[0];
-    const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
-    out[0] = 0.5f * x * (1.0f + t);
+    out[0] = act::gelu_tanh<CudaMath>(in[0]);
   }
 };
 struct GeluBwd {  // in: x, dy
   __device__ void operator()(const float (&in)[2], float (&out)[1]) const {
-    const float x = in[0], x2 = x * x;
-    const float t = tanhf(kGeluC * (x + kGeluA * x2 * x));
-    const float du = kGeluC * (1.0f + 3.0f * kGeluA * x2);
-    out[0] = in[1] * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    out[0] = act::gelu_tanh_grad<CudaMath>(in[0], in[1]);
   }
 };
 struct SwigluFwd {  // in: gate, up
   __device__ void operator()(const float (&in)[2], float (&out)[1]) const {
-    const float g = in[0];
-    out[0] = g * sigmoidf(g) * in[1];
+    out[0] = act::swiglu<CudaMath>(in[0], in[1]);
   }
 };
 struct SwigluBwd {  // in: gate, up, dout; out: dgate, dup
   __device__ void operator()(const float (&in)[3], float (&out)[2]) const {
-    const float g = in[0], u = in[1], d = in[2];
-    const float s = sigmoidf(g);
-    out[0] = d * u * s * (1.0f + g * (1.0f - s));
-    out[1] = d * g * s;
+    act::swiglu_grad<CudaMath>(in[0], in[1], in[2], out[0], out[1]);
   }
 };
 

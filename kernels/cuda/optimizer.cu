@@ -94,18 +94,6 @@ __device__ __forceinline__ void store4(T* p, const float (&in)[4]) {
   }
 }
 
-// One AdamW element in the CPU kernel's order, every operation rounded on its own.
-__device__ __forceinline__ float adamw_update(float w, float g, float& m, float& v, float decay,
-                                              const AdamWConsts& c) {
-  const float p = __fmul_rn(w, decay);
-  const float mi = __fadd_rn(__fmul_rn(m, c.beta1), __fmul_rn(c.one_m_b1, g));
-  const float vi = __fadd_rn(__fmul_rn(v, c.beta2), __fmul_rn(__fmul_rn(c.one_m_b2, g), g));
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
-  m = mi;
-  v = vi;
-  return __fadd_rn(p, __fdiv_rn(__fmul_rn(c.neg_step_size, mi), denom));
-}
-
 // Elements [begin, end) of slot s. P: param type, G: grad type; with kMaster the f32 master is
 // updated and param gets it rounded to P.
 template <typename P, typename G, bool kMaster>
