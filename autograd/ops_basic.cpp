@@ -3,6 +3,7 @@
 
 #include "autograd/grad_buffer.h"
 #include "autograd/ops.h"
+#include "tensor/op_args.h"
 
 namespace kiln::ag {
 
@@ -74,19 +75,26 @@ struct UnaryNode final : Node {
   std::vector<Tensor> backward(std::vector<Tensor>& g) override {
     const Tensor& go = g[0];
     switch (op) {
-      case Unary::Neg: return {ops::affine(go, -1.0)};
-      case Unary::Exp: return {ops::mul(go, y)};
-      case Unary::Log: return {ops::div(go, x)};
-      case Unary::Sqrt: return {ops::affine(ops::div(go, y), 0.5)};
+      case Unary::Neg:
+        return {ops::affine(go, -1.0)};
+      case Unary::Exp:
+        return {ops::mul(go, y)};
+      case Unary::Log:
+        return {ops::div(go, x)};
+      case Unary::Sqrt:
+        return {ops::affine(ops::div(go, y), 0.5)};
       case Unary::Rsqrt:  // -0.5 * y^3
         return {ops::affine(ops::mul(go, ops::mul(y, ops::mul(y, y))), -0.5)};
-      case Unary::Square: return {ops::affine(ops::mul(go, x), 2.0)};
-      case Unary::Reciprocal: return {ops::affine(ops::mul(go, ops::mul(y, y)), -1.0)};
+      case Unary::Square:
+        return {ops::affine(ops::mul(go, x), 2.0)};
+      case Unary::Reciprocal:
+        return {ops::affine(ops::mul(go, ops::mul(y, y)), -1.0)};
       case Unary::Tanh:  // 1 - y^2
         return {ops::mul(go, ops::affine(ops::mul(y, y), -1.0, 1.0))};
       case Unary::Sigmoid:  // y (1 - y)
         return {ops::mul(go, ops::mul(y, ops::affine(y, -1.0, 1.0)))};
-      case Unary::Abs: break;
+      case Unary::Abs:
+        break;
     }
     fail("[autograd] abs has no gradient here");
   }
@@ -123,17 +131,13 @@ struct SumAllNode final : Node {
 struct ReshapeNode final : Node {
   Shape in_shape;
   std::string_view name() const override { return "reshape"; }
-  std::vector<Tensor> backward(std::vector<Tensor>& g) override {
-    return {g[0].reshape(in_shape)};
-  }
+  std::vector<Tensor> backward(std::vector<Tensor>& g) override { return {g[0].reshape(in_shape)}; }
 };
 
 struct PermuteNode final : Node {
   std::vector<int> inverse;
   std::string_view name() const override { return "permute"; }
-  std::vector<Tensor> backward(std::vector<Tensor>& g) override {
-    return {g[0].permute(inverse)};
-  }
+  std::vector<Tensor> backward(std::vector<Tensor>& g) override { return {g[0].permute(inverse)}; }
 };
 
 struct NarrowNode final : Node {
@@ -160,9 +164,7 @@ struct ExpandNode final : Node {
 struct ToDtypeNode final : Node {
   DType in_dtype;
   std::string_view name() const override { return "to_dtype"; }
-  std::vector<Tensor> backward(std::vector<Tensor>& g) override {
-    return {g[0].to(in_dtype)};
-  }
+  std::vector<Tensor> backward(std::vector<Tensor>& g) override { return {g[0].to(in_dtype)}; }
 };
 
 struct MatmulNode final : Node {
@@ -172,10 +174,8 @@ struct MatmulNode final : Node {
   std::vector<Tensor> backward(std::vector<Tensor>& g) override {
     const Tensor& go = g[0];
     Tensor da, db;
-    if (next[0].valid())
-      da = ta ? ops::matmul(b, go, tb, true) : ops::matmul(go, b, false, !tb);
-    if (next[1].valid())
-      db = tb ? ops::matmul(go, a, true, ta) : ops::matmul(a, go, !ta, false);
+    if (next[0].valid()) da = ta ? ops::matmul(b, go, tb, true) : ops::matmul(go, b, false, !tb);
+    if (next[1].valid()) db = tb ? ops::matmul(go, a, true, ta) : ops::matmul(a, go, !ta, false);
     return {da, db};
   }
   void release() override { a = b = Tensor(); }
@@ -194,10 +194,9 @@ struct LinearNode final : Node {
     if (next[1].valid()) {
       Tensor x2 = x.reshape({-1, in});
       Tensor buf = leaf_grad_buffer(next[1]);
-      // Accumulate straight into the gradient buffer (no (out, in) temporary) where gemm_ can:
-      // f32/f64 on the CPU, every dtype on CUDA (cuBLASLt's beta = 1) and so on meta.
-      const bool gemm_dtype = g2.dtype() == DType::F32 || g2.dtype() == DType::F64 ||
-                              !g2.device().is_cpu();
+      // Accumulate straight into the gradient buffer (no (out, in) temporary) where a gemm
+      // kernel takes the dtype natively (beta = 1): f32/f64 on the CPU, every float dtype on CUDA.
+      const bool gemm_dtype = ops::has_native_kernel<ops::GemmArgs>(g2.device(), g2.dtype());
       if (buf.defined() && buf.dtype() == g2.dtype() && x2.dtype() == g2.dtype() && gemm_dtype) {
         ops::gemm_(buf, g2, x2, true, false, 1.0, 1.0);  // dW += g^T x
       } else {

@@ -1,6 +1,7 @@
 // Differentiable nn ops, backed by the fused forward/backward kernel pairs.
 #include "autograd/grad_buffer.h"
 #include "autograd/ops.h"
+#include "tensor/op_args.h"
 
 namespace kiln::ag {
 
@@ -22,15 +23,17 @@ struct EmbeddingNode final : Node {
   DType table_dtype;
   std::string_view name() const override { return "embedding"; }
   std::vector<Tensor> backward(std::vector<Tensor>& g) override {
-    // The CPU kernel accumulates into f32/f64 tables; CUDA (and so meta) into any float dtype,
-    // so there a bf16 gradient needs no (V, C) f32 temporary.
-    const bool native = !g[0].device().is_cpu();
+    // Accumulate straight into the gradient where a kernel takes its dtype natively (CUDA:
+    // every float dtype, so a bf16 gradient needs no (V, C) f32 temporary).
     Tensor buf = leaf_grad_buffer(next[1]);
-    if (buf.defined() && (buf.dtype() == DType::F32 || buf.dtype() == DType::F64 || native)) {
+    const auto native = [&](DType dt) {
+      return ops::has_native_kernel<ops::EmbeddingBackwardArgs>(g[0].device(), dt);
+    };
+    if (buf.defined() && native(buf.dtype())) {
       ops::embedding_backward_(buf, ids, g[0]);  // += straight into .grad
       return {Tensor(), Tensor()};
     }
-    if (native) {
+    if (native(table_dtype)) {
       Tensor d = ops::zeros(table_shape, table_dtype, g[0].device());
       ops::embedding_backward_(d, ids, g[0]);
       return {Tensor(), d};

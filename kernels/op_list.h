@@ -1,6 +1,9 @@
-// The one list of kernel ops. Dispatch, the backend coverage test and the
-// per-op tests all read it, so an op without a CPU kernel, a CUDA kernel or a
-// test shows up in tests/kernels/test_coverage.cpp.
+// The one list of op families. Each kernel op (tensor/op_args.h: the arguments one kernel
+// takes, e.g. softmax and softmax_backward) belongs to one family here. Backends register
+// kernels per kernel op, device type and dtype in one table (tensor/kernel_table.h), and the
+// coverage test (tests/tensor/test_coverage.cpp) reads that table: a family without a CPU
+// kernel, a CUDA kernel (in a CUDA build) or a backend-ops case fails it.
+// docs/adding_an_op.md is the path for a new op.
 #pragma once
 
 #include <array>
@@ -10,68 +13,63 @@
 namespace kiln {
 
 enum class Op : int {
-  Gemm,             // C = alpha * op(A) op(B) + beta * C, batched (OpenBLAS / cuBLASLt)
-  Copy,             // strided copy with dtype conversion (contiguous(), to())
-  Fill,             // constant fill
-  Binary,           // broadcasting add/sub/mul/div/max/min
-  Unary,            // neg, exp, log, sqrt, rsqrt, abs, square, scale, ...
-  Reduce,           // sum/mean/max/min over one dim
-  Softmax,          // softmax forward/backward over the last dim
-  LogSoftmax,       // log-softmax forward/backward over the last dim
-  Embedding,        // gather rows forward, scatter-add backward
-  RmsNorm,          // RMSNorm forward/backward
-  LayerNorm,        // LayerNorm with bias forward/backward
-  Rope,             // rotary embedding, interleaved (llama2.c) or rotate-half (HF)
-  Silu,             // x * sigmoid(x)
-  Gelu,             // tanh approximation
-  SwiGlu,           // silu(gate) * up
-  Attention,        // causal attention with GQA, forward/backward, saves log-sum-exp
-  CrossEntropy,     // fused log-softmax + NLL, forward/backward, ignore-index
-  Dropout,          // Philox mask, forward/backward
-  AdamW,            // fused AdamW step
-  Sgd,              // SGD with momentum step
-  RandomNormal,     // Philox normal init
-  RandomUniform,    // Philox uniform init
+  Gemm,          // gemm, matmul, linear (OpenBLAS / cuBLASLt)
+  Copy,          // strided copy with dtype conversion (contiguous(), to())
+  Fill,          // constant fill
+  Binary,        // broadcasting add/sub/mul/div/max/min; axpy
+  Unary,         // neg, exp, log, sqrt, rsqrt, abs, square, ...; affine, scale
+  Reduce,        // sum/mean/max/min over one dim, argmax, sum_all, sum_squares
+  Softmax,       // softmax / log-softmax forward and backward over the last dim
+  Embedding,     // gather rows forward, scatter-add backward
+  RmsNorm,       // RMSNorm forward/backward
+  LayerNorm,     // LayerNorm (bias optional) forward/backward
+  Rope,          // rotary embedding, interleaved (llama2.c) or rotate-half (HF), and its tables
+  Silu,          // x * sigmoid(x)
+  Gelu,          // GELU, tanh approximation (HF gelu_pytorch_tanh)
+  SwiGlu,        // silu(gate) * up
+  Attention,     // causal attention with GQA, forward/backward, saves log-sum-exp
+  CrossEntropy,  // fused log-softmax + NLL, forward/backward, ignore-index
+  Dropout,       // Philox mask, forward/backward
+  AdamW,         // fused AdamW step, single and multi-tensor
+  Sgd,           // SGD with momentum step
+  Random,        // Philox normal / uniform init
   Count
 };
 
 struct OpInfo {
   Op op;
   std::string_view name;
-  std::string_view family;  // kernels/<backend>/<family>.{cpp,cu}
-  bool differentiable;      // has a backward kernel or a gradient formula
+  std::string_view family;    // kernels/<backend>/<family>.{cpp,cu}
+  bool differentiable;        // has a backward kernel or a gradient formula
+  std::string_view backward;  // the backward kernel's name, for pointwise ops
 };
 
 inline constexpr std::array<OpInfo, static_cast<std::size_t>(Op::Count)> kOpList = {{
-    {Op::Gemm, "gemm", "matmul", true},
-    {Op::Copy, "copy", "copy", true},
-    {Op::Fill, "fill", "copy", false},
-    {Op::Binary, "binary", "elementwise", true},
-    {Op::Unary, "unary", "elementwise", true},
-    {Op::Reduce, "reduce", "reduce", true},
-    {Op::Softmax, "softmax", "softmax", true},
-    {Op::LogSoftmax, "log_softmax", "softmax", true},
-    {Op::Embedding, "embedding", "embedding", true},
-    {Op::RmsNorm, "rmsnorm", "norm", true},
-    {Op::LayerNorm, "layernorm", "norm", true},
-    {Op::Rope, "rope", "rope", true},
-    {Op::Silu, "silu", "activation", true},
-    {Op::Gelu, "gelu", "activation", true},
-    {Op::SwiGlu, "swiglu", "activation", true},
-    {Op::Attention, "attention", "attention", true},
-    {Op::CrossEntropy, "cross_entropy", "cross_entropy", true},
-    {Op::Dropout, "dropout", "dropout", true},
-    {Op::AdamW, "adamw", "optimizer", false},
-    {Op::Sgd, "sgd", "optimizer", false},
-    {Op::RandomNormal, "random_normal", "random", false},
-    {Op::RandomUniform, "random_uniform", "random", false},
+    {Op::Gemm, "gemm", "matmul", true, ""},
+    {Op::Copy, "copy", "copy", true, ""},
+    {Op::Fill, "fill", "copy", false, ""},
+    {Op::Binary, "binary", "elementwise", true, ""},
+    {Op::Unary, "unary", "elementwise", true, ""},
+    {Op::Reduce, "reduce", "reduce", true, ""},
+    {Op::Softmax, "softmax", "softmax", true, "softmax_backward"},
+    {Op::Embedding, "embedding", "embedding", true, "embedding_backward"},
+    {Op::RmsNorm, "rmsnorm", "norm", true, "rmsnorm_backward"},
+    {Op::LayerNorm, "layernorm", "norm", true, "layernorm_backward"},
+    {Op::Rope, "rope", "rope", true, ""},
+    {Op::Silu, "silu", "activation", true, "silu_backward"},
+    {Op::Gelu, "gelu", "activation", true, "gelu_backward"},
+    {Op::SwiGlu, "swiglu", "activation", true, "swiglu_backward"},
+    {Op::Attention, "attention", "attention", true, "attention_backward"},
+    {Op::CrossEntropy, "cross_entropy", "cross_entropy", true, "cross_entropy_backward"},
+    {Op::Dropout, "dropout", "dropout", true, "dropout_backward"},
+    {Op::AdamW, "adamw", "optimizer", false, ""},
+    {Op::Sgd, "sgd", "optimizer", false, ""},
+    {Op::Random, "random", "random", false, ""},
 }};
 
 constexpr std::string_view op_name(Op op) { return kOpList[static_cast<std::size_t>(op)].name; }
-
-// Which ops a backend implements. Each backend defines its own in
-// kernels/<backend>/registry.cpp; the coverage test checks them against kOpList.
-bool cpu_has_kernel(Op op);
-bool cuda_has_kernel(Op op);
+constexpr std::string_view op_backward_name(Op op) {
+  return kOpList[static_cast<std::size_t>(op)].backward;
+}
 
 }  // namespace kiln

@@ -17,6 +17,7 @@
 #include "models/decoder.h"
 #include "nn/optim.h"
 #include "tensor/caching_allocator.h"
+#include "tensor/op_args.h"
 #include "tensor/storage.h"
 
 namespace kiln::models {
@@ -204,6 +205,10 @@ void infer_run(const BudgetSpec& s, Device device) {
 }
 
 }  // namespace
+
+bool simulates_native_dtype(const BudgetSpec& s) {
+  return ops::find_kernel<ops::MatmulArgs>(s.simulate, s.dtype) != nullptr;
+}
 
 BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
   s.validate();

@@ -94,6 +94,11 @@ struct BudgetFigures {
 // logits at the peak follow the saved-tensor accounting of autograd/ops_*.cpp.
 BudgetFigures analytic_budget(const BudgetSpec& s);
 
+// The analytic model describes a backend that computes the budget's dtype natively (no f32
+// copies of bf16 tensors). True when the simulated backend's kernel table has native kernels for
+// it; false for bf16 on a CPU without bf16 kernels, whose dry run charges the f32 conversions.
+bool simulates_native_dtype(const BudgetSpec& s);
+
 // Runs the workload on `device` and reads that device's tracker, as deltas
 // from a baseline taken before the model is built (everything is created and
 // freed inside). Training: one steady-state step as models/trainer.cpp does it

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "tensor/ops_cuda_multi.h"
+#include "tensor/kernels_cuda_multi.h"
 
 namespace kiln::nn {
 
@@ -70,18 +70,11 @@ AdamW::AdamW(const std::vector<std::pair<std::string, Tensor>>& params, const Ad
 void AdamW::step() {
   PhaseScope phase(Phase::Optimizer);
   step_count++;
-  std::vector<ops::AdamWTensors> batch;  // parameters off the CPU
+  std::vector<ops::AdamWTensors> batch;
   for (auto& s : state_) {
     Tensor g = s.param.grad();
     if (!g.defined()) continue;
-    const double wd = s.decay ? opt.weight_decay : 0.0;
-    if (!s.param.device().is_cpu()) {
-      batch.push_back({s.param, g, s.master, s.m, s.v, wd});
-      continue;
-    }
-    update_one(s, g, [&](Tensor& w, const Tensor& g32, ParamState& st) {
-      ops::adamw_step_(w, g32, st.m, st.v, lr, opt.beta1, opt.beta2, opt.eps, wd, step_count);
-    });
+    batch.push_back({s.param, g, s.master, s.m, s.v, s.decay ? opt.weight_decay : 0.0});
   }
   // One multi-tensor step per device (adamw_multi_step_ takes one device at a time).
   while (!batch.empty()) {

@@ -1,12 +1,9 @@
-// Front end for creation, elementwise, reduction and matmul ops.
+// Front end for creation, elementwise, reduction and matmul ops: shape checks and output
+// allocation, then the kernel table (tensor/kernel_table.h) runs the kernel.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/copy.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/random.h"
-#include "kernels/cpu/reduce.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
 #include "tensor/ops_util.h"
@@ -17,12 +14,8 @@ namespace kiln::ops {
 
 void fill_(Tensor& t, double value) {
   KILN_CHECK(t.is_contiguous(), "[fill] tensor must be contiguous");
-  if (skip_kernel(t, "fill")) return;
-  if (t.device().is_cuda()) return cuda_ops::fill(t, value);
-  dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::fill<T>(t.numel(), cpu::convert_scalar<T>(value), t.data<T>());
-  });
+  FillArgs a{t, value};
+  run(a);
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
@@ -67,22 +60,8 @@ static Tensor random_impl(bool normal, const Shape& shape, Generator& gen, doubl
   KILN_CHECK(is_floating(dtype), "[random] needs a floating dtype, got {}", dtype_name(dtype));
   Tensor t = Tensor::empty(shape, dtype, device);
   std::uint64_t offset = gen.take(static_cast<std::uint64_t>(t.numel()));
-  if (skip_kernel(t, "random")) return t;
-  if (t.device().is_cuda()) {
-    cuda_ops::random(normal, t, a, b, gen.seed, offset);
-    return t;
-  }
-  // Draw in f32 (f64 for f64) and convert, so every dtype sees the same numbers.
-  DType cd = dtype == DType::F64 ? DType::F64 : DType::F32;
-  Tensor c = cd == dtype ? t : (MemoryScope(MemCategory::Temporaries), Tensor::empty(shape, cd));
-  dispatch_compute(cd, "random", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (normal)
-      cpu::random_normal<T>(c.numel(), a, b, gen.seed, offset, c.data<T>());
-    else
-      cpu::random_uniform<T>(c.numel(), a, b, gen.seed, offset, c.data<T>());
-  });
-  if (cd != dtype) t.copy_(c);
+  RandomArgs args{t, normal, a, b, gen.seed, offset};
+  run(args);
   return t;
 }
 Tensor randn(const Shape& shape, Generator& gen, double mean, double std, DType dtype,
@@ -114,58 +93,21 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
              dtype_name(b.dtype()));
   check_same_device(a, b, "binary");
   Shape shape = broadcast_shapes(a.shape(), b.shape(), "binary");
-  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
-  if (skip_kernel(out, "binary")) return out;
-  if (out.device().is_cuda()) {
-    cuda_ops::binary(op, a.expand(shape), b.expand(shape), out);
-    return out;
-  }
-  Computed ca(a), cb(b);
-  Tensor ea = ca.t.expand(shape), eb = cb.t.expand(shape);
-  Tensor co = compute_out(out);
-  dispatch_compute(co.dtype(), "binary", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::binary<T>(static_cast<cpu::BinaryOp>(op), static_cast<int>(shape.size()), shape.data(),
-                   ea.data<T>(), ea.strides().data(), eb.data<T>(), eb.strides().data(),
-                   co.data<T>());
-  });
-  finish_out(out, co);
-  return out;
+  BinaryArgs args{op, a, b, Tensor::empty(shape, a.dtype(), a.device())};
+  run(args);
+  return args.out;
 }
 
 Tensor unary(Unary op, const Tensor& x) {
-  Tensor out = empty_like(x);
-  if (skip_kernel(out, "unary")) return out;
-  if (out.device().is_cuda()) {
-    cuda_ops::unary(op, x, out);
-    return out;
-  }
-  Computed cx(x, true);
-  Tensor co = compute_out(out);
-  dispatch_compute(co.dtype(), "unary", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::unary<T>(static_cast<cpu::UnaryOp>(op), x.numel(), cx.t.data<T>(), co.data<T>());
-  });
-  finish_out(out, co);
-  return out;
+  UnaryArgs args{op, x, empty_like(x)};
+  run(args);
+  return args.out;
 }
 
 Tensor affine(const Tensor& x, double alpha, double beta) {
-  Tensor out = empty_like(x);
-  if (skip_kernel(out, "affine")) return out;
-  if (out.device().is_cuda()) {
-    cuda_ops::affine(x, alpha, beta, out);
-    return out;
-  }
-  Computed cx(x, true);
-  Tensor co = compute_out(out);
-  dispatch_compute(co.dtype(), "affine", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::mul_scalar<T>(x.numel(), cx.t.data<T>(), static_cast<T>(alpha), co.data<T>());
-    if (beta != 0.0) cpu::add_scalar<T>(x.numel(), co.data<T>(), static_cast<T>(beta), co.data<T>());
-  });
-  finish_out(out, co);
-  return out;
+  AffineArgs args{x, empty_like(x), alpha, beta};
+  run(args);
+  return args.out;
 }
 
 void axpy_(Tensor& y, double alpha, const Tensor& x) {
@@ -173,102 +115,64 @@ void axpy_(Tensor& y, double alpha, const Tensor& x) {
              shape_str(x.shape()));
   KILN_CHECK(y.is_contiguous(), "[axpy] destination must be contiguous");
   check_same_device(x, y, "axpy");
-  if (skip_kernel(y, "axpy")) return;
-  if (y.device().is_cuda()) return cuda_ops::axpy(y, alpha, x);
-  if (y.dtype() == x.dtype() && (y.dtype() == DType::F32 || y.dtype() == DType::F64)) {
-    Tensor cx = x.contiguous();
-    dispatch_compute(y.dtype(), "axpy", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      cpu::axpy<T>(y.numel(), static_cast<T>(alpha), cx.data<T>(), y.data<T>());
-    });
-    return;
-  }
-  MemoryScope scratch(MemCategory::Temporaries);
-  Tensor sum = add(y, affine(x.to(y.dtype()), alpha));
-  y.copy_(sum);
+  AxpyArgs args{y, x, alpha};
+  run(args);
 }
 
 void scale_(Tensor& y, double alpha) {
   KILN_CHECK(y.is_contiguous(), "[scale] tensor must be contiguous");
-  if (skip_kernel(y, "scale")) return;
-  if (y.device().is_cuda()) return cuda_ops::scale(y, alpha);
-  if (y.dtype() == DType::F32 || y.dtype() == DType::F64) {
-    dispatch_compute(y.dtype(), "scale", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      cpu::mul_scalar<T>(y.numel(), y.data<T>(), static_cast<T>(alpha), y.data<T>());
-    });
-    return;
-  }
-  MemoryScope scratch(MemCategory::Temporaries);
-  y.copy_(affine(y, alpha));
+  ScaleArgs args{y, alpha};
+  run(args);
 }
 
 // ---- reductions -----------------------------------------------------------------
 
+namespace {
+
+// x viewed as (outer, n, inner) around dim.
+struct ReduceShape {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+ReduceShape reduce_shape(const Tensor& x, int dim) {
+  ReduceShape r;
+  r.n = x.size(dim);
+  for (int i = 0; i < dim; ++i) r.outer *= x.size(i);
+  for (int i = dim + 1; i < x.dim(); ++i) r.inner *= x.size(i);
+  return r;
+}
+
+}  // namespace
+
 Tensor reduce(Reduce op, const Tensor& x, int dim, bool keepdim) {
   dim = wrap_dim(dim, x.dim(), "reduce");
+  const ReduceShape r = reduce_shape(x, dim);
   Shape shape = x.shape();
-  std::int64_t outer = 1, n = shape[dim], inner = 1;
-  for (int i = 0; i < dim; ++i) outer *= shape[i];
-  for (int i = dim + 1; i < x.dim(); ++i) inner *= shape[i];
   if (keepdim)
     shape[dim] = 1;
   else
     shape.erase(shape.begin() + dim);
-  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
-  if (skip_kernel(out, "reduce")) return out;
-  KILN_CHECK(n > 0 || op == Reduce::Sum, "[reduce] max/min/mean over an empty dim");
-  if (out.device().is_cuda()) {
-    cuda_ops::reduce(op, x, outer, n, inner, out);
-    return out;
-  }
-  Computed cx(x, true);
-  Tensor co = compute_out(out);
-  dispatch_compute(co.dtype(), "reduce", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::reduce<T>(static_cast<cpu::ReduceOp>(op), outer, n, inner, cx.t.data<T>(), co.data<T>());
-  });
-  finish_out(out, co);
-  return out;
+  ReduceArgs args{op, x, Tensor::empty(shape, x.dtype(), x.device()), r.outer, r.n, r.inner};
+  KILN_CHECK(r.n > 0 || op == Reduce::Sum || args.out.numel() == 0,
+             "[reduce] max/min/mean over an empty dim");
+  run(args);
+  return args.out;
 }
 
 Tensor argmax(const Tensor& x, int dim) {
   dim = wrap_dim(dim, x.dim(), "argmax");
+  const ReduceShape r = reduce_shape(x, dim);
   Shape shape = x.shape();
-  std::int64_t outer = 1, n = shape[dim], inner = 1;
-  for (int i = 0; i < dim; ++i) outer *= shape[i];
-  for (int i = dim + 1; i < x.dim(); ++i) inner *= shape[i];
   shape.erase(shape.begin() + dim);
-  Tensor out = Tensor::empty(shape, DType::I64, x.device());
-  if (skip_kernel(out, "argmax")) return out;
-  KILN_CHECK(n > 0, "[argmax] over an empty dim");
-  if (out.device().is_cuda()) {
-    cuda_ops::argmax(x, outer, n, inner, out);
-    return out;
-  }
-  Computed cx(x, true);
-  dispatch_compute(cx.t.dtype(), "argmax", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::argmax<T>(outer, n, inner, cx.t.data<T>(), out.data<std::int64_t>());
-  });
-  return out;
+  ArgmaxArgs args{x, Tensor::empty(shape, DType::I64, x.device()), r.outer, r.n, r.inner};
+  KILN_CHECK(r.n > 0 || args.out.numel() == 0, "[argmax] over an empty dim");
+  run(args);
+  return args.out;
 }
 
 Tensor sum_all(const Tensor& x) {
-  Tensor out = Tensor::empty({}, x.dtype(), x.device());
-  if (skip_kernel(out, "sum_all")) return out;
-  if (out.device().is_cuda()) {
-    cuda_ops::sum_all(x, out);
-    return out;
-  }
-  Computed cx(x, true);
-  Tensor co = compute_out(out);
-  dispatch_compute(co.dtype(), "sum_all", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::sum_all<T>(x.numel(), cx.t.data<T>(), co.data<T>());
-  });
-  finish_out(out, co);
-  return out;
+  SumAllArgs args{x, Tensor::empty({}, x.dtype(), x.device())};
+  run(args);
+  return args.out;
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
@@ -298,17 +202,9 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 }
 
 double sum_squares(const Tensor& x) {
-  if (x.device().is_meta() || x.numel() == 0) return 0.0;
-  if (x.device().is_cuda()) {
-    double result = 0.0;
-    cuda_ops::sum_squares(x, &result);
-    return result;
-  }
-  Computed cx(x, true);
-  return dispatch_compute(cx.t.dtype(), "sum_squares", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return cpu::sum_squares<T>(x.numel(), cx.t.data<T>());
-  });
+  SumSquaresArgs args{x};
+  run(args);
+  return args.result;
 }
 
 // ---- matmul ---------------------------------------------------------------------
@@ -324,22 +220,10 @@ void gemm_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans
              trans_a ? "^T" : "", shape_str(b.shape()), trans_b ? "^T" : "", shape_str(c.shape()));
   check_same_device(a, c, "gemm");
   check_same_device(b, c, "gemm");
-  if (skip_kernel(c, "gemm")) return;
-  if (c.device().is_cuda()) {
-    KILN_CHECK(a.dtype() == c.dtype() && b.dtype() == c.dtype(),
-               "[gemm] dtypes {} x {} -> {} differ", dtype_name(a.dtype()), dtype_name(b.dtype()),
-               dtype_name(c.dtype()));
-    return cuda_ops::gemm(c, a, b, trans_a, trans_b, alpha, beta);
-  }
-  KILN_CHECK(a.dtype() == c.dtype() && b.dtype() == c.dtype() &&
-                 (c.dtype() == DType::F32 || c.dtype() == DType::F64),
-             "[gemm] in-place gemm needs matching f32/f64 tensors");
-  Tensor ca = a.contiguous(), cb = b.contiguous();
-  dispatch_compute(c.dtype(), "gemm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::gemm<T>(trans_a, trans_b, M, N, K, static_cast<T>(alpha), ca.data<T>(), ca.size(1),
-                 cb.data<T>(), cb.size(1), static_cast<T>(beta), c.data<T>(), N);
-  });
+  KILN_CHECK(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "[gemm] dtypes {} x {} -> {} differ",
+             dtype_name(a.dtype()), dtype_name(b.dtype()), dtype_name(c.dtype()));
+  GemmArgs args{c, a, b, trans_a, trans_b, alpha, beta};
+  run(args);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
@@ -358,23 +242,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   KILN_CHECK(K == Kb, "[matmul] inner sizes differ: {}{} @ {}{}", shape_str(a.shape()),
              trans_a ? "^T" : "", shape_str(b.shape()), trans_b ? "^T" : "");
   Shape out_shape = a.dim() == 3 ? Shape{batch, M, N} : Shape{M, N};
-  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
-  if (skip_kernel(out, "matmul")) return out;
-  if (out.device().is_cuda()) {
-    cuda_ops::matmul(a, b, trans_a, trans_b, out);
-    return out;
-  }
-  Computed ca(a, true), cb(b, true);
-  Tensor co = compute_out(out);
-  dispatch_compute(co.dtype(), "matmul", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    std::int64_t lda = ca.t.size(-1), ldb = cb.t.size(-1);
-    cpu::gemm_batched<T>(trans_a, trans_b, M, N, K, T(1), ca.t.data<T>(), lda,
-                         a.dim() == 3 ? M * K : 0, cb.t.data<T>(), ldb, b.dim() == 3 ? K * N : 0,
-                         T(0), co.data<T>(), N, M * N, batch);
-  });
-  finish_out(out, co);
-  return out;
+  MatmulArgs args{a, b, Tensor::empty(out_shape, a.dtype(), a.device()), trans_a, trans_b};
+  run(args);
+  return args.out;
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -386,33 +256,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_same_device(x, w, "linear");
   Shape out_shape = x.shape();
   out_shape.back() = w.size(0);
-  std::int64_t rows = x.numel() / std::max<std::int64_t>(x.size(-1), 1);
-  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
-  if (skip_kernel(out, "linear")) return out;
-  if (out.device().is_cuda()) {
-    if (bias.defined()) check_same_device(bias, out, "linear");
-    cuda_ops::linear(x, w, bias, out);
-    return out;
-  }
-  Computed cx(x, true), cw(w, true);
-  Tensor co = compute_out(out);
-  Computed cbias(bias.defined() ? bias : Tensor(), true);
-  dispatch_compute(co.dtype(), "linear", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    std::int64_t N = w.size(0), K = w.size(1);
-    T beta = T(0);
-    if (bias.defined()) {
-      // Broadcast the bias into the output, then accumulate the product.
-      const T* bp = cbias.t.data<T>();
-      T* op = co.data<T>();
-      for (std::int64_t r = 0; r < rows; ++r) std::copy(bp, bp + N, op + r * N);
-      beta = T(1);
-    }
-    cpu::gemm<T>(false, true, rows, N, K, T(1), cx.t.data<T>(), K, cw.t.data<T>(), K, beta,
-                 co.data<T>(), N);
-  });
-  finish_out(out, co);
-  return out;
+  if (bias.defined()) check_same_device(bias, x, "linear");
+  LinearArgs args{x, w, bias, Tensor::empty(out_shape, x.dtype(), x.device())};
+  run(args);
+  return args.out;
 }
 
 }  // namespace kiln::ops

@@ -1,15 +1,15 @@
 #include "tensor/tensor.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <ostream>
 #include <sstream>
 
-#include <fmt/format.h>
-
 #include "kernels/cpu/copy.h"
 #include "tensor/dispatch.h"
-#include "tensor/ops_cuda.h"
+#include "tensor/op_args.h"
 
 namespace kiln {
 
@@ -28,13 +28,20 @@ DType parse_dtype(std::string_view s) {
 
 std::string_view dtype_safetensors_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::F64: return "F64";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::Bool: return "BOOL";
+    case DType::F32:
+      return "F32";
+    case DType::F64:
+      return "F64";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::Bool:
+      return "BOOL";
   }
   return "?";
 }
@@ -52,9 +59,12 @@ DType dtype_from_safetensors(std::string_view s) {
 
 std::string Device::str() const {
   switch (type) {
-    case DeviceType::CPU: return "cpu";
-    case DeviceType::Meta: return "meta";
-    case DeviceType::CUDA: return index == 0 ? "cuda" : fmt::format("cuda:{}", index);
+    case DeviceType::CPU:
+      return "cpu";
+    case DeviceType::Meta:
+      return "meta";
+    case DeviceType::CUDA:
+      return index == 0 ? "cuda" : fmt::format("cuda:{}", index);
   }
   return "?";
 }
@@ -350,8 +360,9 @@ void Tensor::copy_(const Tensor& src) {
     KILN_CHECK(!src.device().is_meta(), "[copy] cannot copy a meta tensor to {}: it has no data",
                device().str());
     if (numel() == 0) return;
-    Tensor s = src.dim() == dim() && src.shape() == shape() ? src : src.expand(shape());
-    ops::cuda_ops::copy(*this, s);
+    ops::CopyArgs a{*this,
+                    src.dim() == dim() && src.shape() == shape() ? src : src.expand(shape())};
+    ops::run(a);
     return;
   }
   if (!is_contiguous()) {
@@ -388,14 +399,8 @@ void Tensor::copy_(const Tensor& src) {
     if (s.raw_data() != raw_data()) std::memmove(raw_data(), s.raw_data(), nbytes());
     return;
   }
-  dispatch_dtype(s.dtype(), [&](auto stag) {
-    using S = typename decltype(stag)::type;
-    dispatch_dtype(dtype(), [&](auto dtag) {
-      using D = typename decltype(dtag)::type;
-      cpu::copy_strided<S, D>(s.dim(), s.shape().data(), static_cast<const S*>(s.raw_data()),
-                              s.strides().data(), static_cast<D*>(raw_data()));
-    });
-  });
+  ops::CopyArgs a{*this, s};
+  ops::run(a);
 }
 
 Tensor Tensor::contiguous() const {

@@ -23,7 +23,7 @@
 // backend descriptors, finalized, and given an execution plan by cuDNN's heuristics. Plans are
 // cached per SdpaKey (bounded, process lifetime), so a shape is planned once.
 //
-// Layouts are kiln's (see tensor/ops_cuda.h), mapped to cuDNN's (batch, head, seq, hidden) dims
+// Layouts are kiln's (see tensor/kernels_cuda.h), mapped to cuDNN's (batch, head, seq, hidden) dims
 // with strides, so nothing is transposed or copied:
 //   q, out, dq, dout: (B, Tq, Hq, D) dense -> dims (B, Hq, Tq, D),  strides (Tq*Hq*D, D, Hq*D, 1)
 //   k, v: (B, Tk, Hkv, D), batch stride kbs -> dims (B, Hkv, Tk, D), strides (kbs, D, Hkv*D, 1)

@@ -25,7 +25,7 @@
 //     trainer's finite-loss check stops), and the backward writes a NaN row of dlogits;
 //   - both record the smallest bad row (and its target) in a sticky device word;
 //   - cross_entropy_take_bad_target() reads and clears it (a device sync). The op front end
-//     (tensor/ops_cuda_loss.cpp) calls it before every backward launch and throws the CPU's
+//     (tensor/kernels_cuda_loss.cpp) calls it before every backward launch and throws the CPU's
 //     message ("[cross_entropy] target ... out of range"), before the gradient is written.
 // So a bad batch never trains silently: its loss is NaN and its backward fails.
 #pragma once

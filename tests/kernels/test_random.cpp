@@ -12,8 +12,7 @@
 namespace kiln {
 namespace {
 
-KILN_OP_TESTED(Op::RandomNormal);
-KILN_OP_TESTED(Op::RandomUniform);
+KILN_OP_TESTED(Op::Random);
 
 TEST(Philox, KnownAnswerVectors) {
   struct Kat {

@@ -11,7 +11,6 @@ namespace kiln {
 namespace {
 
 KILN_OP_TESTED(Op::Softmax);
-KILN_OP_TESTED(Op::LogSoftmax);
 
 template <typename T>
 void check_softmax(int64_t rows, int64_t cols, double scale, uint64_t seed) {

@@ -332,21 +332,33 @@ TEST(MultiTensorAdamW, MultiStepFallbackEqualsNnAdamW) {
   }
 }
 
-// On meta (the dry run of the CUDA path) the step goes through adamw_multi_step_: no f32 copies of
-// bf16 gradients are allocated, as on CUDA.
-TEST(MultiTensorAdamW, MetaStepAllocatesNoGradientCopies) {
-  Tensor w = ops::zeros({64, 64}, DType::BF16, Device::meta());
-  w.set_requires_grad(true);
-  AdamW opt({{"w", w}}, AdamWOptions{});
-  w.set_grad(ops::zeros({64, 64}, DType::BF16, Device::meta()));
-  MemoryTracker& tr = MemoryTracker::get(DeviceType::Meta);
-  tr.reset_peaks();
-  const std::int64_t before =
-      tr.stats().current[static_cast<std::size_t>(MemCategory::Temporaries)];
-  opt.step();
-  const MemStats st = tr.stats();
-  EXPECT_EQ(st.peak[static_cast<std::size_t>(MemCategory::Temporaries)], before);
-  EXPECT_EQ(opt.step_count, 1);
+// The Temporaries peak of one AdamW step on a bf16 parameter, on meta simulating `sim`.
+std::int64_t meta_step_temporaries(DeviceType sim) {
+  const DeviceType prev = meta_simulates();
+  set_meta_simulates(sim);
+  std::int64_t extra = -1;
+  {
+    Tensor w = ops::zeros({64, 64}, DType::BF16, Device::meta());
+    w.set_requires_grad(true);
+    AdamW opt({{"w", w}}, AdamWOptions{});
+    w.set_grad(ops::zeros({64, 64}, DType::BF16, Device::meta()));
+    MemoryTracker& tr = MemoryTracker::get(DeviceType::Meta);
+    tr.reset_peaks();
+    const std::int64_t before =
+        tr.stats().current[static_cast<std::size_t>(MemCategory::Temporaries)];
+    opt.step();
+    extra = tr.stats().peak[static_cast<std::size_t>(MemCategory::Temporaries)] - before;
+    EXPECT_EQ(opt.step_count, 1);
+  }
+  set_meta_simulates(prev);
+  return extra;
+}
+
+// The dry run follows the kernel table of the backend it simulates: CUDA's multi-tensor AdamW
+// reads bf16 gradients as they are (no f32 copies); the CPU widens each to f32, one at a time.
+TEST(MultiTensorAdamW, MetaStepChargesWhatTheSimulatedBackendAllocates) {
+  EXPECT_EQ(meta_step_temporaries(DeviceType::CUDA), 0);
+  EXPECT_EQ(meta_step_temporaries(DeviceType::CPU), 64 * 64 * 4);
 }
 
 TEST(MultiTensorAdamW, ClipGradNormCpu) {

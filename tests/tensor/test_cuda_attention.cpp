@@ -1,4 +1,4 @@
-// kiln's CUDA flash attention (kernels/cuda/attention*.{h,cu}, tensor/ops_cuda_attention.cpp).
+// kiln's CUDA flash attention (kernels/cuda/attention*.{h,cu}, tensor/kernels_cuda_attention.cpp).
 //
 // CPU tests (run everywhere):
 //  - plans: which kernel, tile sizes, grids, shared memory and scratch for training, prefill,

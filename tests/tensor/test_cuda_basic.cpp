@@ -1,4 +1,4 @@
-// The CUDA basic family (copy, fill, random, elementwise, reductions; tensor/ops_cuda_basic.cpp
+// The CUDA basic family (copy, fill, random, elementwise, reductions; tensor/kernels_cuda_basic.cpp
 // and kernels/cuda/{copy,elementwise,random,reduce}).
 //
 //  - Host tests (run everywhere the CUDA backend is compiled, GPU or not): the iteration plans

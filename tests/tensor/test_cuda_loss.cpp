@@ -1,4 +1,4 @@
-// The CUDA loss family (kernels/cuda/cross_entropy.cu, optimizer.cu, tensor/ops_cuda_loss.cpp)
+// The CUDA loss family (kernels/cuda/cross_entropy.cu, optimizer.cu, tensor/kernels_cuda_loss.cpp)
 // against the CPU ops from the same inputs: cross-entropy forward and backward (f32, bf16;
 // V = 7, 1000, 32000, 151936; ignored rows; row-strided logits; in place; bad targets), AdamW
 // single and multi-tensor (mixed f32 and bf16/f16-with-master items, odd sizes, misaligned
@@ -15,7 +15,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
-#include "tensor/ops_cuda_multi.h"
+#include "tensor/kernels_cuda_multi.h"
 #include "tensor/random.h"
 
 namespace kiln {

@@ -1,4 +1,4 @@
-// GEMM on cuBLASLt (kernels/cuda/matmul.h, tensor/ops_cuda_matmul.cpp).
+// GEMM on cuBLASLt (kernels/cuda/matmul.h, tensor/kernels_cuda_matmul.cpp).
 //
 // Host tests (run everywhere, no GPU): the row-major -> column-major plan against hand-computed
 // layouts and against a naive column-major BLAS run on the plan, the zero-copy view rules, the

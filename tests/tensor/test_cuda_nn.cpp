@@ -1,4 +1,4 @@
-// The nn family on CUDA (tensor/ops_cuda_nn.cpp, kernels/cuda/{softmax,embedding,norm,rope,
+// The nn family on CUDA (tensor/kernels_cuda_nn.cpp, kernels/cuda/{softmax,embedding,norm,rope,
 // activation,dropout}) against the CPU ops, in f32 and bf16, on odd sizes and strided inputs;
 // plus the host-side launch helpers, which are plain C++ and run everywhere.
 //

@@ -1,8 +1,8 @@
 // CUDA front end, loss family: fused cross-entropy, AdamW (single and multi-tensor), SGD, and
-// the multi-tensor sum of squares (see tensor/ops_cuda.h for the contract,
+// the multi-tensor sum of squares (see tensor/kernels_cuda.h for the contract,
 // kernels/cuda/cross_entropy.h and kernels/cuda/optimizer.h for the kernels).
-#include "tensor/ops_cuda.h"
-#include "tensor/ops_cuda_multi.h"
+#include "tensor/kernels_cuda.h"
+#include "tensor/kernels_cuda_multi.h"
 
 #if defined(KILN_CUDA)
 
@@ -12,29 +12,11 @@
 
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/optimizer.h"
+#include "tensor/dispatch.h"
 #include "tensor/memory.h"
 
 namespace kiln::ops::cuda_ops {
 namespace {
-
-// Calls f(tag) with tag::type the kernel storage type of dt (f32, bf16, f16).
-template <typename T>
-struct Tag {
-  using type = T;
-};
-template <typename F>
-void dispatch_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::F32:
-      return f(Tag<float>{});
-    case DType::BF16:
-      return f(Tag<bf16>{});
-    case DType::F16:
-      return f(Tag<f16>{});
-    default:
-      fail("[{}] {} is not supported on CUDA", op, dtype_name(dt));
-  }
-}
 
 cuda::OptDType opt_dtype(DType dt, const char* op) {
   switch (dt) {

@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/matmul.h"
 #include "tensor/memory.h"
-#include "tensor/ops_cuda.h"
+#include "tensor/kernels_cuda.h"
 
 #if defined(KILN_CUDA)
 

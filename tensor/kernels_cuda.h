@@ -1,10 +1,11 @@
-// The CUDA half of the op front end (not a public header).
+// The CUDA glue (not a public header): Tensor-level launchers behind the CUDA entries of the
+// kernel table (tensor/kernels_cuda_registry.cpp registers them; tensor/kernel_table.h).
 //
-// tensor/ops_basic.cpp and ops_nn.cpp check shapes and allocate outputs for
-// every device; for a CUDA tensor they then call the function of the same name
-// here, which launches the kernels in kernels/cuda/. Unlike the CPU path, CUDA
-// computes bf16/f16 natively (no f32 conversion scratch), and the meta device's
-// dry run allocates exactly what this path allocates.
+// The op front end (tensor/ops_basic.cpp, ops_nn.cpp) checks shapes and allocates outputs for
+// every device, then the dispatcher calls the function of the same name here for a CUDA
+// tensor, which launches the kernels in kernels/cuda/. CUDA computes bf16/f16 natively (no f32
+// conversion scratch), and the meta device's dry run, simulating CUDA, allocates what this path
+// allocates.
 //
 // Contract for every function: outputs are allocated by the caller with the
 // right shape, dtype and device, contiguous unless stated; inputs are on the
@@ -15,10 +16,10 @@
 // Kernels run on the legacy default stream, so the caching allocator needs no
 // stream events.
 //
-// One implementation file per family: ops_cuda_basic.cpp (copy, fill, random,
-// elementwise, reductions), ops_cuda_matmul.cpp, ops_cuda_nn.cpp (softmax,
-// embedding, norms, RoPE, activations, dropout), ops_cuda_attention.cpp (+
-// _cudnn.cpp), ops_cuda_loss.cpp (cross-entropy, optimizers). In a build
+// One implementation file per family: kernels_cuda_basic.cpp (copy, fill, random,
+// elementwise, reductions), kernels_cuda_matmul.cpp, kernels_cuda_nn.cpp (softmax,
+// embedding, norms, RoPE, activations, dropout), kernels_cuda_attention.cpp (+
+// _cudnn.cpp), kernels_cuda_loss.cpp (cross-entropy, optimizers). In a build
 // without CUDA every function is an inline stub that fails; no caller reaches
 // them, since a CUDA tensor cannot be allocated there.
 #pragma once
@@ -40,7 +41,7 @@ namespace kiln::ops::cuda_ops {
   }
 #endif
 
-// ---- ops_cuda_basic.cpp
+// ---- kernels_cuda_basic.cpp
 // -------------------------------------------------------------------- dst =
 // src for any pair of devices where at least one is CUDA (h2d, d2h, d2d), any
 // dtypes, any src strides (including broadcast stride 0, already expanded to
@@ -70,7 +71,7 @@ KILN_CUDA_OP(sum_all, const Tensor &x, Tensor &out); // out 0-d, x's dtype
 // Sum of squares in f32 (f64 accumulation across blocks), copied to the host.
 KILN_CUDA_OP(sum_squares, const Tensor &x, double *result);
 
-// ---- ops_cuda_matmul.cpp (cuBLASLt)
+// ---- kernels_cuda_matmul.cpp (cuBLASLt)
 // --------------------------------------------------------- c = alpha * op(a)
 // op(b) + beta * c; 2-d, c contiguous, same dtype.
 KILN_CUDA_OP(gemm, Tensor &c, const Tensor &a, const Tensor &b, bool trans_a,
@@ -82,7 +83,7 @@ KILN_CUDA_OP(matmul, const Tensor &a, const Tensor &b, bool trans_a,
 KILN_CUDA_OP(linear, const Tensor &x, const Tensor &w, const Tensor &bias,
              Tensor &out);
 
-// ---- ops_cuda_nn.cpp
+// ---- kernels_cuda_nn.cpp
 // ------------------------------------------------------------------------
 KILN_CUDA_OP(softmax, const Tensor &x, bool log,
              Tensor &y); // over the last dim
@@ -125,7 +126,7 @@ KILN_CUDA_OP(dropout, const Tensor &x, double p, std::uint64_t seed,
 KILN_CUDA_OP(dropout_backward, const Tensor &dy, const Tensor &mask, double p,
              Tensor &dx);
 
-// ---- ops_cuda_attention.cpp: kiln's flash attention; _cudnn.cpp: cuDNN's
+// ---- kernels_cuda_attention.cpp: kiln's flash attention; _cudnn.cpp: cuDNN's
 // fused SDPA ---------- Layouts as ops::attention: q/out (B, Tq, Hq, D) dense,
 // k/v (B, Tk, Hkv, D) with dense T/H/D and k.stride(0) as the batch stride (KV
 // cache); lse (B, Hq, Tq) f32.
@@ -142,7 +143,7 @@ KILN_CUDA_OP(attention_backward_cudnn, const Tensor &q, const Tensor &k,
              const Tensor &dout, double scale, Tensor &dq, Tensor &dk,
              Tensor &dv);
 
-// ---- ops_cuda_loss.cpp
+// ---- kernels_cuda_loss.cpp
 // ---------------------------------------------------------------------- Fused,
 // chunked over V: no (N, V) f32 buffer. loss, lse: (N) f32.
 KILN_CUDA_OP(cross_entropy, const Tensor &logits, const Tensor &targets,

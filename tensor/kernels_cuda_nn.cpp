@@ -1,4 +1,4 @@
-// CUDA front end, nn family (contract in tensor/ops_cuda.h): softmax, embedding, norms, RoPE,
+// CUDA front end, nn family (contract in tensor/kernels_cuda.h): softmax, embedding, norms, RoPE,
 // activations, dropout. The launchers are in kernels/cuda/{softmax,embedding,norm,rope,
 // activation,dropout}.h.
 //
@@ -8,7 +8,7 @@
 // a copy, and RoPE reads and writes through arbitrary strides. Scratch that some ops need
 // (embedding backward's sort buffers, the norms' f32 dw/db partial sums) is Temporaries too.
 // Note for the meta dry run: these temporaries are allocated only on the CUDA path.
-#include "tensor/ops_cuda.h"
+#include "tensor/kernels_cuda.h"
 
 #if defined(KILN_CUDA)
 
@@ -26,26 +26,7 @@
 namespace kiln::ops::cuda_ops {
 namespace {
 
-constexpr cuda::StreamHandle kStream = nullptr;  // the legacy default stream (ops_cuda.h)
-
-// f(TypeTag<T>) for the storage types the nn kernels are built for.
-template <typename F>
-void dispatch_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::F32:
-      f(TypeTag<float>{});
-      return;
-    case DType::BF16:
-      f(TypeTag<bf16>{});
-      return;
-    case DType::F16:
-      f(TypeTag<f16>{});
-      return;
-    default:
-      break;
-  }
-  fail("[{}] {} is not supported on CUDA", op, dtype_name(dt));
-}
+constexpr cuda::StreamHandle kStream = nullptr;  // the legacy default stream (kernels_cuda.h)
 
 void check_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   const Tensor* first = nullptr;

@@ -1,4 +1,4 @@
-// CUDA front end, basic family (see tensor/ops_cuda.h): copy, fill, random, elementwise and
+// CUDA front end, basic family (see tensor/kernels_cuda.h): copy, fill, random, elementwise and
 // reductions, on the kernels of kernels/cuda/{copy,elementwise,random,reduce}.
 //
 // Strided inputs go to the kernels as they are (the kernels walk a collapsed plan of the
@@ -10,7 +10,7 @@
 //   d2h: the covering range comes back to a host buffer, then the CPU copy kernel converts and
 //        gathers (a sparse source is packed on the device first).
 // Everything runs on the legacy default stream.
-#include "tensor/ops_cuda.h"
+#include "tensor/kernels_cuda.h"
 
 #if defined(KILN_CUDA)
 
@@ -32,22 +32,6 @@ constexpr cuda::StreamHandle kStream = nullptr;  // the legacy default stream
 // A strided view whose covering range exceeds 2 * numel + this many elements is packed before
 // it crosses the bus, rather than sent with its gaps.
 constexpr std::int64_t kSpanSlack = 1024;
-
-// The dtypes the math kernels take (f32 compute, bf16/f16 storage).
-template <typename F>
-decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::F32:
-      return f(TypeTag<float>{});
-    case DType::BF16:
-      return f(TypeTag<bf16>{});
-    case DType::F16:
-      return f(TypeTag<f16>{});
-    default:
-      break;
-  }
-  fail("[{}] {} is not supported on CUDA", op, dtype_name(t));
-}
 
 void check_on_cuda(const Tensor& t, const char* op, const char* what) {
   KILN_CHECK(t.device().is_cuda(), "[{}] {} is on {}, not a CUDA device", op, what,

@@ -16,7 +16,7 @@
 //            on any build.
 #include "kernels/cuda/attention.h"
 #include "tensor/memory.h"
-#include "tensor/ops_cuda.h"
+#include "tensor/kernels_cuda.h"
 
 #if defined(KILN_CUDA)
 

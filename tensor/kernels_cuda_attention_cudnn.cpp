@@ -1,5 +1,5 @@
 // CUDA front end, cuDNN attention: ops::attention / ops::attention_backward land here for CUDA
-// tensors under ops::set_attention_impl(ops::AttentionImpl::Cudnn) (see tensor/ops_cuda.h). The
+// tensors under ops::set_attention_impl(ops::AttentionImpl::Cudnn) (see tensor/kernels_cuda.h). The
 // cuDNN graph, the plan cache and the launch are in kernels/cuda/attention_cudnn.{h,cpp}; this file
 // checks the kiln tensors, maps them to a cudnn_sdpa::SdpaKey and hands cuDNN its workspace as a
 // Temporaries tensor (freed on return: everything runs on the legacy default stream).
@@ -8,7 +8,7 @@
 // 256, any q_offset with q_offset + Tq <= Tk in forward (decode against a KV-cache view whose batch
 // stride is larger), Tq == Tk with q_offset 0 in backward. The meta device's dry run does not see
 // the cuDNN workspace (it comes from cuDNN's plan, known only on a device).
-#include "tensor/ops_cuda.h"
+#include "tensor/kernels_cuda.h"
 
 #if defined(KILN_CUDA)
 

@@ -1,5 +1,5 @@
-// Multi-tensor CUDA helpers beside the op contract of tensor/ops_cuda.h (implemented in
-// tensor/ops_cuda_loss.cpp, with the optimizers). Not a public header: nn/optim.cpp calls it
+// Multi-tensor CUDA helpers beside the op contract of tensor/kernels_cuda.h (implemented in
+// tensor/kernels_cuda_loss.cpp, with the optimizers). Not a public header: nn/optim.cpp calls it
 // for CUDA parameters only.
 #pragma once
 

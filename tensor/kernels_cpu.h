@@ -1,0 +1,38 @@
+// Helpers for the CPU kernels' registrations (tensor/kernels_cpu_*.cpp); not a public header.
+#pragma once
+
+#include "tensor/dispatch.h"
+#include "tensor/kernel_table.h"
+#include "tensor/ops_util.h"
+
+namespace kiln::ops::cpu_glue {
+
+// Registers a kernel templated on its compute type for f32 and f64: the CPU computes bf16 and
+// f16 through the f32 kernel (the dispatcher converts) until a native kernel is registered.
+template <class A, template <class> class K>
+void register_float(Kernel<A> k = {}) {
+  k.run = &K<float>::run;
+  register_kernel<A>(DeviceType::CPU, DType::F32, k);
+  k.run = &K<double>::run;
+  register_kernel<A>(DeviceType::CPU, DType::F64, k);
+}
+
+// Registers a kernel templated on its element type for every dtype.
+template <class A, template <class> class K>
+void register_all_dtypes(Kernel<A> k = {}) {
+  for (DType d :
+       {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I32, DType::I64, DType::Bool})
+    dispatch_dtype(d, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      k.run = &K<T>::run;
+      register_kernel<A>(DeviceType::CPU, d, k);
+    });
+}
+
+using ops::rows_of;
+
+// Each family's registrations (kernels_cpu_basic.cpp, kernels_cpu_nn.cpp).
+void register_basic();
+void register_nn();
+
+}  // namespace kiln::ops::cpu_glue

@@ -1,0 +1,346 @@
+// CPU kernels of the nn families (softmax, embedding, norms, RoPE, activations, attention,
+// cross-entropy, dropout, optimizers): the glue from op arguments (tensor/op_args.h) to
+// kernels/cpu/, and their registrations. Tensors arrive in the compute type T, contiguous unless
+// registered otherwise; scratch a glue allocates itself is declared to the table, so the dry
+// run charges it too.
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/softmax.h"
+#include "tensor/kernels_cpu.h"
+#include "tensor/op_args.h"
+
+namespace kiln::ops {
+namespace cpu_glue {
+namespace {
+
+namespace kc = kiln::cpu;
+
+template <class T>
+struct SoftmaxCpu {
+  static void run(SoftmaxArgs& a) {
+    const std::int64_t rows = rows_of(a.x), cols = a.x.dim() == 0 ? 1 : a.x.size(-1);
+    if (a.log)
+      kc::log_softmax_forward<T>(rows, cols, a.x.template data<T>(), a.y.template data<T>());
+    else
+      kc::softmax_forward<T>(rows, cols, a.x.template data<T>(), a.y.template data<T>());
+  }
+};
+
+template <class T>
+struct SoftmaxBackwardCpu {
+  static void run(SoftmaxBackwardArgs& a) {
+    const std::int64_t rows = rows_of(a.y), cols = a.y.dim() == 0 ? 1 : a.y.size(-1);
+    if (a.log)
+      kc::log_softmax_backward<T>(rows, cols, a.y.template data<T>(), a.dy.template data<T>(),
+                                  a.dx.template data<T>());
+    else
+      kc::softmax_backward<T>(rows, cols, a.y.template data<T>(), a.dy.template data<T>(),
+                              a.dx.template data<T>());
+  }
+};
+
+template <class T>
+struct EmbeddingCpu {
+  static void run(EmbeddingArgs& a) {
+    kc::embedding_forward<T>(a.ids.numel(), a.table.size(0), a.table.size(1),
+                             a.ids.template data<std::int32_t>(), a.table.template data<T>(),
+                             a.out.template data<T>());
+  }
+};
+
+template <class T>
+struct EmbeddingBackwardCpu {
+  static void run(EmbeddingBackwardArgs& a) {
+    kc::embedding_backward<T>(a.ids.numel(), a.dtable.size(0), a.dtable.size(1),
+                              a.ids.template data<std::int32_t>(), a.dout.template data<T>(),
+                              a.dtable.template data<T>());
+  }
+};
+
+template <class T>
+struct RmsNormCpu {
+  static void run(RmsNormArgs& a) {
+    kc::rmsnorm_forward<T>(rows_of(a.x), a.w.size(0), a.eps, a.x.template data<T>(),
+                           a.w.template data<T>(), a.y.template data<T>(),
+                           a.rstd.template data<T>());
+  }
+};
+
+// The kernel accumulates dw in T: straight into dw when it has that dtype, else into a zeroed
+// T buffer added to dw after (or dropped when no dw is wanted).
+bool rmsnorm_dw_direct(const RmsNormBackwardArgs& a, DType t) {
+  return a.dw.defined() && a.dw.dtype() == t;
+}
+ScratchList rmsnorm_backward_scratch(const RmsNormBackwardArgs& a, DType t) {
+  if (rmsnorm_dw_direct(a, t)) return {};
+  return {a.w.size(0) * static_cast<std::int64_t>(dtype_size(t))};
+}
+
+template <class T>
+struct RmsNormBackwardCpu {
+  static void run(RmsNormBackwardArgs& a) {
+    const DType t = a.dx.dtype();
+    Tensor dw = a.dw;
+    if (!rmsnorm_dw_direct(a, t)) {
+      MemoryScope scratch(MemCategory::Temporaries);
+      dw = zeros(a.w.shape(), t, a.w.device());
+    }
+    kc::rmsnorm_backward<T>(rows_of(a.x), a.w.size(0), a.x.template data<T>(),
+                            a.w.template data<T>(), a.rstd.template data<T>(),
+                            a.dy.template data<T>(), a.dx.template data<T>(),
+                            dw.template data<T>());
+    if (a.dw.defined() && dw.impl() != a.dw.impl()) axpy_(a.dw, 1.0, dw);
+  }
+};
+
+template <class T>
+struct LayerNormCpu {
+  static void run(LayerNormArgs& a) {
+    kc::layernorm_forward<T>(
+        rows_of(a.x), a.w.size(0), a.eps, a.x.template data<T>(), a.w.template data<T>(),
+        a.b.defined() ? a.b.template data<T>() : nullptr, a.y.template data<T>(),
+        a.mean.template data<T>(), a.rstd.template data<T>());
+  }
+};
+
+// The kernel writes dw and db into zeroed T buffers, added to dw/db after when wanted.
+ScratchList layernorm_backward_scratch(const LayerNormBackwardArgs& a, DType t) {
+  const std::int64_t n = a.w.size(0) * static_cast<std::int64_t>(dtype_size(t));
+  return {n, n};
+}
+
+template <class T>
+struct LayerNormBackwardCpu {
+  static void run(LayerNormBackwardArgs& a) {
+    MemoryScope scratch(MemCategory::Temporaries);
+    Tensor dw = zeros(a.w.shape(), a.dx.dtype(), a.w.device());
+    Tensor db = zeros(a.w.shape(), a.dx.dtype(), a.w.device());
+    kc::layernorm_backward<T>(
+        rows_of(a.x), a.w.size(0), a.x.template data<T>(), a.w.template data<T>(),
+        a.mean.template data<T>(), a.rstd.template data<T>(), a.dy.template data<T>(),
+        a.dx.template data<T>(), dw.template data<T>(), db.template data<T>());
+    if (a.dw.defined()) axpy_(a.dw, 1.0, dw);
+    if (a.db.defined()) axpy_(a.db, 1.0, db);
+  }
+};
+
+template <class T>
+struct RopeTablesCpu {
+  static void run(RopeTablesArgs& a) {
+    kc::rope_tables<T>(a.max_pos, a.head_dim, a.theta, a.cos.template data<T>(),
+                       a.sin.template data<T>());
+  }
+};
+
+template <class T>
+struct RopeCpu {
+  static void run(RopeArgs& a) {
+    KILN_CHECK(a.cos.dtype() == a.out.dtype(), "[rope] table dtype {} vs compute dtype {}",
+               dtype_name(a.cos.dtype()), dtype_name(a.out.dtype()));
+    const auto s = static_cast<kc::RopeStyle>(a.style);
+    const std::int64_t B = a.x.size(0), Tn = a.x.size(1), H = a.x.size(2), D = a.x.size(3);
+    if (a.backward)
+      kc::rope_backward<T>(s, B, Tn, H, D, a.cos.template data<T>(), a.sin.template data<T>(),
+                           nullptr, a.pos_offset, a.x.template data<T>(), a.out.template data<T>());
+    else
+      kc::rope_forward<T>(s, B, Tn, H, D, a.cos.template data<T>(), a.sin.template data<T>(),
+                          nullptr, a.pos_offset, a.x.template data<T>(), a.out.template data<T>());
+  }
+};
+
+// Pointwise activations: forward F(n, x, y), backward B(n, x, dy, dx).
+template <Op O, class T, void (*F)(int64_t, const T*, T*)>
+struct ActivationCpu {
+  static void run(ActivationArgs<O>& a) {
+    F(a.x.numel(), a.x.template data<T>(), a.y.template data<T>());
+  }
+};
+template <Op O, class T, void (*B)(int64_t, const T*, const T*, T*)>
+struct ActivationBackwardCpu {
+  static void run(ActivationBackwardArgs<O>& a) {
+    B(a.x.numel(), a.x.template data<T>(), a.dy.template data<T>(), a.dx.template data<T>());
+  }
+};
+template <class T>
+using SiluCpu = ActivationCpu<Op::Silu, T, &kc::silu_forward<T>>;
+template <class T>
+using SiluBackwardCpu = ActivationBackwardCpu<Op::Silu, T, &kc::silu_backward<T>>;
+template <class T>
+using GeluCpu = ActivationCpu<Op::Gelu, T, &kc::gelu_tanh_forward<T>>;
+template <class T>
+using GeluBackwardCpu = ActivationBackwardCpu<Op::Gelu, T, &kc::gelu_tanh_backward<T>>;
+
+template <class T>
+struct SwiGluCpu {
+  static void run(SwiGluArgs& a) {
+    kc::swiglu_forward<T>(a.gate.numel(), a.gate.template data<T>(), a.up.template data<T>(),
+                          a.out.template data<T>());
+  }
+};
+
+template <class T>
+struct SwiGluBackwardCpu {
+  static void run(SwiGluBackwardArgs& a) {
+    kc::swiglu_backward<T>(a.gate.numel(), a.gate.template data<T>(), a.up.template data<T>(),
+                           a.dout.template data<T>(), a.dgate.template data<T>(),
+                           a.dup.template data<T>());
+  }
+};
+
+// q dense; k and v need dense (T, H, D) only: a KV-cache view with a larger batch stride is
+// read in place.
+bool attention_accepts(int slot, const Tensor& t) {
+  if (slot == 0) return t.is_contiguous();
+  if (slot == 1 || slot == 2)
+    return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3) &&
+           t.stride(1) == t.size(2) * t.size(3);
+  return true;
+}
+
+template <class T>
+struct AttentionCpu {
+  static void run(AttentionArgs& a) {
+    const std::int64_t B = a.q.size(0), Tq = a.q.size(1), Hq = a.q.size(2), D = a.q.size(3);
+    kc::attention_forward<T>(B, Tq, a.k.size(1), Hq, a.k.size(2), D, a.q_offset, a.scale,
+                             a.q.template data<T>(), a.k.template data<T>(), a.v.template data<T>(),
+                             a.k.stride(0), a.out.template data<T>(), a.lse.template data<T>());
+  }
+};
+
+template <class T>
+struct AttentionBackwardCpu {
+  static void run(AttentionBackwardArgs& a) {
+    const std::int64_t B = a.q.size(0), Tn = a.q.size(1), Hq = a.q.size(2), D = a.q.size(3);
+    kc::attention_backward<T>(B, Tn, Hq, a.k.size(2), D, a.scale, a.q.template data<T>(),
+                              a.k.template data<T>(), a.v.template data<T>(),
+                              a.out.template data<T>(), a.lse.template data<T>(),
+                              a.dout.template data<T>(), a.dq.template data<T>(),
+                              a.dk.template data<T>(), a.dv.template data<T>());
+  }
+};
+
+template <class T>
+struct CrossEntropyCpu {
+  static void run(CrossEntropyArgs& a) {
+    kc::cross_entropy_forward<T>(a.logits.size(0), a.logits.size(1), a.logits.template data<T>(),
+                                 a.targets.template data<std::int32_t>(), a.ignore_index,
+                                 a.loss.template data<T>(), a.lse.template data<T>());
+  }
+};
+
+// The kernel reads each row's target logit before overwriting the row, so dlogits may alias
+// the logits (in place).
+template <class T>
+struct CrossEntropyBackwardCpu {
+  static void run(CrossEntropyBackwardArgs& a) {
+    kc::cross_entropy_backward<T>(a.logits.size(0), a.logits.size(1), a.logits.template data<T>(),
+                                  a.lse.template data<T>(), a.targets.template data<std::int32_t>(),
+                                  a.ignore_index, a.dloss.template data<T>(),
+                                  a.dlogits.template data<T>());
+  }
+};
+
+template <class T>
+struct DropoutCpu {
+  static void run(DropoutArgs& a) {
+    kc::dropout_forward<T>(a.x.numel(), static_cast<float>(a.p), a.seed, a.offset,
+                           a.x.template data<T>(), a.y.template data<T>(),
+                           a.mask.template data<std::uint8_t>());
+  }
+};
+
+template <class T>
+struct DropoutBackwardCpu {
+  static void run(DropoutBackwardArgs& a) {
+    kc::dropout_backward<T>(a.dy.numel(), static_cast<float>(a.p),
+                            a.mask.template data<std::uint8_t>(), a.dy.template data<T>(),
+                            a.dx.template data<T>());
+  }
+};
+
+void adamw_cpu(AdamWArgs& a) {
+  kc::adamw_step(a.param.numel(), a.param.data<float>(), a.grad.data<float>(), a.m.data<float>(),
+                 a.v.data<float>(), static_cast<float>(a.lr), static_cast<float>(a.beta1),
+                 static_cast<float>(a.beta2), static_cast<float>(a.eps),
+                 static_cast<float>(a.weight_decay), a.step);
+}
+
+// Item by item, as adamw_step_; a bf16/f16 parameter is updated through its f32 master (the
+// gradient widened to f32 first) and then rounded into the parameter.
+void adamw_multi_cpu(AdamWMultiArgs& a) {
+  for (auto& it : a.items) {
+    if (!it.master.defined()) {
+      adamw_step_(it.param, it.grad, it.m, it.v, a.lr, a.beta1, a.beta2, a.eps, it.weight_decay,
+                  a.step);
+      continue;
+    }
+    MemoryScope scratch(MemCategory::Temporaries);
+    Tensor g32 = it.grad.to(DType::F32);
+    adamw_step_(it.master, g32, it.m, it.v, a.lr, a.beta1, a.beta2, a.eps, it.weight_decay, a.step);
+    it.param.copy_(it.master);
+  }
+}
+
+// The widened gradients live one at a time: the largest is the peak.
+ScratchList adamw_multi_scratch(const AdamWMultiArgs& a, DType) {
+  std::int64_t most = 0;
+  for (const auto& it : a.items)
+    if (it.master.defined() && it.grad.dtype() != DType::F32)
+      most = std::max(most, it.grad.numel() * 4);
+  return {most};
+}
+
+void sgd_cpu(SgdArgs& a) {
+  kc::sgd_step(a.param.numel(), a.param.data<float>(), a.grad.data<float>(),
+               a.momentum_buf.defined() ? a.momentum_buf.data<float>() : nullptr,
+               static_cast<float>(a.lr), static_cast<float>(a.momentum),
+               static_cast<float>(a.dampening), static_cast<float>(a.weight_decay), a.nesterov,
+               a.step);
+}
+
+}  // namespace
+
+void register_nn() {
+  register_float<SoftmaxArgs, SoftmaxCpu>();
+  register_float<SoftmaxBackwardArgs, SoftmaxBackwardCpu>();
+  register_float<EmbeddingArgs, EmbeddingCpu>();
+  register_float<EmbeddingBackwardArgs, EmbeddingBackwardCpu>();
+  register_float<RmsNormArgs, RmsNormCpu>();
+  register_float<RmsNormBackwardArgs, RmsNormBackwardCpu>({.scratch = &rmsnorm_backward_scratch});
+  register_float<LayerNormArgs, LayerNormCpu>();
+  register_float<LayerNormBackwardArgs, LayerNormBackwardCpu>(
+      {.scratch = &layernorm_backward_scratch});
+  register_float<RopeTablesArgs, RopeTablesCpu>();
+  register_float<RopeArgs, RopeCpu>();
+  register_float<ActivationArgs<Op::Silu>, SiluCpu>();
+  register_float<ActivationBackwardArgs<Op::Silu>, SiluBackwardCpu>();
+  register_float<ActivationArgs<Op::Gelu>, GeluCpu>();
+  register_float<ActivationBackwardArgs<Op::Gelu>, GeluBackwardCpu>();
+  register_float<SwiGluArgs, SwiGluCpu>();
+  register_float<SwiGluBackwardArgs, SwiGluBackwardCpu>();
+  register_float<AttentionArgs, AttentionCpu>({.accepts = &attention_accepts});
+  register_float<AttentionBackwardArgs, AttentionBackwardCpu>();
+  register_float<CrossEntropyArgs, CrossEntropyCpu>();
+  register_float<CrossEntropyBackwardArgs, CrossEntropyBackwardCpu>();
+  register_float<DropoutArgs, DropoutCpu>();
+  register_float<DropoutBackwardArgs, DropoutBackwardCpu>();
+  register_kernel<AdamWArgs>(DeviceType::CPU, DType::F32, {.run = &adamw_cpu});
+  register_kernel<AdamWMultiArgs>(DeviceType::CPU, DType::F32,
+                                  {.run = &adamw_multi_cpu, .scratch = &adamw_multi_scratch});
+  register_kernel<SgdArgs>(DeviceType::CPU, DType::F32, {.run = &sgd_cpu});
+}
+
+}  // namespace cpu_glue
+
+void register_cpu_kernels() {
+  cpu_glue::register_basic();
+  cpu_glue::register_nn();
+}
+
+}  // namespace kiln::ops

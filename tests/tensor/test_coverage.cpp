@@ -1,0 +1,75 @@
+// Coverage, read from the dispatch table itself (tensor/kernel_table.h): every kernel op of
+// tensor/op_args.h has a CPU kernel, and in a CUDA build a CUDA kernel that is built in; every
+// op family of kernels/op_list.h has kernels; every registration belongs to a listed kernel op.
+// (Every family's backend-ops case: tests/tensor/test_backend_ops.cpp, EveryOpHasACase.)
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "tensor/op_args.h"
+
+namespace kiln::ops {
+namespace {
+
+// The kernels of AllKernels missing a registration for dev that is runnable, by name.
+template <class... A>
+std::string missing_kernels(KernelList<A...>, DeviceType dev) {
+  std::string missing;
+  auto check = [&](std::string_view name, bool ok) {
+    if (!ok) missing += std::string(missing.empty() ? "" : ", ") + std::string(name);
+  };
+  (check(A::kName,
+         [&] {
+           for (const auto& r : registrations())
+             if (r.kernel == A::kName && r.device == dev && r.runnable) return true;
+           return false;
+         }()),
+   ...);
+  return missing;
+}
+
+template <class... A>
+std::set<std::string_view> kernel_names(KernelList<A...>) {
+  return {A::kName...};
+}
+
+TEST(Coverage, EveryKernelHasACpuKernel) {
+  const std::string missing = missing_kernels(AllKernels{}, DeviceType::CPU);
+  EXPECT_TRUE(missing.empty()) << "kernel ops without a CPU kernel: " << missing;
+}
+
+// A registry check, not a GPU test: in a CUDA build every kernel op must have a CUDA kernel
+// built in, whether or not this machine has a GPU (test_backend_ops.cpp runs them on one).
+TEST(Coverage, EveryKernelHasACudaKernel) {
+#if !defined(KILN_CUDA)
+  GTEST_SKIP() << "built without CUDA (-DKILN_CUDA=OFF): no CUDA kernels to check";
+#endif
+  const std::string missing = missing_kernels(AllKernels{}, DeviceType::CUDA);
+  EXPECT_TRUE(missing.empty()) << "kernel ops without a CUDA kernel: " << missing;
+}
+
+TEST(Coverage, EveryOpFamilyHasKernels) {
+  for (const auto& info : kOpList) {
+    bool found = false;
+    for (const auto& r : registrations()) found = found || (r.op == info.op && r.runnable);
+    EXPECT_TRUE(found) << "op family " << info.name << " has no kernel";
+  }
+}
+
+TEST(Coverage, EveryRegistrationIsAListedKernel) {
+  const auto names = kernel_names(AllKernels{});
+  for (const auto& r : registrations())
+    EXPECT_TRUE(names.count(r.kernel)) << r.kernel << " is registered but not in AllKernels";
+}
+
+// The capability entries of a CUDA kernel exist in every build, so a CPU-only build can still
+// simulate a CUDA run on meta (kiln budget --simulate cuda).
+TEST(Coverage, CudaCapabilitiesAreKnownInEveryBuild) {
+  EXPECT_NE(find_kernel<SoftmaxArgs>(DeviceType::CUDA, DType::BF16), nullptr);
+  EXPECT_NE(find_kernel<AttentionBackwardArgs>(DeviceType::CUDA, DType::BF16), nullptr);
+  EXPECT_EQ(find_kernel<SoftmaxArgs>(DeviceType::CUDA, DType::F64), nullptr);
+}
+
+}  // namespace
+}  // namespace kiln::ops

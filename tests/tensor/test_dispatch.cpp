@@ -1,0 +1,125 @@
+// The dispatcher (tensor/kernel_table.h): a registered kernel is the only thing that decides
+// whether an op runs natively in a dtype; conversions otherwise, charged to Temporaries; and the
+// meta device's dry run makes the same decisions as the backend it simulates.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/common/half.h"
+#include "tensor/op_args.h"
+#include "tensor/ops.h"
+
+namespace kiln::ops {
+namespace {
+
+constexpr auto kTemps = static_cast<std::size_t>(MemCategory::Temporaries);
+
+// Runs f on `dev` and returns the tracker's statistics over it (peaks reset first).
+template <class F>
+MemStats measure(Device dev, F&& f) {
+  MemoryTracker& tr = MemoryTracker::get(dev.type);
+  tr.reset_peaks();
+  const MemStats before = tr.stats();
+  MemoryScope outputs(MemCategory::Activations);  // what is left in Temporaries is scratch
+  f();
+  MemStats st = tr.stats();
+  st.peak[kTemps] -= before.current[kTemps];
+  st.num_allocs -= before.num_allocs;
+  return st;
+}
+
+// Restores the simulated backend of the meta device on scope exit.
+struct Simulate {
+  DeviceType prev = meta_simulates();
+  explicit Simulate(DeviceType d) { set_meta_simulates(d); }
+  ~Simulate() { set_meta_simulates(prev); }
+};
+
+int g_bf16_silu_calls = 0;
+
+// A test-only native bf16 CPU silu: reads bf16, computes in f32, writes bf16.
+void silu_bf16_cpu(ActivationArgs<Op::Silu>& a) {
+  ++g_bf16_silu_calls;
+  const bf16* x = a.x.data<bf16>();
+  bf16* y = a.y.data<bf16>();
+  for (std::int64_t i = 0; i < a.x.numel(); ++i) {
+    const float v = bf16_to_float(x[i]);
+    y[i] = float_to_bf16(v / (1.0f + std::exp(-v)));
+  }
+}
+
+// (4, 8) values in [-4, 4): 64 bytes in bf16, 128 in f32 (whole 64-byte allocator blocks).
+Tensor bf16_input(Device dev) {
+  std::vector<float> v(32);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = -4.0f + 0.25f * static_cast<float>(i);
+  Tensor x = ops::from_vector(v, {4, 8}).to(DType::BF16);
+  return dev.is_cpu() ? x : Tensor::empty(x.shape(), DType::BF16, dev);
+}
+
+TEST(Dispatch, RegisteringABf16CpuKernelIsAllItTakesToRunNatively) {
+  Tensor x = bf16_input(Device::cpu());
+  // Without a bf16 kernel the f32 kernel runs on an f32 copy of x into an f32 buffer.
+  Tensor converted;
+  MemStats conv = measure(Device::cpu(), [&] { converted = ops::silu(x); });
+  EXPECT_EQ(conv.peak[kTemps], 2 * 32 * 4) << "f32 copy of x and f32 output buffer";
+  EXPECT_FALSE(has_native_kernel<ActivationArgs<Op::Silu>>(Device::cpu(), DType::BF16));
+
+  g_bf16_silu_calls = 0;
+  ScopedKernel<ActivationArgs<Op::Silu>> native(DeviceType::CPU, DType::BF16,
+                                                {.run = &silu_bf16_cpu});
+  EXPECT_TRUE(has_native_kernel<ActivationArgs<Op::Silu>>(Device::cpu(), DType::BF16));
+  Tensor y;
+  MemStats st = measure(Device::cpu(), [&] { y = ops::silu(x); });
+  EXPECT_EQ(g_bf16_silu_calls, 1);
+  EXPECT_EQ(st.peak[kTemps], 0) << "a native kernel needs no f32 conversion scratch";
+  EXPECT_EQ(y.dtype(), DType::BF16);
+  const auto a = y.to_float_vector(), b = converted.to_float_vector();
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
+
+  // The dry run asks the same table: no conversion charged on meta simulating the CPU either.
+  Simulate cpu(DeviceType::CPU);
+  Tensor xm = bf16_input(Device::meta());
+  MemStats dry = measure(Device::meta(), [&] { (void)ops::silu(xm); });
+  EXPECT_EQ(g_bf16_silu_calls, 1) << "meta runs no kernel";
+  EXPECT_EQ(dry.peak[kTemps], 0);
+}
+
+TEST(Dispatch, TheDryRunChargesTheConversionsTheSimulatedCpuMakes) {
+  Simulate cpu(DeviceType::CPU);
+  auto step = [](const Tensor& x, const Tensor& w, const Tensor& g) {
+    auto [h, rstd] = ops::rmsnorm(x, g, 1e-5);
+    return ops::linear(ops::silu(h), w, Tensor());
+  };
+  auto run_on = [&](Device dev) {
+    Tensor x = bf16_input(dev);
+    Tensor w = ops::ones({8, 8}, DType::BF16, dev), g = ops::ones({8}, DType::BF16, dev);
+    return measure(dev, [&] { (void)step(x, w, g); });
+  };
+  MemStats real = run_on(Device::cpu()), dry = run_on(Device::meta());
+  EXPECT_GT(real.peak[kTemps], 0);
+  EXPECT_EQ(dry.peak[kTemps], real.peak[kTemps]);
+  EXPECT_EQ(dry.num_allocs, real.num_allocs);
+}
+
+TEST(Dispatch, MetaSimulatingCudaTakesBf16Natively) {
+  Simulate cuda(DeviceType::CUDA);
+  EXPECT_TRUE(has_native_kernel<ActivationArgs<Op::Silu>>(Device::meta(), DType::BF16));
+  Tensor x = Tensor::empty({64, 64}, DType::BF16, Device::meta());
+  MemStats st = measure(Device::meta(), [&] { (void)ops::silu(x); });
+  EXPECT_EQ(st.peak[kTemps], 0);
+}
+
+TEST(Dispatch, NoKernelIsAClearError) {
+  Tensor x = ops::zeros({4}, DType::I32);
+  try {
+    (void)ops::silu(x);
+    FAIL() << "silu on i32 ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("[silu] no cpu kernel takes i32 tensors"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln::ops
