@@ -14,7 +14,7 @@
 #include "kernels/cuda/runtime.h"
 #include "models/data.h"
 #include "models/io/tokenizer.h"
-#include "models/param_count.h"
+#include "models/mfu.h"
 #include "tensor/caching_allocator.h"
 
 namespace kiln::models {
@@ -164,31 +164,6 @@ void set_attention_from_flag(const std::string& impl, std::string_view who) {
     fail("[{}] unknown attention '{}' (kiln or cudnn)", who, impl);
 }
 
-std::int64_t matmul_params(const ModelConfig& c) {
-  const ParamCount pc = count_params(c);
-  // The embedding figure holds the input table, an untied head and a learned position table;
-  // add the head back once.
-  return pc.total - pc.embedding + c.vocab_size * c.dim;
-}
-
-double train_flops_per_token(const ModelConfig& c, std::int64_t seq) {
-  const double n = static_cast<double>(matmul_params(c));
-  const double attn = 12.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.n_heads) *
-                      static_cast<double>(c.head_dim) * static_cast<double>(seq);
-  return 6.0 * n + attn;
-}
-
-double bf16_peak_tflops(std::string_view name) {
-  auto has = [&](std::string_view s) { return name.find(s) != std::string_view::npos; };
-  if (has("H100")) {
-    if (has("PCIe")) return 756.0;
-    if (has("NVL")) return 0.0;  // not in the table: its datasheet figure is per card pair
-    return 989.4;                // SXM: "NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"
-  }
-  if (has("H200")) return has("NVL") ? 0.0 : 989.4;  // "NVIDIA H200", "NVIDIA GH200 480GB"
-  return 0.0;
-}
-
 nlohmann::json TrainOptions::to_json() const {
   return {{"data", data_path},
           {"tokenizer", tokenizer},
@@ -301,7 +276,7 @@ TrainResult train(const TrainOptions& o, std::ostream& log) {
   res.flops_per_token = train_flops_per_token(cfg, o.seq);
   res.peak_tflops = o.peak_tflops > 0 ? o.peak_tflops : bf16_peak_tflops(res.device_name);
   auto mfu_of = [&](double tok_per_s) {
-    return res.peak_tflops > 0 ? tok_per_s * res.flops_per_token / (res.peak_tflops * 1e12) : 0.0;
+    return model_flops_utilization(tok_per_s, res.flops_per_token, res.peak_tflops);
   };
 
   log << fmt::format(

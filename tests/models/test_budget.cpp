@@ -20,6 +20,7 @@
 #include "kernels/cuda/runtime.h"
 #include "models/budget.h"
 #include "models/decoder.h"
+#include "models/mfu.h"
 #include "models/param_count.h"
 #include "models/trainer.h"
 #include "tensor/ops.h"
@@ -361,7 +362,7 @@ TEST(Budget, MeasuredOnCudaEqualsTheCudaDryRun) {
   }
 }
 
-// ---- MFU and devices (models/trainer.h) -------------------------------------------------------
+// ---- MFU (models/mfu.h) and devices (models/trainer.h) ------------------------------------------
 
 TEST(TrainerMfu, FlopsPerTokenFollowPalm) {
   // stories15M, tied: per layer 4·288² (attention) + 3·288·768 (MLP) + 2·288 (norms), 6
