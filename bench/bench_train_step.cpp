@@ -32,11 +32,11 @@
 #include <string>
 #include <vector>
 
+#include "apps/flags.h"
 #include "autograd/engine.h"
 #include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
 #include "models/mfu.h"
-#include "models/trainer.h"
 #include "nn/optim.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/memory.h"
@@ -234,9 +234,9 @@ int main(int argc, char** argv) {
     // build would not oversubscribe the cores either.
     omp_set_num_threads(st.threads);
     openblas_set_num_threads(st.threads);
-    st.device = models::resolve_device(device, "bench");
-    st.dtype = models::resolve_train_dtype(dtype, st.device);
-    models::set_attention_from_flag(attention, "bench");
+    st.device = apps::resolve_device(device, "bench");
+    st.dtype = apps::resolve_train_dtype(dtype, st.device);
+    apps::set_attention_from_flag(attention, "bench");
     const models::ModelConfig cfg = models::preset(st.preset);
     if (st.seq == 0) st.seq = cfg.max_seq_len;
     KILN_CHECK(st.seq > 0 && st.seq <= cfg.max_seq_len, "[bench] --seq {} must be in [1, {}]",

@@ -117,53 +117,6 @@ void load_device_checkpoint(const std::string& path, DecoderModel& model, nn::Ad
 
 }  // namespace
 
-Device resolve_device(const std::string& spec, std::string_view who) {
-  if (spec == "auto") {
-    if (cuda::device_count() > 0) {
-      cuda::set_device(0);
-      return Device::cuda(0);
-    }
-    return Device::cpu();
-  }
-  Device d;
-  try {
-    d = Device::parse(spec);
-  } catch (const Error&) {
-    fail("[{}] unknown device '{}' (auto, cpu, cuda or cuda:N)", who, spec);
-  }
-  KILN_CHECK(!d.is_meta(), "[{}] --device meta runs nothing; use cpu or cuda", who);
-  if (!d.is_cuda()) return d;
-  KILN_CHECK(cuda::compiled_with_cuda(),
-             "[{}] --device {}: this kiln was built without CUDA (configure with -DKILN_CUDA=ON); "
-             "use --device cpu",
-             who, spec);
-  const int n = cuda::device_count();
-  KILN_CHECK(n > 0,
-             "[{}] --device {}: no CUDA device found (no NVIDIA driver, or no GPU visible); use "
-             "--device cpu",
-             who, spec);
-  KILN_CHECK(d.index >= 0 && d.index < n, "[{}] --device {}: only {} CUDA device(s) visible", who,
-             spec, n);
-  cuda::set_device(d.index);
-  return d;
-}
-
-DType resolve_train_dtype(const std::string& spec, Device device) {
-  if (spec == "auto") return device.is_cuda() ? DType::BF16 : DType::F32;
-  if (spec == "f32" || spec == "fp32") return DType::F32;
-  if (spec == "bf16") return DType::BF16;
-  fail("[train] unknown dtype '{}' (auto, f32 or bf16)", spec);
-}
-
-void set_attention_from_flag(const std::string& impl, std::string_view who) {
-  if (impl == "kiln")
-    ops::set_attention_impl(ops::AttentionImpl::Kiln);
-  else if (impl == "cudnn")
-    ops::set_attention_impl(ops::AttentionImpl::Cudnn);
-  else
-    fail("[{}] unknown attention '{}' (kiln or cudnn)", who, impl);
-}
-
 nlohmann::json TrainOptions::to_json() const {
   return {{"data", data_path},
           {"tokenizer", tokenizer},
@@ -210,11 +163,8 @@ double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::
   return sum / static_cast<double>(std::max<std::int64_t>(n_batches, 1));
 }
 
-TrainResult train(const TrainOptions& o, std::ostream& log) {
+TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  const Device device = resolve_device(o.device, "train");
-  const DType dtype = resolve_train_dtype(o.dtype, device);
-  set_attention_from_flag(o.attention, "train");
   KILN_CHECK(o.peak_tflops >= 0, "[train] --peak-tflops must be >= 0");
   KILN_CHECK(o.steps > 0 && o.batch > 0 && o.seq > 0, "[train] steps, batch and seq must be > 0");
   KILN_CHECK(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr,

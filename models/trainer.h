@@ -14,7 +14,6 @@
 #include <optional>
 #include <ostream>
 #include <string>
-#include <string_view>
 
 #include "models/checkpoint.h"
 #include "tensor/memory.h"
@@ -25,6 +24,8 @@ struct TrainOptions {
   std::string data_path;
   std::string tokenizer = "char";  // char | byte | llama2c:PATH
   std::string preset = "shakespeare-char";
+  // --device, --dtype and --attention as given: recorded in the checkpoint's args. The run uses
+  // the Device, DType and attention kernel its caller resolved from them (apps/flags.h).
   std::string device = "auto";     // auto (cuda when a GPU is visible, else cpu) | cpu | cuda[:N]
   std::string dtype = "auto";      // auto (bf16 on cuda, f32 on cpu) | f32 | bf16
   std::string attention = "kiln";  // CUDA attention kernel: kiln | cudnn
@@ -75,20 +76,12 @@ struct TrainResult {
   std::string checkpoint;
 };
 
-TrainResult train(const TrainOptions& o, std::ostream& log);
+// Trains on `device` in `dtype` (bf16: f32 masters and moments), with whatever attention kernel
+// is set (ops::set_attention_impl).
+TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log);
 
 // Mean loss over n batches of the sampler's data (no grad), on the model's device.
 double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::int64_t batch,
                 std::int64_t seq, std::int64_t n_batches, std::uint64_t seed);
-
-// ---- devices, shared by the subcommands -----------------------------------------------------
-// "auto" (cuda:0 when a GPU is visible, else cpu), "cpu", "cuda", "cuda:N". Asking for CUDA
-// where there is none fails with a clear "[who] --device ...: ..." message (built without
-// CUDA, or no device found); a CUDA device is made current.
-Device resolve_device(const std::string& spec, std::string_view who);
-// "auto" (bf16 on CUDA, f32 elsewhere), "f32"/"fp32", "bf16".
-DType resolve_train_dtype(const std::string& spec, Device device);
-// "kiln" | "cudnn" -> ops::set_attention_impl; fails on anything else.
-void set_attention_from_flag(const std::string& impl, std::string_view who);
 
 }  // namespace kiln::models

@@ -25,7 +25,8 @@ fs::path temp_dir(const std::string& name) {
 
 // Deterministic pseudo-text with a few dozen distinct characters.
 std::string make_text(std::size_t n) {
-  const std::string words[] = {"the ", "king ", "and ", "queen ", "of ", "rome ", "said, ", "now.\n"};
+  const std::string words[] = {"the ", "king ", "and ",   "queen ",
+                               "of ",  "rome ", "said, ", "now.\n"};
   std::string s;
   std::uint32_t x = 12345;
   while (s.size() < n) {
@@ -53,6 +54,11 @@ models::TrainOptions tiny_options(const fs::path& dir) {
   return o;
 }
 
+// tiny_options' device ("cpu") and dtype ("auto": f32 on the CPU), as `kiln train` resolves them.
+models::TrainResult train(const models::TrainOptions& o, std::ostream& log) {
+  return models::train(o, Device::cpu(), DType::F32, log);
+}
+
 std::map<std::string, std::vector<float>> weights_of(const std::string& ckpt) {
   auto meta = models::read_checkpoint_meta(ckpt);
   models::DecoderModel m(meta.config, 0);
@@ -72,15 +78,15 @@ TEST(Training, ResumeIsBitExact) {
   std::ostringstream log;
 
   models::TrainOptions straight = tiny_options(a);
-  models::TrainResult r1 = models::train(straight, log);
+  models::TrainResult r1 = train(straight, log);
   ASSERT_EQ(r1.steps_done, 20);
 
   models::TrainOptions first = tiny_options(b);
   first.stop_at = 10;
-  ASSERT_EQ(models::train(first, log).steps_done, 10);
+  ASSERT_EQ(train(first, log).steps_done, 10);
   models::TrainOptions second = tiny_options(b);
   second.resume = true;
-  models::TrainResult r2 = models::train(second, log);
+  models::TrainResult r2 = train(second, log);
   ASSERT_EQ(r2.steps_done, 20);
 
   EXPECT_EQ(r1.final_train_loss, r2.final_train_loss);
@@ -101,7 +107,7 @@ TEST(Training, TruncatedCheckpointGivesClearError) {
   std::ostringstream log;
   models::TrainOptions o = tiny_options(d);
   o.steps = 2;
-  models::TrainResult r = models::train(o, log);
+  models::TrainResult r = train(o, log);
   std::string bytes;
   {
     std::ifstream f(r.checkpoint, std::ios::binary);
@@ -109,7 +115,8 @@ TEST(Training, TruncatedCheckpointGivesClearError) {
   }
   ASSERT_GT(bytes.size(), 1000u);
   fs::path cut = d / "cut.h5";
-  std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  std::ofstream(cut, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
   try {
     models::read_checkpoint_meta(cut.string());
     FAIL() << "a truncated checkpoint was accepted";
@@ -119,7 +126,7 @@ TEST(Training, TruncatedCheckpointGivesClearError) {
   // Resume from a corrupt ckpt.h5 fails cleanly too.
   fs::copy_file(cut, fs::path(o.out_dir) / "ckpt.h5", fs::copy_options::overwrite_existing);
   o.resume = true;
-  EXPECT_THROW(models::train(o, log), Error);
+  EXPECT_THROW(train(o, log), Error);
 }
 
 TEST(Training, SequenceLongerThanContextIsRejected) {
