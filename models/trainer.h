@@ -3,6 +3,11 @@
 // checkpoints and bit-exact resume; on the CPU or a CUDA device, with tokens/s
 // and model FLOPs utilization (MFU) per log line.
 //
+// A Trainer owns one run and splits it into its parts: step() is one optimizer
+// step on one batch and logs nothing, so a data-parallel trainer can put its
+// gradient all-reduce between backward and the update, and let only rank 0 call
+// log_step(), evaluate() and save(). run() is the whole loop; train() runs it.
+//
 // On CUDA the model, the optimizer state and each batch live on the device; the
 // default dtype there is bf16 (bf16 weights and activations, f32 master weights
 // and AdamW moments), f32 is the checking mode. Timers are read after a device
@@ -11,11 +16,17 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
+#include <memory>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "models/checkpoint.h"
+#include "models/data.h"
+#include "nn/optim.h"
 #include "tensor/memory.h"
 
 namespace kiln::models {
@@ -76,8 +87,75 @@ struct TrainResult {
   std::string checkpoint;
 };
 
-// Trains on `device` in `dtype` (bf16: f32 masters and moments), with whatever attention kernel
-// is set (ops::set_attention_impl).
+// One optimizer step: what its log line and its log.jsonl record show.
+struct StepStats {
+  std::int64_t step = 0;  // steps done after it: the number the log shows
+  double loss = 0;        // the batch's loss, before the update
+  double lr = 0;
+  double norm = 0;  // the global gradient norm, before clipping
+  double ms = 0;    // wall time, the device's work included
+  double tok_per_s = 0;
+  double mfu = 0;                 // 0 when the peak is unknown
+  bool timeline_written = false;  // its allocations went to TrainOptions::mem_timeline
+};
+
+class Trainer {
+ public:
+  // Reads and tokenizes the data, builds the model and AdamW on `device` in `dtype` (bf16: f32
+  // masters and moments), resumes from out_dir/ckpt.h5 when o.resume, and logs the run's header.
+  // The attention kernel is whatever ops::set_attention_impl set.
+  Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream& log);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One optimizer step on the next batch: forward, backward, clip, AdamW, timed from an idle
+  // device to an idle device. Logs nothing.
+  StepStats step();
+  // The step's log.jsonl record, its log line (the first step and every log_interval) and the
+  // progress bar.
+  void log_step(const StepStats& s);
+  // Mean loss over eval_batches of the held-out tail; keeps the best, logs a line and a record.
+  double evaluate();
+  // out_dir/ckpt.h5: weights, AdamW state, step and data position; with `final`, also
+  // out_dir/final.h5 (weights only).
+  void save(bool final = false);
+  // Loads out_dir/ckpt.h5 into the model and AdamW and continues at its step and data position.
+  void resume();
+  // Steps until `steps`, stop_at or the time limit, evaluating and checkpointing at their
+  // intervals; then a last evaluation, the memory figures and the final checkpoints.
+  TrainResult run();
+
+  const TrainState& state() const { return st_; }
+  DecoderModel& model() { return *model_; }
+
+ private:
+  void resume_from(const CheckpointMeta& meta);
+  void clear_progress();
+
+  TrainOptions o_;
+  Device device_;
+  std::ostream& log_;
+  std::string ckpt_path_, final_path_;
+  TokenSplit split_;  // the token vectors that the samplers view
+  TrainState st_;
+  std::unique_ptr<DecoderModel> model_;
+  std::unique_ptr<nn::AdamW> opt_;
+  std::optional<BatchSampler> sampler_;
+  // The last step's batch, freed when the next step starts or run()'s loop ends, as when the loop
+  // held it in a local: an evaluation between steps still adds to it in the Inputs peak, so the
+  // memory summary keeps its figures.
+  std::pair<Tensor, Tensor> batch_;
+  TrainResult res_;  // the run's constants (device, peak, ...); run() adds the outcome
+  std::ofstream jsonl_;
+  bool progress_ = false;
+  MemoryTracker& tracker_;
+  std::int64_t first_step_ = 0;  // the step this run started at: the one --mem-timeline records
+  double train_secs_ = 0;
+  double last_loss_ = 0;
+  std::int64_t tokens_done_ = 0;
+};
+
+// Trainer(o, device, dtype, log).run().
 TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log);
 
 // Mean loss over n batches of the sampler's data (no grad), on the model's device.
