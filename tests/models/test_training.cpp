@@ -2,6 +2,8 @@
 // and token-range errors, and the sampler.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -59,6 +61,15 @@ models::TrainResult train(const models::TrainOptions& o, std::ostream& log) {
   return models::train(o, Device::cpu(), DType::F32, log);
 }
 
+// Two run folders, name_a and name_b, with the same data.txt: one run each, to compare.
+std::pair<fs::path, fs::path> twin_dirs(const std::string& name) {
+  fs::path a = temp_dir(name + "_a"), b = temp_dir(name + "_b");
+  std::string text = make_text(20000);
+  std::ofstream(a / "data.txt") << text;
+  std::ofstream(b / "data.txt") << text;
+  return {a, b};
+}
+
 std::map<std::string, std::vector<float>> weights_of(const std::string& ckpt) {
   auto meta = models::read_checkpoint_meta(ckpt);
   models::DecoderModel m(meta.config, 0);
@@ -71,10 +82,7 @@ std::map<std::string, std::vector<float>> weights_of(const std::string& ckpt) {
 }  // namespace
 
 TEST(Training, ResumeIsBitExact) {
-  fs::path a = temp_dir("resume_a"), b = temp_dir("resume_b");
-  std::string text = make_text(20000);
-  std::ofstream(a / "data.txt") << text;
-  std::ofstream(b / "data.txt") << text;
+  auto [a, b] = twin_dirs("resume");
   std::ostringstream log;
 
   models::TrainOptions straight = tiny_options(a);
@@ -99,6 +107,34 @@ TEST(Training, ResumeIsBitExact) {
   }
   // Training did something: the loss fell below the uniform-guess value.
   EXPECT_LT(r1.final_train_loss, std::log(40.0));
+}
+
+// The Trainer's parts, called by hand as a data-parallel loop would, give run()'s weights; resume()
+// continues a Trainer from the checkpoint that save() wrote.
+TEST(Training, TrainerStepsByHandMatchRun) {
+  auto [a, b] = twin_dirs("by_hand");
+  std::ostringstream log;
+  models::TrainResult r = train(tiny_options(a), log);
+
+  double loss = 0;
+  {
+    models::Trainer t(tiny_options(b), Device::cpu(), DType::F32, log);
+    for (int i = 0; i < 10; ++i) {
+      models::StepStats s = t.step();
+      EXPECT_EQ(s.step, i + 1);
+      EXPECT_TRUE(std::isfinite(s.norm) && s.ms > 0 && s.tok_per_s > 0);
+    }
+    t.save();
+  }
+  models::Trainer t(tiny_options(b), Device::cpu(), DType::F32, log);
+  t.resume();
+  EXPECT_EQ(t.state().step, 10);
+  while (t.state().step < 20) loss = t.step().loss;
+  t.save(/*final=*/true);
+  EXPECT_EQ(loss, r.final_train_loss);
+  auto wa = weights_of(r.checkpoint), wb = weights_of((b / "run" / "final.h5").string());
+  for (auto& [name, va] : wa)
+    EXPECT_EQ(0, std::memcmp(va.data(), wb[name].data(), va.size() * sizeof(float))) << name;
 }
 
 TEST(Training, TruncatedCheckpointGivesClearError) {
