@@ -8,9 +8,9 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/flags.h"
 #include "models/budget.h"
 #include "models/param_count.h"
-#include "models/trainer.h"
 
 namespace kiln::apps {
 
@@ -64,7 +64,7 @@ Run add_budget_command(CLI::App &app) {
   return [o] {
     // Measuring needs the device; without --measure, --device cuda only picks the simulated
     // allocator, which needs no GPU.
-    const Device device = o->measure ? models::resolve_device(o->device, "budget") : [&] {
+    const Device device = o->measure ? resolve_device(o->device, "budget") : [&] {
       try {
         return Device::parse(o->device);
       } catch (const Error &) {

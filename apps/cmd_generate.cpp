@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "apps/commands.h"
+#include "apps/flags.h"
 #include "kernels/cuda/runtime.h"
 #include "models/generation_config.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/sampling.h"
-#include "models/trainer.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/memory.h"
 
@@ -85,8 +85,8 @@ models::LoadedModel load(const CommonOptions& o) {
   src.weights_seed = o.weights_seed;
   src.tokenizer = o.tokenizer;
   src.dtype = parse_dtype(o.dtype);
-  src.device = models::resolve_device(o.device, "generate");
-  models::set_attention_from_flag(o.attention, "generate");
+  src.device = resolve_device(o.device, "generate");
+  set_attention_from_flag(o.attention, "generate");
   KILN_CHECK(o.random_weights || !o.model.empty(),
              "[generate] give --model DIR|file.bin, or --random-weights --config config.json");
   KILN_CHECK(!(o.random_weights && !o.model.empty()),

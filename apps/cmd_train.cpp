@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/flags.h"
 #include "models/config.h"
 #include "models/trainer.h"
 
@@ -70,7 +71,10 @@ Run add_train_command(CLI::App& app) {
                  "Progress bar: 1 on, 0 off, -1 when stderr is a terminal")
       ->capture_default_str();
   return [o] {
-    models::TrainResult r = models::train(*o, std::cout);
+    const Device device = resolve_device(o->device, "train");
+    const DType dtype = resolve_train_dtype(o->dtype, device);
+    set_attention_from_flag(o->attention, "train");
+    models::TrainResult r = models::train(*o, device, dtype, std::cout);
     const std::string mfu =
         r.mfu > 0 ? fmt::format("MFU {:.1f}% of {:g} TFLOP/s", 100.0 * r.mfu, r.peak_tflops)
                   : std::string("MFU n/a: unknown peak, pass --peak-tflops");

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/flags.h"
 #include "kernels/cuda/runtime.h"
-#include "models/trainer.h"
 #include "tensor/ops.h"
 
 using namespace kiln;
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const Device dev = models::resolve_device(device, "bench_attention");
+    const Device dev = apps::resolve_device(device, "bench_attention");
     KILN_CHECK(dev.is_cuda(), "[bench_attention] needs a CUDA device, got {}", dev.str());
     const std::string card = cuda::device_info(dev.index).name;
     nlohmann::json summary = {{"bench", "attention_summary"}, {"card", card}, {"ratios", {}}};
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
                             {"fwd_flops", fwd_flops},
                             {"bwd_flops", bwd_flops}};
         try {
-          models::set_attention_from_flag(impl, "bench_attention");
+          apps::set_attention_from_flag(impl, "bench_attention");
           const Timing t = time_impl(q, k, v, dout, scale, iters, reps);
           const double fb = (fwd_flops + bwd_flops) / (t.fwd_s + t.bwd_s) / 1e12;
           j["fwd_ms"] = t.fwd_s * 1e3;
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
       if (tf[0] > 0 && tf[1] > 0)
         summary["ratios"][std::to_string(T)] = tf[0] / tf[1];  // kiln / cuDNN, fwd+bwd
     }
-    models::set_attention_from_flag("kiln", "bench_attention");
+    apps::set_attention_from_flag("kiln", "bench_attention");
     std::printf("%s\n", summary.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

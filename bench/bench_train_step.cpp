@@ -15,7 +15,7 @@
 //       out-of-memory error halves it). Memory: the tracker's allocated peak over the timed
 //       steps (what torch.cuda.max_memory_allocated reports for the peer), the allocator's
 //       reserved peak, and the driver's used memory with the runtime and unattributed rows.
-//       MFU = tok/s x (6N + 12 L H Dh T) / the bf16 dense peak (models/trainer.h).
+//       MFU = tok/s x (6N + 12 L H Dh T) / the bf16 dense peak (models/mfu.h).
 // Exit status 3: out of memory at the asked batch (JSON line with "oom": true).
 #include <cblas.h>
 #include <omp.h>
@@ -32,10 +32,11 @@
 #include <string>
 #include <vector>
 
+#include "apps/flags.h"
 #include "autograd/engine.h"
 #include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
-#include "models/trainer.h"
+#include "models/mfu.h"
 #include "nn/optim.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/memory.h"
@@ -167,7 +168,7 @@ nlohmann::json run(const Settings& st, std::int64_t batch) {
       {"matmul_params", models::matmul_params(cfg)},
       {"flops_per_token", flops_per_token},
       {"peak_tflops", peak},
-      {"mfu", peak > 0 ? round_to(tps * flops_per_token / (peak * 1e12), 1e4) : 0.0},
+      {"mfu", round_to(models::model_flops_utilization(tps, flops_per_token, peak), 1e4)},
       {"loss", round_to(loss, 1e4)},
       {"steps", st.steps},
       {"warmup", st.warmup},
@@ -233,9 +234,9 @@ int main(int argc, char** argv) {
     // build would not oversubscribe the cores either.
     omp_set_num_threads(st.threads);
     openblas_set_num_threads(st.threads);
-    st.device = models::resolve_device(device, "bench");
-    st.dtype = models::resolve_train_dtype(dtype, st.device);
-    models::set_attention_from_flag(attention, "bench");
+    st.device = apps::resolve_device(device, "bench");
+    st.dtype = apps::resolve_train_dtype(dtype, st.device);
+    apps::set_attention_from_flag(attention, "bench");
     const models::ModelConfig cfg = models::preset(st.preset);
     if (st.seq == 0) st.seq = cfg.max_seq_len;
     KILN_CHECK(st.seq > 0 && st.seq <= cfg.max_seq_len, "[bench] --seq {} must be in [1, {}]",

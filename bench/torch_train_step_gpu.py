@@ -14,7 +14,7 @@ Prints one JSON line:
 peak_bytes is torch.cuda.max_memory_allocated over the timed steps (reset after warm-up, as
 kiln's tracker is), peak_reserved_bytes the caching allocator's reserved peak, and
 driver_used_bytes the device's used memory (torch.cuda.mem_get_info) at the end, context
-included. MFU uses kiln's convention (models/trainer.h): 6N + 12 L H Dh T FLOPs per token.
+included. MFU uses kiln's convention (models/mfu.h): 6N + 12 L H Dh T FLOPs per token.
 
 --batch 0 searches the largest power of two <= --max-batch that runs (out-of-memory halves it).
 Example: python3 bench/torch_train_step_gpu.py --config stories42M --seq 1024 --batch 0 --compile
@@ -35,7 +35,7 @@ PRESETS = {
                         seq=1024),
 }
 
-# Dense bf16 peaks by device name, kiln's table (models/trainer.cpp).
+# Dense bf16 peaks by device name, kiln's table (models/mfu.cpp).
 def bf16_peak_tflops(name):
     if "H100" in name:
         if "PCIe" in name:

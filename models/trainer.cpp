@@ -14,7 +14,7 @@
 #include "kernels/cuda/runtime.h"
 #include "models/data.h"
 #include "models/io/tokenizer.h"
-#include "models/param_count.h"
+#include "models/mfu.h"
 #include "tensor/caching_allocator.h"
 
 namespace kiln::models {
@@ -115,79 +115,16 @@ void load_device_checkpoint(const std::string& path, DecoderModel& model, nn::Ad
   opt.step_count = h.opt->step_count;
 }
 
+// On --resume the checkpoint must exist and hold the optimizer state.
+CheckpointMeta read_resume_meta(const std::string& ckpt_path) {
+  KILN_CHECK(std::filesystem::exists(ckpt_path), "[train] --resume: no checkpoint at {}",
+             ckpt_path);
+  CheckpointMeta meta = read_checkpoint_meta(ckpt_path);
+  KILN_CHECK(meta.has_optimizer, "[train] {} holds no optimizer state", ckpt_path);
+  return meta;
+}
+
 }  // namespace
-
-Device resolve_device(const std::string& spec, std::string_view who) {
-  if (spec == "auto") {
-    if (cuda::device_count() > 0) {
-      cuda::set_device(0);
-      return Device::cuda(0);
-    }
-    return Device::cpu();
-  }
-  Device d;
-  try {
-    d = Device::parse(spec);
-  } catch (const Error&) {
-    fail("[{}] unknown device '{}' (auto, cpu, cuda or cuda:N)", who, spec);
-  }
-  KILN_CHECK(!d.is_meta(), "[{}] --device meta runs nothing; use cpu or cuda", who);
-  if (!d.is_cuda()) return d;
-  KILN_CHECK(cuda::compiled_with_cuda(),
-             "[{}] --device {}: this kiln was built without CUDA (configure with -DKILN_CUDA=ON); "
-             "use --device cpu",
-             who, spec);
-  const int n = cuda::device_count();
-  KILN_CHECK(n > 0,
-             "[{}] --device {}: no CUDA device found (no NVIDIA driver, or no GPU visible); use "
-             "--device cpu",
-             who, spec);
-  KILN_CHECK(d.index >= 0 && d.index < n, "[{}] --device {}: only {} CUDA device(s) visible", who,
-             spec, n);
-  cuda::set_device(d.index);
-  return d;
-}
-
-DType resolve_train_dtype(const std::string& spec, Device device) {
-  if (spec == "auto") return device.is_cuda() ? DType::BF16 : DType::F32;
-  if (spec == "f32" || spec == "fp32") return DType::F32;
-  if (spec == "bf16") return DType::BF16;
-  fail("[train] unknown dtype '{}' (auto, f32 or bf16)", spec);
-}
-
-void set_attention_from_flag(const std::string& impl, std::string_view who) {
-  if (impl == "kiln")
-    ops::set_attention_impl(ops::AttentionImpl::Kiln);
-  else if (impl == "cudnn")
-    ops::set_attention_impl(ops::AttentionImpl::Cudnn);
-  else
-    fail("[{}] unknown attention '{}' (kiln or cudnn)", who, impl);
-}
-
-std::int64_t matmul_params(const ModelConfig& c) {
-  const ParamCount pc = count_params(c);
-  // The embedding figure holds the input table, an untied head and a learned position table;
-  // add the head back once.
-  return pc.total - pc.embedding + c.vocab_size * c.dim;
-}
-
-double train_flops_per_token(const ModelConfig& c, std::int64_t seq) {
-  const double n = static_cast<double>(matmul_params(c));
-  const double attn = 12.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.n_heads) *
-                      static_cast<double>(c.head_dim) * static_cast<double>(seq);
-  return 6.0 * n + attn;
-}
-
-double bf16_peak_tflops(std::string_view name) {
-  auto has = [&](std::string_view s) { return name.find(s) != std::string_view::npos; };
-  if (has("H100")) {
-    if (has("PCIe")) return 756.0;
-    if (has("NVL")) return 0.0;  // not in the table: its datasheet figure is per card pair
-    return 989.4;                // SXM: "NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"
-  }
-  if (has("H200")) return has("NVL") ? 0.0 : 989.4;  // "NVIDIA H200", "NVIDIA GH200 480GB"
-  return 0.0;
-}
 
 nlohmann::json TrainOptions::to_json() const {
   return {{"data", data_path},
@@ -235,32 +172,25 @@ double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::
   return sum / static_cast<double>(std::max<std::int64_t>(n_batches, 1));
 }
 
-TrainResult train(const TrainOptions& o, std::ostream& log) {
+Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream& log)
+    : o_(o), device_(device), log_(log), tracker_(MemoryTracker::get(device.type)) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  const Device device = resolve_device(o.device, "train");
-  const DType dtype = resolve_train_dtype(o.dtype, device);
-  set_attention_from_flag(o.attention, "train");
   KILN_CHECK(o.peak_tflops >= 0, "[train] --peak-tflops must be >= 0");
   KILN_CHECK(o.steps > 0 && o.batch > 0 && o.seq > 0, "[train] steps, batch and seq must be > 0");
   KILN_CHECK(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr,
              "[train] need 0 <= min_lr <= lr, lr > 0");
   namespace fs = std::filesystem;
   fs::create_directories(o.out_dir);
-  const std::string ckpt_path = (fs::path(o.out_dir) / "ckpt.h5").string();
-  const std::string final_path = (fs::path(o.out_dir) / "final.h5").string();
+  ckpt_path_ = (fs::path(o.out_dir) / "ckpt.h5").string();
+  final_path_ = (fs::path(o.out_dir) / "final.h5").string();
 
   // Data and tokenizer. On resume the tokenizer comes from the checkpoint.
   std::string text = read_text_file(o.data_path);
   KILN_CHECK(!text.empty(), "[train] {} is empty", o.data_path);
   CheckpointMeta meta;
-  if (o.resume) {
-    KILN_CHECK(fs::exists(ckpt_path), "[train] --resume: no checkpoint at {}", ckpt_path);
-    meta = read_checkpoint_meta(ckpt_path);
-    KILN_CHECK(meta.has_optimizer, "[train] {} holds no optimizer state", ckpt_path);
-  }
+  if (o.resume) meta = read_resume_meta(ckpt_path_);
   auto tok = run_tokenizer(o.tokenizer, o.resume ? meta.state.tokenizer_data : "", text);
-  std::vector<std::int32_t> tokens = tok->encode(text, false, false);
-  TokenSplit split = split_tokens(tokens, 0.1);
+  split_ = split_tokens(tok->encode(text, false, false), 0.1);
 
   ModelConfig cfg = o.resume ? meta.config : preset(o.preset);
   if (!o.resume && (o.tokenizer == "char" || o.tokenizer == "byte"))
@@ -271,164 +201,195 @@ TrainResult train(const TrainOptions& o, std::ostream& log) {
   KILN_CHECK(o.seq <= cfg.max_seq_len, "[train] --seq {} exceeds the model's context of {}", o.seq,
              cfg.max_seq_len);
 
-  TrainState st;
-  st.model_seed = o.seed;
-  st.data_seed = o.seed + 1;
-  st.tokenizer_spec = o.tokenizer;
-  if (auto* ct = dynamic_cast<io::CharTokenizer*>(tok.get())) st.tokenizer_data = ct->serialize();
-  st.args = o.to_json();
-  st.best_val_loss = INFINITY;
+  st_.model_seed = o.seed;
+  st_.data_seed = o.seed + 1;
+  st_.tokenizer_spec = o.tokenizer;
+  if (auto* ct = dynamic_cast<io::CharTokenizer*>(tok.get())) st_.tokenizer_data = ct->serialize();
+  st_.args = o.to_json();
+  st_.best_val_loss = INFINITY;
 
-  DecoderModel model(cfg, o.seed, dtype, device);
-  model.recompute = o.recompute;
-  nn::AdamW opt(model.named_parameters(), {o.lr, o.beta1, o.beta2, 1e-8, o.weight_decay});
-  if (o.resume) {
-    if (device.is_cpu())
-      load_checkpoint(ckpt_path, model, &opt);
-    else
-      load_device_checkpoint(ckpt_path, model, opt);
-    st.step = meta.state.step;
-    st.data_position = meta.state.data_position;
-    st.data_seed = meta.state.data_seed;
-    st.best_val_loss = meta.state.best_val_loss;
-  }
-  BatchSampler sampler(split.train, o.batch, o.seq, st.data_seed, st.data_position);
+  model_ = std::make_unique<DecoderModel>(cfg, o.seed, dtype, device);
+  model_->recompute = o.recompute;
+  opt_ = std::make_unique<nn::AdamW>(
+      model_->named_parameters(), nn::AdamWOptions{o.lr, o.beta1, o.beta2, 1e-8, o.weight_decay});
+  if (o.resume)
+    resume_from(meta);
+  else
+    sampler_.emplace(split_.train, o.batch, o.seq, st_.data_seed, st_.data_position);
 
-  TrainResult res;
-  res.device = device.str();
-  res.dtype = std::string(dtype_name(dtype));
-  if (device.is_cuda()) res.device_name = cuda::device_info(device.index).name;
-  res.flops_per_token = train_flops_per_token(cfg, o.seq);
-  res.peak_tflops = o.peak_tflops > 0 ? o.peak_tflops : bf16_peak_tflops(res.device_name);
-  auto mfu_of = [&](double tok_per_s) {
-    return res.peak_tflops > 0 ? tok_per_s * res.flops_per_token / (res.peak_tflops * 1e12) : 0.0;
-  };
+  res_.device = device.str();
+  res_.dtype = std::string(dtype_name(dtype));
+  if (device.is_cuda()) res_.device_name = cuda::device_info(device.index).name;
+  res_.flops_per_token = train_flops_per_token(cfg, o.seq);
+  res_.peak_tflops = o.peak_tflops > 0 ? o.peak_tflops : bf16_peak_tflops(res_.device_name);
 
-  log << fmt::format(
+  log_ << fmt::format(
       "kiln train: {} | {} params | vocab {} | {} train / {} val tokens | batch {} x {} | {}\n",
-      cfg.name, with_commas(static_cast<double>(model.num_parameters())), cfg.vocab_size,
-      with_commas(static_cast<double>(split.train.size())),
-      with_commas(static_cast<double>(split.val.size())), o.batch, o.seq,
+      cfg.name, with_commas(static_cast<double>(model_->num_parameters())), cfg.vocab_size,
+      with_commas(static_cast<double>(split_.train.size())),
+      with_commas(static_cast<double>(split_.val.size())), o.batch, o.seq,
       device.is_cuda()
-          ? fmt::format("{} ({}), {}{}", device.str(), res.device_name, dtype_name(dtype),
+          ? fmt::format("{} ({}), {}{}", device.str(), res_.device_name, dtype_name(dtype),
                         dtype == DType::F32 ? "" : " (f32 masters and moments)")
           : fmt::format("cpu, {}, {} threads", dtype_name(dtype), omp_get_max_threads()));
-  log << fmt::format(
+  log_ << fmt::format(
       "MFU: {:.3g} GFLOP per token (6N + 12 L H Dh T, N = {} matmul params) over {}\n",
-      res.flops_per_token / 1e9, with_commas(static_cast<double>(matmul_params(cfg))),
-      res.peak_tflops > 0 ? fmt::format("a {:.1f} TFLOP/s bf16 peak", res.peak_tflops)
-                          : std::string("an unknown peak (pass --peak-tflops)"));
-  if (o.resume) log << fmt::format("resumed from {} at step {}\n", ckpt_path, st.step);
+      res_.flops_per_token / 1e9, with_commas(static_cast<double>(matmul_params(cfg))),
+      res_.peak_tflops > 0 ? fmt::format("a {:.1f} TFLOP/s bf16 peak", res_.peak_tflops)
+                           : std::string("an unknown peak (pass --peak-tflops)"));
+  if (o.resume) log_ << fmt::format("resumed from {} at step {}\n", ckpt_path_, st_.step);
 
-  std::ofstream jsonl((fs::path(o.out_dir) / "log.jsonl").string(),
-                      o.resume ? std::ios::app : std::ios::trunc);
-  bool progress = o.progress < 0 ? isatty(STDERR_FILENO) != 0 : o.progress != 0;
-  auto& tracker = MemoryTracker::get(device.type);
+  jsonl_.open((fs::path(o.out_dir) / "log.jsonl").string(),
+              o.resume ? std::ios::app : std::ios::trunc);
+  progress_ = o.progress < 0 ? isatty(STDERR_FILENO) != 0 : o.progress != 0;
+}
 
-  double train_secs = 0, last_loss = 0;
-  std::int64_t tokens_done = 0;
-  auto run_eval = [&](std::int64_t step) {
-    double val = evaluate(model, split.val, o.batch, o.seq, o.eval_batches, o.seed + 2);
-    st.best_val_loss = std::min(st.best_val_loss, val);
-    res.final_val_loss = val;
-    if (progress) fmt::print(stderr, "\r{}\r", std::string(80, ' '));
-    log << fmt::format("step {}/{} | val loss {:.4f} | best {:.4f} | {:.1f} s\n", step, o.steps,
-                       val, st.best_val_loss, train_secs);
-    jsonl << nlohmann::json{{"step", step}, {"val_loss", val}, {"time_s", train_secs}}.dump()
-          << '\n';
-    jsonl.flush();
-  };
+void Trainer::resume() { resume_from(read_resume_meta(ckpt_path_)); }
 
-  while (st.step < o.steps) {
-    if (o.stop_at > 0 && st.step >= o.stop_at) break;
-    if (o.time_limit_s > 0 && train_secs >= o.time_limit_s) {
-      log << fmt::format("time limit of {:.0f} s reached at step {}\n", o.time_limit_s, st.step);
+void Trainer::resume_from(const CheckpointMeta& meta) {
+  if (device_.is_cpu())
+    load_checkpoint(ckpt_path_, *model_, opt_.get());
+  else
+    load_device_checkpoint(ckpt_path_, *model_, *opt_);
+  st_.step = meta.state.step;
+  st_.data_position = meta.state.data_position;
+  st_.data_seed = meta.state.data_seed;
+  st_.best_val_loss = meta.state.best_val_loss;
+  first_step_ = st_.step;
+  sampler_.emplace(split_.train, o_.batch, o_.seq, st_.data_seed, st_.data_position);
+}
+
+StepStats Trainer::step() {
+  batch_ = {};  // the last step's (see batch_)
+  const bool record_timeline = !o_.mem_timeline.empty() && st_.step == first_step_;
+  if (record_timeline) {
+    tracker_.reset_peaks();
+    tracker_.set_timeline(true);
+  }
+  sync(device_);  // the timer starts when the device is idle
+  auto t0 = Clock::now();
+  StepStats s;
+  s.lr = nn::cosine_lr(st_.step, o_.warmup, o_.steps, o_.lr, o_.min_lr);
+  opt_->lr = s.lr;
+  batch_ = sampler_->next();
+  auto& [x, y] = batch_;
+  if (!device_.is_cpu()) {
+    MemoryScope inputs(MemCategory::Inputs);
+    x = x.to(device_);
+    y = y.to(device_);
+  }
+  Tensor loss;
+  {
+    MemoryScope scope(MemCategory::Activations);
+    PhaseScope phase(Phase::Forward);
+    loss = model_->loss(x, y);
+  }
+  backward(loss);
+  // Read after backward, so that on a GPU the host queues the backward pass while the
+  // forward still runs (item() waits for the device).
+  s.loss = loss.item();
+  loss = Tensor();
+  KILN_CHECK(std::isfinite(s.loss), "[train] loss became {} at step {}", s.loss, st_.step);
+  s.norm = nn::clip_grad_norm(model_->parameters(), o_.clip);
+  opt_->step();
+  opt_->zero_grad();
+  sync(device_);
+  st_.step++;
+  st_.data_position = sampler_->position();
+  if (record_timeline) {
+    tracker_.dump_timeline(o_.mem_timeline);
+    tracker_.set_timeline(false);
+    s.timeline_written = true;
+  }
+  s.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  train_secs_ += s.ms / 1000.0;
+  tokens_done_ += o_.batch * o_.seq;
+  last_loss_ = s.loss;
+  s.step = st_.step;
+  s.tok_per_s = static_cast<double>(o_.batch * o_.seq) / (s.ms / 1000.0);
+  s.mfu = model_flops_utilization(s.tok_per_s, res_.flops_per_token, res_.peak_tflops);
+  return s;
+}
+
+void Trainer::log_step(const StepStats& s) {
+  if (s.timeline_written)
+    log_ << fmt::format("memory timeline of step {} written to {}\n", s.step, o_.mem_timeline);
+  jsonl_ << nlohmann::json{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr},
+                           {"norm", s.norm}, {"ms", s.ms},     {"tok_per_s", s.tok_per_s},
+                           {"mfu", s.mfu}}
+                .dump()
+         << '\n';
+  if (s.step % o_.log_interval == 0 || s.step == 1) {
+    clear_progress();
+    log_ << fmt::format(
+        "step {}/{} | loss {:.4f} | lr {:.2e} | norm {:.2f} | {:.1f} ms | {} tok/s | MFU {}\n",
+        s.step, o_.steps, s.loss, s.lr, s.norm, s.ms, with_commas(s.tok_per_s), mfu_text(s.mfu));
+    log_.flush();
+  }
+  if (progress_) draw_progress(s.step, o_.steps, s.loss, train_secs_);
+}
+
+double Trainer::evaluate() {
+  const double val =
+      models::evaluate(*model_, split_.val, o_.batch, o_.seq, o_.eval_batches, o_.seed + 2);
+  st_.best_val_loss = std::min(st_.best_val_loss, val);
+  res_.final_val_loss = val;
+  clear_progress();
+  log_ << fmt::format("step {}/{} | val loss {:.4f} | best {:.4f} | {:.1f} s\n", st_.step, o_.steps,
+                      val, st_.best_val_loss, train_secs_);
+  jsonl_ << nlohmann::json{{"step", st_.step}, {"val_loss", val}, {"time_s", train_secs_}}.dump()
+         << '\n';
+  jsonl_.flush();
+  return val;
+}
+
+void Trainer::save(bool final) {
+  if (device_.is_cpu()) {
+    save_checkpoint(ckpt_path_, *model_, opt_.get(), st_);
+    if (final) save_checkpoint(final_path_, *model_, nullptr, st_);
+  } else {
+    save_device_checkpoint(ckpt_path_, final ? final_path_ : "", *model_, *opt_, st_);
+  }
+}
+
+TrainResult Trainer::run() {
+  while (st_.step < o_.steps) {
+    if (o_.stop_at > 0 && st_.step >= o_.stop_at) break;
+    if (o_.time_limit_s > 0 && train_secs_ >= o_.time_limit_s) {
+      log_ << fmt::format("time limit of {:.0f} s reached at step {}\n", o_.time_limit_s, st_.step);
       break;
     }
-    const bool record_timeline = !o.mem_timeline.empty() && st.step == meta.state.step;
-    if (record_timeline) {
-      tracker.reset_peaks();
-      tracker.set_timeline(true);
-    }
-    sync(device);  // the timer starts when the device is idle
-    auto t0 = Clock::now();
-    double lr = nn::cosine_lr(st.step, o.warmup, o.steps, o.lr, o.min_lr);
-    opt.lr = lr;
-    auto [x, y] = sampler.next();
-    if (!device.is_cpu()) {
-      MemoryScope inputs(MemCategory::Inputs);
-      x = x.to(device);
-      y = y.to(device);
-    }
-    Tensor loss;
-    {
-      MemoryScope scope(MemCategory::Activations);
-      PhaseScope phase(Phase::Forward);
-      loss = model.loss(x, y);
-    }
-    backward(loss);
-    // Read after backward, so that on a GPU the host queues the backward pass while the
-    // forward still runs (item() waits for the device).
-    last_loss = loss.item();
-    loss = Tensor();
-    KILN_CHECK(std::isfinite(last_loss), "[train] loss became {} at step {}", last_loss, st.step);
-    double norm = nn::clip_grad_norm(model.parameters(), o.clip);
-    opt.step();
-    opt.zero_grad();
-    sync(device);
-    st.step++;
-    st.data_position = sampler.position();
-    if (record_timeline) {
-      tracker.dump_timeline(o.mem_timeline);
-      tracker.set_timeline(false);
-      log << fmt::format("memory timeline of step {} written to {}\n", st.step, o.mem_timeline);
-    }
-    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    train_secs += ms / 1000.0;
-    tokens_done += o.batch * o.seq;
-    double tps = static_cast<double>(o.batch * o.seq) / (ms / 1000.0);
-    jsonl << nlohmann::json{{"step", st.step},   {"loss", last_loss}, {"lr", lr},
-                            {"norm", norm},      {"ms", ms},          {"tok_per_s", tps},
-                            {"mfu", mfu_of(tps)}}
-                 .dump()
-          << '\n';
-    if (st.step % o.log_interval == 0 || st.step == 1) {
-      if (progress) fmt::print(stderr, "\r{}\r", std::string(80, ' '));
-      log << fmt::format(
-          "step {}/{} | loss {:.4f} | lr {:.2e} | norm {:.2f} | {:.1f} ms | {} tok/s | MFU {}\n",
-          st.step, o.steps, last_loss, lr, norm, ms, with_commas(tps), mfu_text(mfu_of(tps)));
-      log.flush();
-    }
-    if (progress) draw_progress(st.step, o.steps, last_loss, train_secs);
-    if (o.eval_interval > 0 && st.step % o.eval_interval == 0) run_eval(st.step);
-    if (o.ckpt_interval > 0 && st.step % o.ckpt_interval == 0) {
-      if (device.is_cpu())
-        save_checkpoint(ckpt_path, model, &opt, st);
-      else
-        save_device_checkpoint(ckpt_path, "", model, opt, st);
-    }
+    log_step(step());
+    if (o_.eval_interval > 0 && st_.step % o_.eval_interval == 0) evaluate();
+    if (o_.ckpt_interval > 0 && st_.step % o_.ckpt_interval == 0) save();
   }
-  if (o.eval_interval <= 0 || st.step % o.eval_interval != 0) run_eval(st.step);
-  if (progress) fmt::print(stderr, "\r{}\r", std::string(80, ' '));
+  batch_ = {};
+  if (o_.eval_interval <= 0 || st_.step % o_.eval_interval != 0) evaluate();
+  clear_progress();
   // The memory figures of the training itself, before the checkpoint's copies.
-  sync(device);
-  res.memory = tracker.stats();
-  if (device.is_cuda()) res.device_memory = cuda_device_memory(device.index);
-  if (device.is_cpu()) {
-    save_checkpoint(ckpt_path, model, &opt, st);
-    save_checkpoint(final_path, model, nullptr, st);
-  } else {
-    save_device_checkpoint(ckpt_path, final_path, model, opt, st);
-  }
+  sync(device_);
+  res_.memory = tracker_.stats();
+  if (device_.is_cuda()) res_.device_memory = cuda_device_memory(device_.index);
+  save(/*final=*/true);
 
-  res.steps_done = st.step;
-  res.final_train_loss = last_loss;
-  res.best_val_loss = st.best_val_loss;
-  res.train_seconds = train_secs;
-  res.tokens_per_second = train_secs > 0 ? static_cast<double>(tokens_done) / train_secs : 0;
-  res.mfu = mfu_of(res.tokens_per_second);
-  res.checkpoint = final_path;
-  return res;
+  res_.steps_done = st_.step;
+  res_.final_train_loss = last_loss_;
+  res_.best_val_loss = st_.best_val_loss;
+  res_.train_seconds = train_secs_;
+  res_.tokens_per_second = train_secs_ > 0 ? static_cast<double>(tokens_done_) / train_secs_ : 0;
+  res_.mfu =
+      model_flops_utilization(res_.tokens_per_second, res_.flops_per_token, res_.peak_tflops);
+  res_.checkpoint = final_path_;
+  return res_;
+}
+
+// Erases the progress bar before a log line, so that the two do not share a terminal row.
+void Trainer::clear_progress() {
+  if (progress_) fmt::print(stderr, "\r{}\r", std::string(80, ' '));
+}
+
+TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log) {
+  return Trainer(o, device, dtype, log).run();
 }
 
 }  // namespace kiln::models

@@ -3,6 +3,11 @@
 // checkpoints and bit-exact resume; on the CPU or a CUDA device, with tokens/s
 // and model FLOPs utilization (MFU) per log line.
 //
+// A Trainer owns one run and splits it into its parts: step() is one optimizer
+// step on one batch and logs nothing, so a data-parallel trainer can put its
+// gradient all-reduce between backward and the update, and let only rank 0 call
+// log_step(), evaluate() and save(). run() is the whole loop; train() runs it.
+//
 // On CUDA the model, the optimizer state and each batch live on the device; the
 // default dtype there is bf16 (bf16 weights and activations, f32 master weights
 // and AdamW moments), f32 is the checking mode. Timers are read after a device
@@ -11,12 +16,17 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
+#include <memory>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
-#include <string_view>
+#include <utility>
 
 #include "models/checkpoint.h"
+#include "models/data.h"
+#include "nn/optim.h"
 #include "tensor/memory.h"
 
 namespace kiln::models {
@@ -25,6 +35,8 @@ struct TrainOptions {
   std::string data_path;
   std::string tokenizer = "char";  // char | byte | llama2c:PATH
   std::string preset = "shakespeare-char";
+  // --device, --dtype and --attention as given: recorded in the checkpoint's args. The run uses
+  // the Device, DType and attention kernel its caller resolved from them (apps/flags.h).
   std::string device = "auto";     // auto (cuda when a GPU is visible, else cpu) | cpu | cuda[:N]
   std::string dtype = "auto";      // auto (bf16 on cuda, f32 on cpu) | f32 | bf16
   std::string attention = "kiln";  // CUDA attention kernel: kiln | cudnn
@@ -75,40 +87,79 @@ struct TrainResult {
   std::string checkpoint;
 };
 
-TrainResult train(const TrainOptions& o, std::ostream& log);
+// One optimizer step: what its log line and its log.jsonl record show.
+struct StepStats {
+  std::int64_t step = 0;  // steps done after it: the number the log shows
+  double loss = 0;        // the batch's loss, before the update
+  double lr = 0;
+  double norm = 0;  // the global gradient norm, before clipping
+  double ms = 0;    // wall time, the device's work included
+  double tok_per_s = 0;
+  double mfu = 0;                 // 0 when the peak is unknown
+  bool timeline_written = false;  // its allocations went to TrainOptions::mem_timeline
+};
+
+class Trainer {
+ public:
+  // Reads and tokenizes the data, builds the model and AdamW on `device` in `dtype` (bf16: f32
+  // masters and moments), resumes from out_dir/ckpt.h5 when o.resume, and logs the run's header.
+  // The attention kernel is whatever ops::set_attention_impl set.
+  Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream& log);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One optimizer step on the next batch: forward, backward, clip, AdamW, timed from an idle
+  // device to an idle device. Logs nothing.
+  StepStats step();
+  // The step's log.jsonl record, its log line (the first step and every log_interval) and the
+  // progress bar.
+  void log_step(const StepStats& s);
+  // Mean loss over eval_batches of the held-out tail; keeps the best, logs a line and a record.
+  double evaluate();
+  // out_dir/ckpt.h5: weights, AdamW state, step and data position; with `final`, also
+  // out_dir/final.h5 (weights only).
+  void save(bool final = false);
+  // Loads out_dir/ckpt.h5 into the model and AdamW and continues at its step and data position.
+  void resume();
+  // Steps until `steps`, stop_at or the time limit, evaluating and checkpointing at their
+  // intervals; then a last evaluation, the memory figures and the final checkpoints.
+  TrainResult run();
+
+  const TrainState& state() const { return st_; }
+  DecoderModel& model() { return *model_; }
+
+ private:
+  void resume_from(const CheckpointMeta& meta);
+  void clear_progress();
+
+  TrainOptions o_;
+  Device device_;
+  std::ostream& log_;
+  std::string ckpt_path_, final_path_;
+  TokenSplit split_;  // the token vectors that the samplers view
+  TrainState st_;
+  std::unique_ptr<DecoderModel> model_;
+  std::unique_ptr<nn::AdamW> opt_;
+  std::optional<BatchSampler> sampler_;
+  // The last step's batch, freed when the next step starts or run()'s loop ends, as when the loop
+  // held it in a local: an evaluation between steps still adds to it in the Inputs peak, so the
+  // memory summary keeps its figures.
+  std::pair<Tensor, Tensor> batch_;
+  TrainResult res_;  // the run's constants (device, peak, ...); run() adds the outcome
+  std::ofstream jsonl_;
+  bool progress_ = false;
+  MemoryTracker& tracker_;
+  std::int64_t first_step_ = 0;  // the step this run started at: the one --mem-timeline records
+  double train_secs_ = 0;
+  double last_loss_ = 0;
+  std::int64_t tokens_done_ = 0;
+};
+
+// Trainer(o, device, dtype, log).run().
+TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log);
 
 // Mean loss over n batches of the sampler's data (no grad), on the model's device.
 double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::int64_t batch,
                 std::int64_t seq, std::int64_t n_batches, std::uint64_t seed);
-
-// ---- devices, shared by the subcommands -----------------------------------------------------
-// "auto" (cuda:0 when a GPU is visible, else cpu), "cpu", "cuda", "cuda:N". Asking for CUDA
-// where there is none fails with a clear "[who] --device ...: ..." message (built without
-// CUDA, or no device found); a CUDA device is made current.
-Device resolve_device(const std::string& spec, std::string_view who);
-// "auto" (bf16 on CUDA, f32 elsewhere), "f32"/"fp32", "bf16".
-DType resolve_train_dtype(const std::string& spec, Device device);
-// "kiln" | "cudnn" -> ops::set_attention_impl; fails on anything else.
-void set_attention_from_flag(const std::string& impl, std::string_view who);
-
-// ---- model FLOPs utilization ------------------------------------------------------------------
-// Training FLOPs per token, PaLM's convention (Chowdhery et al. 2022, appendix B):
-//     6·N + 12·L·H·Dh·T
-// N: the parameters that take part in a matmul: every parameter except the input embedding
-//    table (and a learned position table), with the LM head counted once, whether tied to the
-//    embedding or not (its V·C product runs either way). 6·N = 2 (multiply-add) x 3 (forward,
-//    and backward's two products) per parameter.
-// 12·L·H·Dh·T: the attention products QK^T and AV (2·2·T·H·Dh per token and layer forward,
-//    x3 with backward), with the full T: the causal mask's halving is not discounted, as PaLM
-//    and nanoGPT count.
-// Norms, activations, softmax, RoPE and the loss are not counted (the convention's choice).
-double train_flops_per_token(const ModelConfig& c, std::int64_t seq);
-// N above.
-std::int64_t matmul_params(const ModelConfig& c);
-// Dense bf16 tensor-core peak in TFLOP/s by CUDA device name, from NVIDIA's datasheets
-// (without sparsity): H100 SXM 989.4, H100 PCIe 756, H200 (and GH200) 989.4. 0 when the name
-// is not in the table: pass --peak-tflops then. MFU = tokens/s · flops/token / peak, also in
-// f32 mode (the bf16 peak stays the reference).
-double bf16_peak_tflops(std::string_view device_name);
 
 }  // namespace kiln::models

@@ -20,8 +20,8 @@
 #include "kernels/cuda/runtime.h"
 #include "models/budget.h"
 #include "models/decoder.h"
+#include "models/mfu.h"
 #include "models/param_count.h"
-#include "models/trainer.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tests/run_kiln.h"
@@ -364,7 +364,7 @@ TEST(Budget, MeasuredOnCudaEqualsTheCudaDryRun) {
   }
 }
 
-// ---- MFU and devices (models/trainer.h) -------------------------------------------------------
+// ---- MFU (models/mfu.h) -------------------------------------------------------------------------
 
 TEST(TrainerMfu, FlopsPerTokenFollowPalm) {
   // stories15M, tied: per layer 4·288² (attention) + 3·288·768 (MLP) + 2·288 (norms), 6
@@ -397,34 +397,4 @@ TEST(TrainerMfu, PeakTableByDeviceName) {
   EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA H100 NVL"), 0.0);
   EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA A100-SXM4-80GB"), 0.0);
   EXPECT_DOUBLE_EQ(bf16_peak_tflops(""), 0.0);
-}
-
-TEST(TrainerMfu, DevicesAndDtypes) {
-  EXPECT_EQ(resolve_device("cpu", "train"), Device::cpu());
-  EXPECT_EQ(resolve_train_dtype("auto", Device::cpu()), DType::F32);
-  EXPECT_EQ(resolve_train_dtype("auto", Device::cuda()), DType::BF16);
-  EXPECT_EQ(resolve_train_dtype("fp32", Device::cuda()), DType::F32);
-  EXPECT_THROW(resolve_train_dtype("f16", Device::cpu()), Error);
-  EXPECT_THROW(resolve_device("meta", "train"), Error);
-  EXPECT_THROW(resolve_device("tpu", "train"), Error);
-  EXPECT_THROW(set_attention_from_flag("flash", "train"), Error);
-  set_attention_from_flag("cudnn", "train");
-  EXPECT_EQ(ops::attention_impl(), ops::AttentionImpl::Cudnn);
-  set_attention_from_flag("kiln", "train");
-  EXPECT_EQ(ops::attention_impl(), ops::AttentionImpl::Kiln);
-  if (cuda::device_count() == 0) {
-    EXPECT_EQ(resolve_device("auto", "train"), Device::cpu());
-    try {
-      resolve_device("cuda", "train");
-      ADD_FAILURE() << "expected an error";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_EQ(msg.rfind("[train] --device cuda: ", 0), 0u) << msg;
-      EXPECT_NE(msg.find("use --device cpu"), std::string::npos) << msg;
-    }
-  } else {
-    EXPECT_EQ(resolve_device("auto", "train"), Device::cuda(0));
-    EXPECT_EQ(resolve_device("cuda:0", "train"), Device::cuda(0));
-    EXPECT_THROW(resolve_device("cuda:" + std::to_string(cuda::device_count()), "train"), Error);
-  }
 }

@@ -2,6 +2,8 @@
 // and token-range errors, and the sampler.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -25,7 +27,8 @@ fs::path temp_dir(const std::string& name) {
 
 // Deterministic pseudo-text with a few dozen distinct characters.
 std::string make_text(std::size_t n) {
-  const std::string words[] = {"the ", "king ", "and ", "queen ", "of ", "rome ", "said, ", "now.\n"};
+  const std::string words[] = {"the ", "king ", "and ",   "queen ",
+                               "of ",  "rome ", "said, ", "now.\n"};
   std::string s;
   std::uint32_t x = 12345;
   while (s.size() < n) {
@@ -53,6 +56,20 @@ models::TrainOptions tiny_options(const fs::path& dir) {
   return o;
 }
 
+// tiny_options' device ("cpu") and dtype ("auto": f32 on the CPU), as `kiln train` resolves them.
+models::TrainResult train(const models::TrainOptions& o, std::ostream& log) {
+  return models::train(o, Device::cpu(), DType::F32, log);
+}
+
+// Two run folders, name_a and name_b, with the same data.txt: one run each, to compare.
+std::pair<fs::path, fs::path> twin_dirs(const std::string& name) {
+  fs::path a = temp_dir(name + "_a"), b = temp_dir(name + "_b");
+  std::string text = make_text(20000);
+  std::ofstream(a / "data.txt") << text;
+  std::ofstream(b / "data.txt") << text;
+  return {a, b};
+}
+
 std::map<std::string, std::vector<float>> weights_of(const std::string& ckpt) {
   auto meta = models::read_checkpoint_meta(ckpt);
   models::DecoderModel m(meta.config, 0);
@@ -65,22 +82,19 @@ std::map<std::string, std::vector<float>> weights_of(const std::string& ckpt) {
 }  // namespace
 
 TEST(Training, ResumeIsBitExact) {
-  fs::path a = temp_dir("resume_a"), b = temp_dir("resume_b");
-  std::string text = make_text(20000);
-  std::ofstream(a / "data.txt") << text;
-  std::ofstream(b / "data.txt") << text;
+  auto [a, b] = twin_dirs("resume");
   std::ostringstream log;
 
   models::TrainOptions straight = tiny_options(a);
-  models::TrainResult r1 = models::train(straight, log);
+  models::TrainResult r1 = train(straight, log);
   ASSERT_EQ(r1.steps_done, 20);
 
   models::TrainOptions first = tiny_options(b);
   first.stop_at = 10;
-  ASSERT_EQ(models::train(first, log).steps_done, 10);
+  ASSERT_EQ(train(first, log).steps_done, 10);
   models::TrainOptions second = tiny_options(b);
   second.resume = true;
-  models::TrainResult r2 = models::train(second, log);
+  models::TrainResult r2 = train(second, log);
   ASSERT_EQ(r2.steps_done, 20);
 
   EXPECT_EQ(r1.final_train_loss, r2.final_train_loss);
@@ -95,13 +109,41 @@ TEST(Training, ResumeIsBitExact) {
   EXPECT_LT(r1.final_train_loss, std::log(40.0));
 }
 
+// The Trainer's parts, called by hand as a data-parallel loop would, give run()'s weights; resume()
+// continues a Trainer from the checkpoint that save() wrote.
+TEST(Training, TrainerStepsByHandMatchRun) {
+  auto [a, b] = twin_dirs("by_hand");
+  std::ostringstream log;
+  models::TrainResult r = train(tiny_options(a), log);
+
+  double loss = 0;
+  {
+    models::Trainer t(tiny_options(b), Device::cpu(), DType::F32, log);
+    for (int i = 0; i < 10; ++i) {
+      models::StepStats s = t.step();
+      EXPECT_EQ(s.step, i + 1);
+      EXPECT_TRUE(std::isfinite(s.norm) && s.ms > 0 && s.tok_per_s > 0);
+    }
+    t.save();
+  }
+  models::Trainer t(tiny_options(b), Device::cpu(), DType::F32, log);
+  t.resume();
+  EXPECT_EQ(t.state().step, 10);
+  while (t.state().step < 20) loss = t.step().loss;
+  t.save(/*final=*/true);
+  EXPECT_EQ(loss, r.final_train_loss);
+  auto wa = weights_of(r.checkpoint), wb = weights_of((b / "run" / "final.h5").string());
+  for (auto& [name, va] : wa)
+    EXPECT_EQ(0, std::memcmp(va.data(), wb[name].data(), va.size() * sizeof(float))) << name;
+}
+
 TEST(Training, TruncatedCheckpointGivesClearError) {
   fs::path d = temp_dir("truncated");
   std::ofstream(d / "data.txt") << make_text(8000);
   std::ostringstream log;
   models::TrainOptions o = tiny_options(d);
   o.steps = 2;
-  models::TrainResult r = models::train(o, log);
+  models::TrainResult r = train(o, log);
   std::string bytes;
   {
     std::ifstream f(r.checkpoint, std::ios::binary);
@@ -109,7 +151,8 @@ TEST(Training, TruncatedCheckpointGivesClearError) {
   }
   ASSERT_GT(bytes.size(), 1000u);
   fs::path cut = d / "cut.h5";
-  std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  std::ofstream(cut, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
   try {
     models::read_checkpoint_meta(cut.string());
     FAIL() << "a truncated checkpoint was accepted";
@@ -119,7 +162,7 @@ TEST(Training, TruncatedCheckpointGivesClearError) {
   // Resume from a corrupt ckpt.h5 fails cleanly too.
   fs::copy_file(cut, fs::path(o.out_dir) / "ckpt.h5", fs::copy_options::overwrite_existing);
   o.resume = true;
-  EXPECT_THROW(models::train(o, log), Error);
+  EXPECT_THROW(train(o, log), Error);
 }
 
 TEST(Training, SequenceLongerThanContextIsRejected) {
