@@ -88,12 +88,12 @@ struct RopeNode final : Node {
   void release() override { cos = sin = Tensor(); }
 };
 
-struct ActNode final : Node {
+struct ActivationNode final : Node {
   Tensor x;
-  bool is_gelu;
-  std::string_view name() const override { return is_gelu ? "gelu" : "silu"; }
+  Op op;
+  std::string_view name() const override { return op_name(op); }
   std::vector<Tensor> backward(std::vector<Tensor>& g) override {
-    return {is_gelu ? ops::gelu_backward(x, g[0]) : ops::silu_backward(x, g[0])};
+    return {ops::activation_backward(op, x, g[0])};
   }
   void release() override { x = Tensor(); }
 };
@@ -241,21 +241,12 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle sty
   return record(y, n, {&x});
 }
 
-Tensor silu(const Tensor& x) {
-  Tensor y = ops::silu(x);
+Tensor activation(Op op, const Tensor& x) {
+  Tensor y = ops::activation(op, x);
   if (!needs_grad({&x})) return y;
-  auto n = std::make_shared<ActNode>();
+  auto n = std::make_shared<ActivationNode>();
   n->x = x;
-  n->is_gelu = false;
-  return record(y, n, {&x});
-}
-
-Tensor gelu(const Tensor& x) {
-  Tensor y = ops::gelu(x);
-  if (!needs_grad({&x})) return y;
-  auto n = std::make_shared<ActNode>();
-  n->x = x;
-  n->is_gelu = true;
+  n->op = op;
   return record(y, n, {&x});
 }
 

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <string_view>
+#include <utility>
 
 namespace kiln {
 
@@ -70,6 +71,27 @@ inline constexpr std::array<OpInfo, static_cast<std::size_t>(Op::Count)> kOpList
 constexpr std::string_view op_name(Op op) { return kOpList[static_cast<std::size_t>(op)].name; }
 constexpr std::string_view op_backward_name(Op op) {
   return kOpList[static_cast<std::size_t>(op)].backward;
+}
+
+// The pointwise activations, y = act(x) and dx = dy act'(x). One kernel template per backend
+// runs each from its scalar math (kernels/common/activation_math.h: act::Math<op>), and the
+// dispatcher, front end, autograd and tests iterate this list: a new activation is its rows here
+// and its math there (docs/adding_an_op.md).
+inline constexpr std::array kActivations = {Op::Silu, Op::Gelu};
+
+constexpr bool is_activation(Op op) {
+  for (Op a : kActivations)
+    if (a == op) return true;
+  return false;
+}
+
+// Calls f.template operator()<O>() for every activation O, in list order.
+template <class F>
+constexpr void for_each_activation(F&& f) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (f.template operator()<kActivations[I]>(), ...);
+  }
+  (std::make_index_sequence<kActivations.size()>{});
 }
 
 }  // namespace kiln

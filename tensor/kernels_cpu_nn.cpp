@@ -154,27 +154,23 @@ struct RopeCpu {
   }
 };
 
-// Pointwise activations: forward F(n, x, y), backward B(n, x, dy, dx).
-template <Op O, class T, void (*F)(int64_t, const T*, T*)>
+// The pointwise activations (kernels/op_list.h: kActivations), one glue for all.
+template <Op O>
 struct ActivationCpu {
-  static void run(ActivationArgs<O>& a) {
-    F(a.x.numel(), a.x.template data<T>(), a.y.template data<T>());
-  }
+  template <class T>
+  struct Forward {
+    static void run(ActivationArgs<O>& a) {
+      kc::activation_forward<T>(O, a.x.numel(), a.x.template data<T>(), a.y.template data<T>());
+    }
+  };
+  template <class T>
+  struct Backward {
+    static void run(ActivationBackwardArgs<O>& a) {
+      kc::activation_backward<T>(O, a.x.numel(), a.x.template data<T>(), a.dy.template data<T>(),
+                                 a.dx.template data<T>());
+    }
+  };
 };
-template <Op O, class T, void (*B)(int64_t, const T*, const T*, T*)>
-struct ActivationBackwardCpu {
-  static void run(ActivationBackwardArgs<O>& a) {
-    B(a.x.numel(), a.x.template data<T>(), a.dy.template data<T>(), a.dx.template data<T>());
-  }
-};
-template <class T>
-using SiluCpu = ActivationCpu<Op::Silu, T, &kc::silu_forward<T>>;
-template <class T>
-using SiluBackwardCpu = ActivationBackwardCpu<Op::Silu, T, &kc::silu_backward<T>>;
-template <class T>
-using GeluCpu = ActivationCpu<Op::Gelu, T, &kc::gelu_tanh_forward<T>>;
-template <class T>
-using GeluBackwardCpu = ActivationBackwardCpu<Op::Gelu, T, &kc::gelu_tanh_backward<T>>;
 
 template <class T>
 struct SwiGluCpu {
@@ -318,10 +314,10 @@ void register_nn() {
       {.scratch = &layernorm_backward_scratch});
   register_float<RopeTablesArgs, RopeTablesCpu>();
   register_float<RopeArgs, RopeCpu>();
-  register_float<ActivationArgs<Op::Silu>, SiluCpu>();
-  register_float<ActivationBackwardArgs<Op::Silu>, SiluBackwardCpu>();
-  register_float<ActivationArgs<Op::Gelu>, GeluCpu>();
-  register_float<ActivationBackwardArgs<Op::Gelu>, GeluBackwardCpu>();
+  for_each_activation([&]<Op O>() {
+    register_float<ActivationArgs<O>, ActivationCpu<O>::template Forward>();
+    register_float<ActivationBackwardArgs<O>, ActivationCpu<O>::template Backward>();
+  });
   register_float<SwiGluArgs, SwiGluCpu>();
   register_float<SwiGluBackwardArgs, SwiGluBackwardCpu>();
   register_float<AttentionArgs, AttentionCpu>({.accepts = &attention_accepts});

@@ -341,45 +341,26 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle style
 
 // ---- activations ------------------------------------------------------------------------------
 
-void silu(const Tensor& x, Tensor& y) {
-  check_cuda("silu", {&x, &y});
-  check_out("silu", y, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), "silu", [&](auto tag) {
+void activation(Op op, const Tensor& x, Tensor& y) {
+  const char* name = op_name(op).data();
+  check_cuda(name, {&x, &y});
+  check_out(name, y, x.dtype(), x.numel());
+  dispatch_float(x.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const Tensor cx = dense_as(x, x.dtype());
-    cuda::silu_forward<T>(x.numel(), cx.data<T>(), y.data<T>(), kStream);
+    cuda::activation_forward<T>(op, x.numel(), cx.data<T>(), y.data<T>(), kStream);
   });
 }
 
-void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  check_cuda("silu_backward", {&x, &dy, &dx});
-  KILN_CHECK(x.shape() == dy.shape(), "[silu_backward] x and dy shapes differ");
-  check_out("silu_backward", dx, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), "silu_backward", [&](auto tag) {
+void activation_backward(Op op, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const char* name = op_backward_name(op).data();
+  check_cuda(name, {&x, &dy, &dx});
+  KILN_CHECK(x.shape() == dy.shape(), "[{}] x and dy shapes differ", name);
+  check_out(name, dx, x.dtype(), x.numel());
+  dispatch_float(x.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const Tensor cx = dense_as(x, x.dtype()), cdy = dense_as(dy, x.dtype());
-    cuda::silu_backward<T>(x.numel(), cx.data<T>(), cdy.data<T>(), dx.data<T>(), kStream);
-  });
-}
-
-void gelu(const Tensor& x, Tensor& y) {
-  check_cuda("gelu", {&x, &y});
-  check_out("gelu", y, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), "gelu", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor cx = dense_as(x, x.dtype());
-    cuda::gelu_forward<T>(x.numel(), cx.data<T>(), y.data<T>(), kStream);
-  });
-}
-
-void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  check_cuda("gelu_backward", {&x, &dy, &dx});
-  KILN_CHECK(x.shape() == dy.shape(), "[gelu_backward] x and dy shapes differ");
-  check_out("gelu_backward", dx, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), "gelu_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor cx = dense_as(x, x.dtype()), cdy = dense_as(dy, x.dtype());
-    cuda::gelu_backward<T>(x.numel(), cx.data<T>(), cdy.data<T>(), dx.data<T>(), kStream);
+    cuda::activation_backward<T>(op, x.numel(), cx.data<T>(), cdy.data<T>(), dx.data<T>(), kStream);
   });
 }
 

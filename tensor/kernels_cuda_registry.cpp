@@ -102,10 +102,14 @@ void rope_tables_cuda(RopeTablesArgs& a) {
 void rope_cuda(RopeArgs& a) {
   co::rope(a.x, a.cos, a.sin, a.style, a.pos_offset, a.backward, a.out);
 }
-void silu_cuda(ActivationArgs<Op::Silu>& a) { co::silu(a.x, a.y); }
-void silu_backward_cuda(ActivationBackwardArgs<Op::Silu>& a) { co::silu_backward(a.x, a.dy, a.dx); }
-void gelu_cuda(ActivationArgs<Op::Gelu>& a) { co::gelu(a.x, a.y); }
-void gelu_backward_cuda(ActivationBackwardArgs<Op::Gelu>& a) { co::gelu_backward(a.x, a.dy, a.dx); }
+template <Op O>
+void activation_cuda(ActivationArgs<O>& a) {
+  co::activation(O, a.x, a.y);
+}
+template <Op O>
+void activation_backward_cuda(ActivationBackwardArgs<O>& a) {
+  co::activation_backward(O, a.x, a.dy, a.dx);
+}
 void swiglu_cuda(SwiGluArgs& a) { co::swiglu(a.gate, a.up, a.out); }
 void swiglu_backward_cuda(SwiGluBackwardArgs& a) {
   co::swiglu_backward(a.gate, a.up, a.dout, a.dgate, a.dup);
@@ -182,10 +186,10 @@ void register_cuda_kernels() {
                                        {.layout = S, .scratch = &layernorm_backward_scratch});
   register_cuda<RopeTablesArgs>(&rope_tables_cuda, {DType::F32}, {.layout = S});
   register_cuda<RopeArgs>(&rope_cuda, kFloat, {.layout = S});
-  register_cuda<ActivationArgs<Op::Silu>>(&silu_cuda, kFloat, {.layout = S});
-  register_cuda<ActivationBackwardArgs<Op::Silu>>(&silu_backward_cuda, kFloat, {.layout = S});
-  register_cuda<ActivationArgs<Op::Gelu>>(&gelu_cuda, kFloat, {.layout = S});
-  register_cuda<ActivationBackwardArgs<Op::Gelu>>(&gelu_backward_cuda, kFloat, {.layout = S});
+  for_each_activation([&]<Op O>() {
+    register_cuda<ActivationArgs<O>>(&activation_cuda<O>, kFloat, {.layout = S});
+    register_cuda<ActivationBackwardArgs<O>>(&activation_backward_cuda<O>, kFloat, {.layout = S});
+  });
   register_cuda<SwiGluArgs>(&swiglu_cuda, kFloat, {.layout = S});
   register_cuda<SwiGluBackwardArgs>(&swiglu_backward_cuda, kFloat, {.layout = S});
   register_cuda<AttentionArgs>(&attention_cuda, kFloat,

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "kernels/op_list.h"
 #include "tensor/kernel_table.h"
@@ -580,18 +581,26 @@ struct SgdArgs {  // param, grad (and momentum_buf when defined): contiguous f32
 };
 
 // Every kernel op, for the coverage tests: each must have a CPU kernel, and a CUDA kernel in a
-// CUDA build.
+// CUDA build. The activations' come from kernels/op_list.h (kActivations).
 template <class... A>
 struct KernelList {};
-using AllKernels =
+
+namespace detail {
+template <class... A, class... B>
+KernelList<A..., B...> concat(KernelList<A...>, KernelList<B...>);
+template <std::size_t... I>
+KernelList<ActivationArgs<kActivations[I]>..., ActivationBackwardArgs<kActivations[I]>...>
+    activation_kernels(std::index_sequence<I...>);
+}  // namespace detail
+
+using AllKernels = decltype(detail::concat(
     KernelList<CopyArgs, FillArgs, RandomArgs, BinaryArgs, UnaryArgs, AffineArgs, AxpyArgs,
                ScaleArgs, ReduceArgs, ArgmaxArgs, SumAllArgs, SumSquaresArgs, GemmArgs, MatmulArgs,
                LinearArgs, SoftmaxArgs, SoftmaxBackwardArgs, EmbeddingArgs, EmbeddingBackwardArgs,
                RmsNormArgs, RmsNormBackwardArgs, LayerNormArgs, LayerNormBackwardArgs,
-               RopeTablesArgs, RopeArgs, ActivationArgs<Op::Silu>, ActivationBackwardArgs<Op::Silu>,
-               ActivationArgs<Op::Gelu>, ActivationBackwardArgs<Op::Gelu>, SwiGluArgs,
-               SwiGluBackwardArgs, AttentionArgs, AttentionBackwardArgs, CrossEntropyArgs,
-               CrossEntropyBackwardArgs, DropoutArgs, DropoutBackwardArgs, AdamWArgs,
-               AdamWMultiArgs, SgdArgs>;
+               RopeTablesArgs, RopeArgs, SwiGluArgs, SwiGluBackwardArgs, AttentionArgs,
+               AttentionBackwardArgs, CrossEntropyArgs, CrossEntropyBackwardArgs, DropoutArgs,
+               DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs>{},
+    detail::activation_kernels(std::make_index_sequence<kActivations.size()>{})));
 
 }  // namespace kiln::ops

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/op_list.h"
 #include "tensor/random.h"
 #include "tensor/tensor.h"
 
@@ -90,8 +91,8 @@ Tensor rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, co
                         Tensor* dw);
 std::tuple<Tensor, Tensor, Tensor> layernorm(const Tensor& x, const Tensor& w, const Tensor& b,
                                              double eps);  // y, mean, rstd
-Tensor layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
-                          const Tensor& rstd, const Tensor& dy, Tensor* dw, Tensor* db);
+Tensor layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                          const Tensor& dy, Tensor* dw, Tensor* db);
 
 enum class RopeStyle { Interleaved, RotateHalf };
 // cos/sin tables (max_pos, D/2) in the compute dtype.
@@ -101,10 +102,17 @@ std::tuple<Tensor, Tensor> rope_tables(std::int64_t max_pos, std::int64_t head_d
 Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle style,
             std::int64_t pos_offset, bool backward = false);
 
-Tensor silu(const Tensor& x);
-Tensor silu_backward(const Tensor& x, const Tensor& dy);
-Tensor gelu(const Tensor& x);
-Tensor gelu_backward(const Tensor& x, const Tensor& dy);
+// y = act(x) and its gradient for a pointwise activation op (kernels/op_list.h: kActivations).
+Tensor activation(Op op, const Tensor& x);
+Tensor activation_backward(Op op, const Tensor& x, const Tensor& dy);
+inline Tensor silu(const Tensor& x) { return activation(Op::Silu, x); }
+inline Tensor silu_backward(const Tensor& x, const Tensor& dy) {
+  return activation_backward(Op::Silu, x, dy);
+}
+inline Tensor gelu(const Tensor& x) { return activation(Op::Gelu, x); }  // tanh approximation
+inline Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
+  return activation_backward(Op::Gelu, x, dy);
+}
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 std::tuple<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up,
                                            const Tensor& dout);
@@ -140,8 +148,8 @@ std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator& gen);
 Tensor dropout_backward(const Tensor& dy, const Tensor& mask, double p);
 
 // ---- optimizers (in place, f32) ---------------------------------------------------
-void adamw_step_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr,
-                 double beta1, double beta2, double eps, double weight_decay, std::int64_t step);
+void adamw_step_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr, double beta1,
+                 double beta2, double eps, double weight_decay, std::int64_t step);
 // One parameter of a multi-tensor AdamW step. param is f32, or bf16/f16 with an f32 master
 // (updated, then rounded into param); grad has param's dtype or f32; m, v f32 like master.
 struct AdamWTensors {
@@ -151,8 +159,7 @@ struct AdamWTensors {
 // AdamW over every item, as adamw_step_ on each (same arithmetic); on CUDA in one launch.
 void adamw_multi_step_(std::span<AdamWTensors> items, double lr, double beta1, double beta2,
                        double eps, std::int64_t step);
-void sgd_step_(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr,
-               double momentum, double dampening, double weight_decay, bool nesterov,
-               std::int64_t step);
+void sgd_step_(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr, double momentum,
+               double dampening, double weight_decay, bool nesterov, std::int64_t step);
 
 }  // namespace kiln::ops

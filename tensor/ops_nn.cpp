@@ -121,26 +121,31 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle sty
 
 // ---- activations ----------------------------------------------------------------
 
-template <Op O>
-static Tensor activation(const Tensor& x) {
-  ActivationArgs<O> a{x, empty_like(x)};
-  run(a);
-  return a.y;
+Tensor activation(Op op, const Tensor& x) {
+  Tensor y = empty_like(x);
+  bool found = false;
+  for_each_activation([&]<Op O>() {
+    if (op != O) return;
+    found = true;
+    ActivationArgs<O> a{x, y};
+    run(a);
+  });
+  KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
+  return y;
 }
-template <Op O>
-static Tensor activation_backward(const Tensor& x, const Tensor& dy) {
-  check_same_shape(x, dy, ActivationArgs<O>::kName.data());
-  ActivationBackwardArgs<O> a{x, dy, empty_like(x)};
-  run(a);
-  return a.dx;
-}
-Tensor silu(const Tensor& x) { return activation<Op::Silu>(x); }
-Tensor silu_backward(const Tensor& x, const Tensor& dy) {
-  return activation_backward<Op::Silu>(x, dy);
-}
-Tensor gelu(const Tensor& x) { return activation<Op::Gelu>(x); }
-Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
-  return activation_backward<Op::Gelu>(x, dy);
+
+Tensor activation_backward(Op op, const Tensor& x, const Tensor& dy) {
+  check_same_shape(x, dy, op_backward_name(op).data());
+  Tensor dx = empty_like(x);
+  bool found = false;
+  for_each_activation([&]<Op O>() {
+    if (op != O) return;
+    found = true;
+    ActivationBackwardArgs<O> a{x, dy, dx};
+    run(a);
+  });
+  KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
+  return dx;
 }
 
 Tensor swiglu(const Tensor& gate, const Tensor& up) {

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels/common/activation_math.h"
+#include "kernels/common/error.h"
 
 namespace kiln::cpu {
 namespace {
@@ -48,36 +49,16 @@ void for_chunks(int64_t n, F&& body) {
   for (int64_t c = 0; c < nchunks; ++c) body(c * kChunk, std::min(n, (c + 1) * kChunk));
 }
 
-template <typename T>
-KILN_SIMD_CLONES void silu_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
+template <Op O, typename T>
+KILN_SIMD_CLONES void activation_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) {
-    y[i] = act::silu<CpuMath>(x[i]);
-  }
+  for (int64_t i = i0; i < i1; ++i) y[i] = act::Math<O>::template forward<CpuMath>(x[i]);
 }
 
-template <typename T>
-KILN_SIMD_CLONES void silu_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
+template <Op O, typename T>
+KILN_SIMD_CLONES void activation_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) {
-    dx[i] = act::silu_grad<CpuMath>(x[i], dy[i]);
-  }
-}
-
-template <typename T>
-KILN_SIMD_CLONES void gelu_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
-#pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) {
-    y[i] = act::gelu_tanh<CpuMath>(x[i]);
-  }
-}
-
-template <typename T>
-KILN_SIMD_CLONES void gelu_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
-#pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) {
-    dx[i] = act::gelu_tanh_grad<CpuMath>(x[i], dy[i]);
-  }
+  for (int64_t i = i0; i < i1; ++i) dx[i] = act::Math<O>::template grad<CpuMath>(x[i], dy[i]);
 }
 
 template <typename T>
@@ -103,23 +84,25 @@ KILN_SIMD_CLONES void swiglu_bwd_range(int64_t i0, int64_t i1, const T* gate, co
 }  // namespace
 
 template <typename T>
-void silu_forward(int64_t n, const T* x, T* y) {
-  for_chunks(n, [&](int64_t i0, int64_t i1) { silu_fwd_range(i0, i1, x, y); });
+void activation_forward(Op op, int64_t n, const T* x, T* y) {
+  bool found = false;
+  for_each_activation([&]<Op O>() {
+    if (op != O) return;
+    found = true;
+    for_chunks(n, [&](int64_t i0, int64_t i1) { activation_fwd_range<O>(i0, i1, x, y); });
+  });
+  KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
 
 template <typename T>
-void silu_backward(int64_t n, const T* x, const T* dy, T* dx) {
-  for_chunks(n, [&](int64_t i0, int64_t i1) { silu_bwd_range(i0, i1, x, dy, dx); });
-}
-
-template <typename T>
-void gelu_tanh_forward(int64_t n, const T* x, T* y) {
-  for_chunks(n, [&](int64_t i0, int64_t i1) { gelu_fwd_range(i0, i1, x, y); });
-}
-
-template <typename T>
-void gelu_tanh_backward(int64_t n, const T* x, const T* dy, T* dx) {
-  for_chunks(n, [&](int64_t i0, int64_t i1) { gelu_bwd_range(i0, i1, x, dy, dx); });
+void activation_backward(Op op, int64_t n, const T* x, const T* dy, T* dx) {
+  bool found = false;
+  for_each_activation([&]<Op O>() {
+    if (op != O) return;
+    found = true;
+    for_chunks(n, [&](int64_t i0, int64_t i1) { activation_bwd_range<O>(i0, i1, x, dy, dx); });
+  });
+  KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
 
 template <typename T>
@@ -133,12 +116,10 @@ void swiglu_backward(int64_t n, const T* gate, const T* up, const T* dout, T* dg
              [&](int64_t i0, int64_t i1) { swiglu_bwd_range(i0, i1, gate, up, dout, dgate, dup); });
 }
 
-#define KILN_INSTANTIATE(T)                                             \
-  template void silu_forward<T>(int64_t, const T*, T*);                 \
-  template void silu_backward<T>(int64_t, const T*, const T*, T*);      \
-  template void gelu_tanh_forward<T>(int64_t, const T*, T*);            \
-  template void gelu_tanh_backward<T>(int64_t, const T*, const T*, T*); \
-  template void swiglu_forward<T>(int64_t, const T*, const T*, T*);     \
+#define KILN_INSTANTIATE(T)                                                  \
+  template void activation_forward<T>(Op, int64_t, const T*, T*);            \
+  template void activation_backward<T>(Op, int64_t, const T*, const T*, T*); \
+  template void swiglu_forward<T>(int64_t, const T*, const T*, T*);          \
   template void swiglu_backward<T>(int64_t, const T*, const T*, const T*, T*, T*);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(double)

@@ -1,10 +1,6 @@
-// Pointwise activations, CPU. All arrays contiguous, n elements; outputs may alias inputs.
-//
-//   silu:      y = x * s,  s = sigmoid(x)                          dx = dy * s * (1 + x (1 - s))
-//   gelu_tanh: y = 0.5 x (1 + t),  t = tanh(u),  u = c (x + a x^3),  c = sqrt(2/pi), a = 0.044715
-//              dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2))
-//   swiglu:    out = silu(gate) * up
-//              dgate = dout * up * s (1 + gate (1 - s)),  dup = dout * silu(gate)
+// Pointwise activations, CPU: the activations of kernels/op_list.h (kActivations) and SwiGLU,
+// with the math of kernels/common/activation_math.h. All arrays contiguous, n elements;
+// outputs may alias inputs.
 //
 // Every kernel writes (=) its outputs; none accumulates.
 //
@@ -16,6 +12,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+
+#include "kernels/op_list.h"
 
 // KILN_SIMD_CLONES on a function compiles it twice, for AVX2+FMA (x86-64-v3) and for the
 // baseline, and picks one at load time (GCC ifunc). The library is built for plain x86-64 unless
@@ -30,15 +28,29 @@
 
 namespace kiln::cpu {
 
+// y = act(x) and dx = dy act'(x) for a pointwise activation op (kernels/op_list.h:
+// kActivations; the math in kernels/common/activation_math.h).
 template <typename T>
-void silu_forward(int64_t n, const T* x, T* y);
+void activation_forward(Op op, int64_t n, const T* x, T* y);
 template <typename T>
-void silu_backward(int64_t n, const T* x, const T* dy, T* dx);
+void activation_backward(Op op, int64_t n, const T* x, const T* dy, T* dx);
 
 template <typename T>
-void gelu_tanh_forward(int64_t n, const T* x, T* y);
+void silu_forward(int64_t n, const T* x, T* y) {
+  activation_forward(Op::Silu, n, x, y);
+}
 template <typename T>
-void gelu_tanh_backward(int64_t n, const T* x, const T* dy, T* dx);
+void silu_backward(int64_t n, const T* x, const T* dy, T* dx) {
+  activation_backward(Op::Silu, n, x, dy, dx);
+}
+template <typename T>
+void gelu_tanh_forward(int64_t n, const T* x, T* y) {
+  activation_forward(Op::Gelu, n, x, y);
+}
+template <typename T>
+void gelu_tanh_backward(int64_t n, const T* x, const T* dy, T* dx) {
+  activation_backward(Op::Gelu, n, x, dy, dx);
+}
 
 template <typename T>
 void swiglu_forward(int64_t n, const T* gate, const T* up, T* out);
@@ -57,7 +69,7 @@ namespace detail {
 inline float exp_fast(float x) {
   const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float t = x * 1.44269504088896341f + kRound;
-  const float n = t - kRound;                                      // round(x / ln2)
+  const float n = t - kRound;                                   // round(x / ln2)
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2, ln2 = hi + lo
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

@@ -27,24 +27,16 @@ struct CudaMath {
   __device__ static float erf(float x) { return erff(x); }
 };
 
-struct SiluFwd {
+template <Op O>
+struct ActivationFwd {
   __device__ void operator()(const float (&in)[1], float (&out)[1]) const {
-    out[0] = act::silu<CudaMath>(in[0]);
+    out[0] = act::Math<O>::template forward<CudaMath>(in[0]);
   }
 };
-struct SiluBwd {  // in: x, dy
+template <Op O>
+struct ActivationBwd {  // in: x, dy
   __device__ void operator()(const float (&in)[2], float (&out)[1]) const {
-    out[0] = act::silu_grad<CudaMath>(in[0], in[1]);
-  }
-};
-struct GeluFwd {
-  __device__ void operator()(const float (&in)[1], float (&out)[1]) const {
-    out[0] = act::gelu_tanh<CudaMath>(in[0]);
-  }
-};
-struct GeluBwd {  // in: x, dy
-  __device__ void operator()(const float (&in)[2], float (&out)[1]) const {
-    out[0] = act::gelu_tanh_grad<CudaMath>(in[0], in[1]);
+    out[0] = act::Math<O>::template grad<CudaMath>(in[0], in[1]);
   }
 };
 struct SwigluFwd {  // in: gate, up
@@ -113,20 +105,26 @@ void launch_pointwise(const char* op, std::int64_t n, Ptrs<const T*, NIN> in, Pt
 }  // namespace
 
 template <typename T>
-void silu_forward(std::int64_t n, const T* x, T* y, StreamHandle stream) {
-  launch_pointwise<T, 1, 1>("silu", n, {{x}}, {{y}}, SiluFwd{}, stream);
+void activation_forward(Op op, std::int64_t n, const T* x, T* y, StreamHandle stream) {
+  bool found = false;
+  for_each_activation([&]<Op O>() {
+    if (op != O) return;
+    found = true;
+    launch_pointwise<T, 1, 1>(op_name(O).data(), n, {{x}}, {{y}}, ActivationFwd<O>{}, stream);
+  });
+  KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
 template <typename T>
-void silu_backward(std::int64_t n, const T* x, const T* dy, T* dx, StreamHandle stream) {
-  launch_pointwise<T, 2, 1>("silu_backward", n, {{x, dy}}, {{dx}}, SiluBwd{}, stream);
-}
-template <typename T>
-void gelu_forward(std::int64_t n, const T* x, T* y, StreamHandle stream) {
-  launch_pointwise<T, 1, 1>("gelu", n, {{x}}, {{y}}, GeluFwd{}, stream);
-}
-template <typename T>
-void gelu_backward(std::int64_t n, const T* x, const T* dy, T* dx, StreamHandle stream) {
-  launch_pointwise<T, 2, 1>("gelu_backward", n, {{x, dy}}, {{dx}}, GeluBwd{}, stream);
+void activation_backward(Op op, std::int64_t n, const T* x, const T* dy, T* dx,
+                         StreamHandle stream) {
+  bool found = false;
+  for_each_activation([&]<Op O>() {
+    if (op != O) return;
+    found = true;
+    launch_pointwise<T, 2, 1>(op_backward_name(O).data(), n, {{x, dy}}, {{dx}}, ActivationBwd<O>{},
+                              stream);
+  });
+  KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
 template <typename T>
 void swiglu_forward(std::int64_t n, const T* gate, const T* up, T* out, StreamHandle stream) {
@@ -139,13 +137,11 @@ void swiglu_backward(std::int64_t n, const T* gate, const T* up, const T* dout, 
                             stream);
 }
 
-#define KILN_INSTANTIATE(T)                                                            \
-  template void silu_forward<T>(std::int64_t, const T*, T*, StreamHandle);             \
-  template void silu_backward<T>(std::int64_t, const T*, const T*, T*, StreamHandle);  \
-  template void gelu_forward<T>(std::int64_t, const T*, T*, StreamHandle);             \
-  template void gelu_backward<T>(std::int64_t, const T*, const T*, T*, StreamHandle);  \
-  template void swiglu_forward<T>(std::int64_t, const T*, const T*, T*, StreamHandle); \
-  template void swiglu_backward<T>(std::int64_t, const T*, const T*, const T*, T*, T*, \
+#define KILN_INSTANTIATE(T)                                                                     \
+  template void activation_forward<T>(Op, std::int64_t, const T*, T*, StreamHandle);            \
+  template void activation_backward<T>(Op, std::int64_t, const T*, const T*, T*, StreamHandle); \
+  template void swiglu_forward<T>(std::int64_t, const T*, const T*, T*, StreamHandle);          \
+  template void swiglu_backward<T>(std::int64_t, const T*, const T*, const T*, T*, T*,          \
                                    StreamHandle);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(bf16)

@@ -1,9 +1,5 @@
-// Pointwise activations on CUDA, with the math of kernels/cpu/activation.h:
-//   silu:      y = x * s,  s = sigmoid(x)                         dx = dy * s * (1 + x (1 - s))
-//   gelu_tanh: y = 0.5 x (1 + t),  t = tanh(c (x + a x^3)),  c = sqrt(2/pi), a = 0.044715
-//              dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2))
-//   swiglu:    out = silu(gate) * up
-//              dgate = dout * up * s (1 + gate (1 - s)),  dup = dout * silu(gate)
+// Pointwise activations on CUDA: the activations of kernels/op_list.h (kActivations) and
+// SwiGLU, with the math of kernels/common/activation_math.h (shared with the CPU kernels).
 // All arrays are contiguous with n elements of T (float, bf16, f16); the math is f32. Every
 // launcher writes (=) its outputs; an output may alias an input exactly (each element is read
 // before it is written, by the same thread). When every pointer is 16-byte aligned the kernels
@@ -17,6 +13,7 @@
 #include <initializer_list>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/op_list.h"
 
 namespace kiln::cuda {
 
@@ -54,15 +51,17 @@ inline int row_vec_width(int elem_size, std::int64_t cols, std::initializer_list
 
 // ---- launchers ----------------------------------------------------------------------------------
 
+// y = act(x) and dx = dy act'(x) for a pointwise activation op (kernels/op_list.h:
+// kActivations; the math in kernels/common/activation_math.h).
 template <typename T>
-void silu_forward(std::int64_t n, const T* x, T* y, StreamHandle stream);
+void activation_forward(Op op, std::int64_t n, const T* x, T* y, StreamHandle stream);
 template <typename T>
-void silu_backward(std::int64_t n, const T* x, const T* dy, T* dx, StreamHandle stream);
-
+void activation_backward(Op op, std::int64_t n, const T* x, const T* dy, T* dx,
+                         StreamHandle stream);
 template <typename T>
-void gelu_forward(std::int64_t n, const T* x, T* y, StreamHandle stream);
-template <typename T>
-void gelu_backward(std::int64_t n, const T* x, const T* dy, T* dx, StreamHandle stream);
+void silu_forward(std::int64_t n, const T* x, T* y, StreamHandle stream) {
+  activation_forward(Op::Silu, n, x, y, stream);
+}
 
 template <typename T>
 void swiglu_forward(std::int64_t n, const T* gate, const T* up, T* out, StreamHandle stream);

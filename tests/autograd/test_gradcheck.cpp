@@ -267,8 +267,8 @@ TEST(GradCheck, Rope) {
 
 TEST(GradCheck, Activations) {
   Tensor x = randt({3, 5}, 48, -3, 3), u = randt({3, 5}, 49, -2, 2);
-  gradcheck([](auto& v) { return ag::silu(v[0]); }, {x}, "silu");
-  gradcheck([](auto& v) { return ag::gelu(v[0]); }, {x}, "gelu");
+  for (Op op : kActivations)  // silu, gelu (tanh), gelu_erf, ...
+    gradcheck([op](auto& v) { return ag::activation(op, v[0]); }, {x}, std::string(op_name(op)));
   gradcheck([](auto& v) { return ag::swiglu(v[0], v[1]); }, {x, u}, "swiglu");
   gradcheck([](auto& v) { return ag::swiglu(v[0], v[1]); }, {x, randt({3, 5}, 50, -2, 2, false)},
             "swiglu gate only");

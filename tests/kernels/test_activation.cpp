@@ -1,5 +1,6 @@
-// SiLU, GELU (tanh) and SwiGLU against float64 references; backward by central differences in
-// double; exp_fast against std::exp over its whole range.
+// Every pointwise activation (kernels/op_list.h: kActivations) and SwiGLU against float64
+// references; backward by central differences in double; exp_fast against std::exp over its
+// whole range.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,9 +12,12 @@
 #include "tests/kernels/kernel_test_util.h"
 
 namespace kiln {
-KILN_OP_TESTED(Op::Silu);
-KILN_OP_TESTED(Op::Gelu);
 KILN_OP_TESTED(Op::SwiGlu);
+// Every activation: EveryActivationForwardBackward fails for one without a float64 reference.
+[[maybe_unused]] static const bool kActivationsTested = [] {
+  for (Op op : kActivations) test::tested_ops().insert(op);
+  return true;
+}();
 
 namespace {
 using namespace kiln::test;
@@ -31,9 +35,9 @@ double ref_gelu_grad(double x) {
 }
 
 // d/dx_i of sum_j dy_j f(x)_j by central differences, f elementwise (n outputs from n inputs).
-std::vector<double> fd_grad(const std::function<void(const std::vector<double>&,
-                                                     std::vector<double>&)>& f,
-                            std::vector<double> x, const std::vector<double>& dy) {
+std::vector<double> fd_grad(
+    const std::function<void(const std::vector<double>&, std::vector<double>&)>& f,
+    std::vector<double> x, const std::vector<double>& dy) {
   const double h = 1e-6;
   std::vector<double> g(x.size()), yp(dy.size()), ym(dy.size());
   for (size_t i = 0; i < x.size(); ++i) {
@@ -50,44 +54,53 @@ std::vector<double> fd_grad(const std::function<void(const std::vector<double>&,
   return g;
 }
 
+// The float64 reference of each activation: y = f(x), dy/dx = grad(x).
+struct ActivationRef {
+  Op op;
+  double (*f)(double);
+  double (*grad)(double);
+};
+const ActivationRef kRefs[] = {
+    {Op::Silu, ref_silu, ref_silu_grad},
+    {Op::Gelu, ref_gelu, ref_gelu_grad},
+};
+const ActivationRef* find_ref(Op op) {
+  for (const auto& r : kRefs)
+    if (r.op == op) return &r;
+  return nullptr;
+}
+
 template <typename T>
-void check_unary(void (*fwd)(int64_t, const T*, T*),
-                 void (*bwd)(int64_t, const T*, const T*, T*), double (*ref)(double),
-                 double (*ref_grad)(double), double tol) {
+void check_unary(Op op, const ActivationRef& ref, double tol) {
   for (int64_t n : {int64_t(1), int64_t(7), int64_t(33), int64_t(129), int64_t(70000)}) {
     // Wide range: saturation on both sides, and the region around 0.
     auto x = random_uniform_vec<T>(n, 11 + n, -12.0, 12.0);
     if (n > 3) x[0] = T(0), x[1] = T(-100), x[2] = T(100);
     std::vector<T> y(n);
-    fwd(n, x.data(), y.data());
+    cpu::activation_forward<T>(op, n, x.data(), y.data());
     std::vector<double> yr(n);
-    for (int64_t i = 0; i < n; ++i) yr[i] = ref(double(x[i]));
-    EXPECT_TRUE(all_close(y, yr, tol, tol)) << "n=" << n;
+    for (int64_t i = 0; i < n; ++i) yr[i] = ref.f(double(x[i]));
+    EXPECT_TRUE(all_close(y, yr, tol, tol)) << op_name(op) << " n=" << n;
     auto dy = random_uniform_vec<T>(n, 99 + n);
     std::vector<T> dx(n);
-    bwd(n, x.data(), dy.data(), dx.data());
+    cpu::activation_backward<T>(op, n, x.data(), dy.data(), dx.data());
     std::vector<double> dxr(n);
-    for (int64_t i = 0; i < n; ++i) dxr[i] = double(dy[i]) * ref_grad(double(x[i]));
-    EXPECT_TRUE(all_close(dx, dxr, tol, tol)) << "n=" << n;
+    for (int64_t i = 0; i < n; ++i) dxr[i] = double(dy[i]) * ref.grad(double(x[i]));
+    EXPECT_TRUE(all_close(dx, dxr, tol, tol)) << op_name(op) << " n=" << n;
     // In place: dx aliases dy.
     std::vector<T> inplace = dy;
-    bwd(n, x.data(), inplace.data(), inplace.data());
-    EXPECT_EQ(inplace, dx);
+    cpu::activation_backward<T>(op, n, x.data(), inplace.data(), inplace.data());
+    EXPECT_EQ(inplace, dx) << op_name(op);
   }
 }
 
-TEST(Activation, SiluForwardBackward) {
-  check_unary<float>(cpu::silu_forward<float>, cpu::silu_backward<float>, ref_silu, ref_silu_grad,
-                     2e-6);
-  check_unary<double>(cpu::silu_forward<double>, cpu::silu_backward<double>, ref_silu,
-                      ref_silu_grad, 1e-14);
-}
-
-TEST(Activation, GeluTanhForwardBackward) {
-  check_unary<float>(cpu::gelu_tanh_forward<float>, cpu::gelu_tanh_backward<float>, ref_gelu,
-                     ref_gelu_grad, 2e-6);
-  check_unary<double>(cpu::gelu_tanh_forward<double>, cpu::gelu_tanh_backward<double>, ref_gelu,
-                      ref_gelu_grad, 1e-14);
+TEST(Activation, EveryActivationForwardBackward) {
+  for (Op op : kActivations) {
+    const ActivationRef* ref = find_ref(op);
+    ASSERT_NE(ref, nullptr) << op_name(op) << " has no float64 reference here";
+    check_unary<float>(op, *ref, 2e-6);
+    check_unary<double>(op, *ref, 1e-14);
+  }
 }
 
 TEST(Activation, FiniteDifferencesDouble) {
@@ -95,14 +108,14 @@ TEST(Activation, FiniteDifferencesDouble) {
   auto x = random_uniform_vec<double>(n, 5, -4.0, 4.0);
   auto dy = random_uniform_vec<double>(n, 6);
   std::vector<double> dx(n);
-  cpu::silu_backward<double>(n, x.data(), dy.data(), dx.data());
-  auto g = fd_grad([&](const auto& in, auto& out) { cpu::silu_forward<double>(n, in.data(), out.data()); },
-                   x, dy);
-  EXPECT_TRUE(all_close(dx, g, 1e-8, 1e-6));
-  cpu::gelu_tanh_backward<double>(n, x.data(), dy.data(), dx.data());
-  g = fd_grad([&](const auto& in, auto& out) { cpu::gelu_tanh_forward<double>(n, in.data(), out.data()); },
-              x, dy);
-  EXPECT_TRUE(all_close(dx, g, 1e-8, 1e-6));
+  for (Op op : kActivations) {
+    cpu::activation_backward<double>(op, n, x.data(), dy.data(), dx.data());
+    auto g =
+        fd_grad([&](const auto& in,
+                    auto& out) { cpu::activation_forward<double>(op, n, in.data(), out.data()); },
+                x, dy);
+    EXPECT_TRUE(all_close(dx, g, 1e-8, 1e-6)) << op_name(op);
+  }
 }
 
 template <typename T>
@@ -139,11 +152,10 @@ TEST(Activation, SwiGluFiniteDifferencesDouble) {
   auto dout = random_uniform_vec<double>(n, 9);
   std::vector<double> dgate(n), dup(n);
   cpu::swiglu_backward<double>(n, gate.data(), up.data(), dout.data(), dgate.data(), dup.data());
-  auto g_gate = fd_grad(
-      [&](const auto& in, auto& out) {
-        cpu::swiglu_forward<double>(n, in.data(), up.data(), out.data());
-      },
-      gate, dout);
+  auto g_gate =
+      fd_grad([&](const auto& in,
+                  auto& out) { cpu::swiglu_forward<double>(n, in.data(), up.data(), out.data()); },
+              gate, dout);
   auto g_up = fd_grad(
       [&](const auto& in, auto& out) {
         cpu::swiglu_forward<double>(n, gate.data(), in.data(), out.data());

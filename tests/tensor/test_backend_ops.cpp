@@ -174,13 +174,12 @@ std::vector<Case> all_cases() {
     return std::vector{ops::sum_all(x), ops::full({1}, sq, DType::F64, e.dev)};
   });
   for (bool log : {false, true}) {
-    add(Op::Softmax, log ? "log_softmax" : "softmax", Tol::Reduction,
-        [log](const Env &e) {
-          Tensor x = e.in({13, 257}, 14, -4.0, 4.0), dy = e.in({13, 257}, 15);
-          Tensor y = log ? ops::log_softmax(x) : ops::softmax(x);
-          Tensor dx = log ? ops::log_softmax_backward(y, dy) : ops::softmax_backward(y, dy);
-          return std::vector{y, dx};
-        });
+    add(Op::Softmax, log ? "log_softmax" : "softmax", Tol::Reduction, [log](const Env &e) {
+      Tensor x = e.in({13, 257}, 14, -4.0, 4.0), dy = e.in({13, 257}, 15);
+      Tensor y = log ? ops::log_softmax(x) : ops::softmax(x);
+      Tensor dx = log ? ops::log_softmax_backward(y, dy) : ops::softmax_backward(y, dy);
+      return std::vector{y, dx};
+    });
   }
   add(Op::Embedding, "embedding", Tol::Reduction, [](const Env &e) {
     Tensor ids = e.ids(3 * 41, 50, 16).view({3, 41});
@@ -214,13 +213,14 @@ std::vector<Case> all_cases() {
                              ops::rope(x, cos, sin, style, 5, /*backward=*/true)};
         });
   }
-  add(Op::Silu, "silu", Tol::Elementwise, [](const Env &e) {
-    Tensor x = e.in({5, 301}, 27, -6, 6), dy = e.in({5, 301}, 28);
-    return std::vector{ops::silu(x), ops::silu_backward(x, dy)};
-  });
-  add(Op::Gelu, "gelu", Tol::Elementwise, [](const Env &e) {
-    Tensor x = e.in({5, 301}, 29, -6, 6), dy = e.in({5, 301}, 30);
-    return std::vector{ops::gelu(x), ops::gelu_backward(x, dy)};
+  std::uint64_t act_seed = 27;  // every activation of kActivations, forward and backward
+  for_each_activation([&]<Op O>() {
+    const std::uint64_t seed = act_seed;
+    act_seed += 2;
+    add(O, std::string(op_name(O)), Tol::Elementwise, [seed](const Env &e) {
+      Tensor x = e.in({5, 301}, seed, -6, 6), dy = e.in({5, 301}, seed + 1);
+      return std::vector{ops::activation(O, x), ops::activation_backward(O, x, dy)};
+    });
   });
   add(Op::SwiGlu, "swiglu", Tol::Elementwise, [](const Env &e) {
     Tensor g = e.in({5, 301}, 31, -6, 6), u = e.in({5, 301}, 32), d = e.in({5, 301}, 33);
