@@ -27,6 +27,7 @@ enum class Op : int {
   Rope,          // rotary embedding, interleaved (llama2.c) or rotate-half (HF), and its tables
   Silu,          // x * sigmoid(x)
   Gelu,          // GELU, tanh approximation (HF gelu_pytorch_tanh)
+  GeluErf,       // GELU, exact: 0.5 x (1 + erf(x / sqrt 2)) (HF gelu)
   SwiGlu,        // silu(gate) * up
   Attention,     // causal attention with GQA, forward/backward, saves log-sum-exp
   CrossEntropy,  // fused log-softmax + NLL, forward/backward, ignore-index
@@ -59,6 +60,7 @@ inline constexpr std::array<OpInfo, static_cast<std::size_t>(Op::Count)> kOpList
     {Op::Rope, "rope", "rope", true, ""},
     {Op::Silu, "silu", "activation", true, "silu_backward"},
     {Op::Gelu, "gelu", "activation", true, "gelu_backward"},
+    {Op::GeluErf, "gelu_erf", "activation", true, "gelu_erf_backward"},
     {Op::SwiGlu, "swiglu", "activation", true, "swiglu_backward"},
     {Op::Attention, "attention", "attention", true, "attention_backward"},
     {Op::CrossEntropy, "cross_entropy", "cross_entropy", true, "cross_entropy_backward"},
@@ -77,7 +79,7 @@ constexpr std::string_view op_backward_name(Op op) {
 // runs each from its scalar math (kernels/common/activation_math.h: act::Math<op>), and the
 // dispatcher, front end, autograd and tests iterate this list: a new activation is its rows here
 // and its math there (docs/adding_an_op.md).
-inline constexpr std::array kActivations = {Op::Silu, Op::Gelu};
+inline constexpr std::array kActivations = {Op::Silu, Op::Gelu, Op::GeluErf};
 
 constexpr bool is_activation(Op op) {
   for (Op a : kActivations)

@@ -7,6 +7,8 @@
 //   gelu:   y = 0.5 x (1 + t),                      dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) u'),
 //           t = tanh(u), u = c (x + a x^3),         u' = c (1 + 3 a x^2)
 //           c = sqrt(2/pi), a = 0.044715 (HF gelu_pytorch_tanh)
+//   gelu_erf: y = x Phi(x),                         dx = dy (Phi(x) + x phi(x)),
+//           Phi(x) = 0.5 (1 + erf(x / sqrt 2)),     phi(x) = exp(-x^2 / 2) / sqrt(2 pi) (HF gelu)
 //   swiglu: out = silu(gate) up                     dgate = dout up s (1 + gate (1 - s)),
 //                                                   dup = dout silu(gate)
 #pragma once
@@ -20,6 +22,10 @@ template <class T>
 inline constexpr T kGeluC = T(0.7978845608028654);  // sqrt(2/pi)
 template <class T>
 inline constexpr T kGeluA = T(0.044715);
+template <class T>
+inline constexpr T kInvSqrt2 = T(0.7071067811865476);  // 1/sqrt(2)
+template <class T>
+inline constexpr T kInvSqrt2Pi = T(0.3989422804014327);  // 1/sqrt(2 pi)
 
 template <class M, class T>
 KILN_HOST_DEVICE inline T sigmoid(T x) {
@@ -56,6 +62,19 @@ struct Math<Op::Gelu> {  // tanh approximation
     const T t = M::tanh(kGeluC<T> * (x + kGeluA<T> * x2 * x));
     const T du = kGeluC<T> * (T(1) + T(3) * kGeluA<T> * x2);
     return dy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+  }
+};
+
+template <>
+struct Math<Op::GeluErf> {  // exact
+  template <class M, class T>
+  KILN_HOST_DEVICE static T forward(T x) {
+    return x * (T(0.5) * (T(1) + M::erf(x * kInvSqrt2<T>)));
+  }
+  template <class M, class T>
+  KILN_HOST_DEVICE static T grad(T x, T dy) {
+    const T cdf = T(0.5) * (T(1) + M::erf(x * kInvSqrt2<T>));
+    return dy * (cdf + x * kInvSqrt2Pi<T> * M::exp(T(-0.5) * x * x));
   }
 };
 
