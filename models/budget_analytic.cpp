@@ -62,6 +62,7 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
   const std::int64_t V = c.vocab_size, B = s.batch;
   const bool train = s.mode == BudgetMode::Train;
   const bool lowp = s.dtype != DType::F32;  // bf16/f16: f32 master weights when training
+  const bool plain_mlp = c.mlp_kind == MlpKind::Plain;
 
   // ---- static rows: one allocation per parameter tensor ----
   Moment base;
@@ -80,8 +81,8 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
   std::vector<Moment> moments;
   if (train) {
     const std::int64_t T = s.seq, N = B * T;
-    base[BudgetRow::Inputs] = 2 * r(N, 4);           // ids and targets, i32
-    const std::int64_t nstat = c.layernorm ? 2 : 1;  // rstd (and mean) per norm
+    base[BudgetRow::Inputs] = 2 * r(N, 4);                                  // ids and targets, i32
+    const std::int64_t nstat = c.norm_kind == NormKind::LayerNorm ? 2 : 1;  // rstd (and mean)
     // What one layer saves for backward (bytes): the norms' inputs are the
     // residual stream, counted once as the layer's output.
     std::int64_t layer = 0;
@@ -93,8 +94,8 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     layer += r(N * Hq * D, e) + r(B * Hq * T, f);  // attention out (saved by o_proj) and lse
     layer += r(N * C, e);                          // h = x + attn (saved by the second norm)
     layer += nstat * r(N, f) + r(N * C, e);        // second norm: stats, output
-    layer += c.gelu_mlp ? 2 * r(N * F, e)          // fc out (gelu), gelu out (proj)
-                        : 3 * r(N * F, e);         // gate, up (swiglu), swiglu out (down)
+    layer += plain_mlp ? 2 * r(N * F, e)           // fc out (gelu), gelu out (proj)
+                       : 3 * r(N * F, e);          // gate, up (swiglu), swiglu out (down)
     layer += r(N * C, e);                          // the layer's output x'
     const std::int64_t embed = r(N * C, e);        // embedding output = layer 0's input
     const std::int64_t fin = c.final_norm ? nstat * r(N, f) + r(N * C, e) : 0;  // saved by lm_head
@@ -130,7 +131,7 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
       rc.phase = Phase::Backward, rc.label = "swiglu";
       rc[BudgetRow::Activations] = embed + (L - 1) * r(N * C, e) + layer - r(N * F, e);
       rc[BudgetRow::Temporaries] = r(N * C, e) + 3 * r(N * F, e);
-      if (c.gelu_mlp) {
+      if (plain_mlp) {
         // A GELU MLP peaks one op earlier, in proj's backward: the full saved
         // set (the GELU output not yet released); temporaries: the incoming
         // gradient (N, C), d(gelu out) (N, F) and, with a bias, its gradient
@@ -152,7 +153,7 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     // norm's output, gate/up/act (N, F), then down_proj's output.
     Moment mlp = base;
     mlp.phase = Phase::Prefill, mlp.label = "mlp";
-    const std::int64_t nf = c.gelu_mlp ? 2 * r(N * F, e) : 3 * r(N * F, e);
+    const std::int64_t nf = plain_mlp ? 2 * r(N * F, e) : 3 * r(N * F, e);
     mlp[BudgetRow::Activations] = 4 * r(N * C, e) + nf;
     moments.push_back(mlp);
     // Prefill attention: x, the first norm's output, q and k after RoPE, v,

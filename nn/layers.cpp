@@ -39,14 +39,15 @@ LayerNorm::LayerNorm(std::int64_t dim, double eps_, const Init& init) : eps(eps_
   bias = register_parameter("bias", init_const({dim}, init, 0.0));
 }
 
-Norm::Norm(bool layernorm, std::int64_t dim, double eps_, const Init& init)
-    : eps(eps_), is_layernorm(layernorm) {
+Norm::Norm(NormKind kind_, std::int64_t dim, double eps_, const Init& init)
+    : eps(eps_), kind(kind_) {
   weight = register_parameter("weight", init_const({dim}, init, 1.0));
-  if (layernorm) bias = register_parameter("bias", init_const({dim}, init, 0.0));
+  if (kind == NormKind::LayerNorm) bias = register_parameter("bias", init_const({dim}, init, 0.0));
 }
 
 Tensor Norm::forward(const Tensor& x) const {
-  return is_layernorm ? ag::layernorm(x, weight, bias, eps) : ag::rmsnorm(x, weight, eps);
+  return kind == NormKind::LayerNorm ? ag::layernorm(x, weight, bias, eps)
+                                     : ag::rmsnorm(x, weight, eps);
 }
 
 Rope::Rope(std::int64_t max_pos_, std::int64_t head_dim, double theta, ops::RopeStyle style_,
@@ -110,9 +111,14 @@ Tensor Attention::forward(const Tensor& x, const Rope* rope, std::int64_t pos_of
 
 Mlp::Mlp(const MlpConfig& c, const Init& init, double out_std) : cfg(c) {
   KILN_CHECK(c.dim > 0 && c.hidden > 0, "[mlp] sizes must be positive");
-  if (c.gelu) {
+  KILN_CHECK(
+      c.kind == MlpKind::Plain ? c.act == MlpActivation::GeluTanh : c.act == MlpActivation::Silu,
+      "[mlp] a {} MLP with {} is not implemented", mlp_kind_name(c.kind),
+      mlp_activation_name(c.act));
+  if (c.kind == MlpKind::Plain) {
     fc = register_module("fc", std::make_shared<Linear>(c.dim, c.hidden, c.bias, init, init.std));
-    proj = register_module("proj", std::make_shared<Linear>(c.hidden, c.dim, c.bias, init, out_std));
+    proj =
+        register_module("proj", std::make_shared<Linear>(c.hidden, c.dim, c.bias, init, out_std));
   } else {
     gate_proj = register_module("gate_proj",
                                 std::make_shared<Linear>(c.dim, c.hidden, c.bias, init, init.std));
@@ -125,17 +131,17 @@ Mlp::Mlp(const MlpConfig& c, const Init& init, double out_std) : cfg(c) {
 
 Tensor Mlp::forward(const Tensor& x) const {
   MemLabelScope label("mlp");
-  if (cfg.gelu) return proj->forward(ag::gelu(fc->forward(x)));
+  if (cfg.kind == MlpKind::Plain) return proj->forward(ag::gelu(fc->forward(x)));
   return down_proj->forward(ag::swiglu(gate_proj->forward(x), up_proj->forward(x)));
 }
 
-DecoderLayer::DecoderLayer(const AttentionConfig& a, const MlpConfig& m, bool layernorm,
+DecoderLayer::DecoderLayer(const AttentionConfig& a, const MlpConfig& m, NormKind norm,
                            const Init& init, double out_std) {
   input_layernorm =
-      register_module("input_layernorm", std::make_shared<Norm>(layernorm, a.dim, a.norm_eps, init));
+      register_module("input_layernorm", std::make_shared<Norm>(norm, a.dim, a.norm_eps, init));
   self_attn = register_module("self_attn", std::make_shared<Attention>(a, init, out_std));
-  post_attention_layernorm = register_module(
-      "post_attention_layernorm", std::make_shared<Norm>(layernorm, a.dim, a.norm_eps, init));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             std::make_shared<Norm>(norm, a.dim, a.norm_eps, init));
   mlp = register_module("mlp", std::make_shared<Mlp>(m, init, out_std));
 }
 

@@ -3,8 +3,6 @@
 // row identical; what-ifs; building Qwen3-8B on meta touches no memory; and
 // `kiln params` end to end.
 #include <gtest/gtest.h>
-
-#include "tests/run_kiln.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +13,7 @@
 
 #include "models/decoder.h"
 #include "models/param_count.h"
+#include "tests/run_kiln.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -61,7 +60,8 @@ ModelConfig classic_block(bool tied) {
   c.name = "classic";
   c.vocab_size = 32000, c.dim = 512, c.hidden_dim = 4 * 512, c.n_layers = 8;
   c.n_heads = 8, c.n_kv_heads = 8, c.head_dim = 64, c.max_seq_len = 1024;
-  c.gelu_mlp = true, c.layernorm = true, c.bias = true, c.final_norm = false;
+  c.mlp_kind = models::MlpKind::Plain, c.hidden_act = models::MlpActivation::GeluTanh;
+  c.norm_kind = models::NormKind::LayerNorm, c.bias = true, c.final_norm = false;
   c.tie_embeddings = tied;
   return c;
 }
@@ -125,8 +125,8 @@ TEST(ParamCount, WhatIfClassicBlockFromStories42M) {
   // shape.
   models::WhatIf w;
   w.intermediate = 2048;
-  w.layernorm = true;
-  w.gelu = true;
+  w.norm = models::NormKind::LayerNorm;
+  w.mlp = models::MlpKind::Plain;
   w.bias = true;
   w.final_norm = false;
   w.tie = false;
