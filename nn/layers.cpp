@@ -34,11 +34,6 @@ RMSNorm::RMSNorm(std::int64_t dim, double eps_, const Init& init) : eps(eps_) {
   weight = register_parameter("weight", init_const({dim}, init, 1.0));
 }
 
-LayerNorm::LayerNorm(std::int64_t dim, double eps_, const Init& init) : eps(eps_) {
-  weight = register_parameter("weight", init_const({dim}, init, 1.0));
-  bias = register_parameter("bias", init_const({dim}, init, 0.0));
-}
-
 Norm::Norm(NormKind kind_, std::int64_t dim, double eps_, const Init& init)
     : eps(eps_), kind(kind_) {
   weight = register_parameter("weight", init_const({dim}, init, 1.0));

@@ -40,14 +40,6 @@ class RMSNorm : public Module {
   double eps;
 };
 
-class LayerNorm : public Module {
- public:
-  LayerNorm(std::int64_t dim, double eps, const Init& init);
-  Tensor forward(const Tensor& x) const { return ag::layernorm(x, weight, bias, eps); }
-  Tensor weight, bias;
-  double eps;
-};
-
 // A norm that is RMSNorm or LayerNorm (with bias), chosen by config.
 class Norm : public Module {
  public:
