@@ -54,6 +54,7 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle sty
             std::int64_t pos_offset = 0);
 Tensor silu(const Tensor& x);
 Tensor gelu(const Tensor& x);
+Tensor gelu_erf(const Tensor& x);  // exact GELU, x * Phi(x) (HF's "gelu")
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 // q: (B, T, Hq, D), k/v: (B, Tk, Hkv, D); causal; q_offset > 0 only without grad.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

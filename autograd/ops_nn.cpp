@@ -256,6 +256,10 @@ Tensor gelu(const Tensor& x) {
   return record(y, n, {&x});
 }
 
+// TEMP: a placeholder until ops::gelu_erf and its kernels land; there is no erf op to compose
+// the exact GELU from, so it refuses.
+Tensor gelu_erf(const Tensor&) { fail("[gelu_erf] placeholder"); }
+
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   Tensor y = ops::swiglu(gate, up);
   if (!needs_grad({&gate, &up})) return y;
