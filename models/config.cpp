@@ -36,10 +36,6 @@ void ModelConfig::validate() const {
              "[config] num_attention_heads {} is not divisible by num_key_value_heads {}", n_heads,
              n_kv_heads);
   KILN_CHECK(norm_eps > 0 && norm_eps < 1, "[config] norm_eps {} out of range", norm_eps);
-  KILN_CHECK(mlp_kind == MlpKind::Plain ? hidden_act == MlpActivation::GeluTanh
-                                        : hidden_act == MlpActivation::Silu,
-             "[config] a {} MLP with hidden_act {} is not implemented", nn::mlp_kind_name(mlp_kind),
-             nn::mlp_activation_name(hidden_act));
   if (uses_rope()) {
     KILN_CHECK(head_dim % 2 == 0, "[config] head_dim {} must be even for RoPE", head_dim);
     KILN_CHECK(rope_theta > 1, "[config] rope_theta {} must be > 1", rope_theta);
@@ -221,7 +217,7 @@ ModelConfig preset(const std::string& name) {
   fail("[config] unknown preset '{}' (known: {})", name, names);
 }
 
-ModelConfig from_hf_config(const nlohmann::json& j) {
+ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source) {
   ModelConfig c;
   auto get_int = [&](const char* field) -> std::int64_t {
     KILN_CHECK(j.contains(field), "[config] config.json lacks field '{}'", field);
@@ -281,6 +277,16 @@ ModelConfig from_hf_config(const nlohmann::json& j) {
   c.tie_embeddings = j.value("tie_word_embeddings", false);
   c.qk_norm = type == "qwen3";
   c.qkv_bias = type == "qwen2" ? true : j.value("attention_bias", false);
+  // The gated MLP's activation (HF's default is silu). Anything else would be a different model.
+  if (j.contains("hidden_act") && !j["hidden_act"].is_null()) {
+    const std::string act =
+        j["hidden_act"].is_string() ? j["hidden_act"].get<std::string>() : j["hidden_act"].dump();
+    auto a = nn::parse_mlp_activation(act);
+    KILN_CHECK(a.has_value(),
+               "[config] {}: hidden_act \"{}\" is not supported (kiln implements {})", source, act,
+               nn::kMlpActivationNames);
+    c.hidden_act = *a;
+  }
   c.validate();
   return c;
 }
@@ -294,7 +300,7 @@ ModelConfig load_hf_config(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     fail("[config] {} is not valid JSON: {}", path, e.what());
   }
-  return from_hf_config(j);
+  return from_hf_config(j, path);
 }
 
 }  // namespace kiln::models

@@ -77,7 +77,9 @@ ModelConfig gpt2_config(const std::string& name, std::int64_t vocab, std::int64_
 // A Hugging Face config.json (model_type qwen3, qwen2, llama, mistral, gpt2).
 // gpt2 gives the GPT-2 block (see gpt2_config()) with the file's vocab_size,
 // unpadded; kiln has no GPT-2 weight loader (models/decoder.h maps the names).
-ModelConfig from_hf_config(const nlohmann::json& j);
+// The others' hidden_act (silu when absent) picks the gated MLP's activation;
+// any other value is refused by name. `source` names the file in messages.
+ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source = "config.json");
 ModelConfig load_hf_config(const std::string& path);
 
 }  // namespace kiln::models

@@ -78,6 +78,7 @@ std::int64_t resident_bytes() {
 TEST(ParamCount, Qwen3_8B_FromConfigJson) {
   if (!fs::exists(kQwen3_8B)) GTEST_SKIP() << "absent: " << kQwen3_8B;
   ModelConfig c = models::load_hf_config(kQwen3_8B);
+  EXPECT_EQ(c.hidden_act, models::MlpActivation::Silu);  // "hidden_act": "silu"
   expect_total(c, 8'190'735'360);
   models::ParamCount f = models::count_params(c);
   EXPECT_EQ(f.non_embedding(), 6'946'075'648);
