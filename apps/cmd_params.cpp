@@ -50,8 +50,8 @@ Run add_params_command(CLI::App &app) {
     if (layers->count()) w.layers = o->layers;
     if (o->tie) w.tie = true;
     if (o->untie) w.tie = false;
-    if (!o->norm.empty()) w.layernorm = o->norm == "layernorm";
-    if (!o->mlp.empty()) w.gelu = o->mlp == "gelu";
+    if (!o->norm.empty()) w.norm = *nn::parse_norm_kind(o->norm);
+    if (!o->mlp.empty()) w.mlp = o->mlp == "gelu" ? nn::MlpKind::Plain : nn::MlpKind::Gated;
     if (o->no_final_norm) w.final_norm = false;
     w.bias = o->bias;
     models::ModelConfig cfg = models::apply_what_if(base, w);

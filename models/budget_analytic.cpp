@@ -62,6 +62,9 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
   const std::int64_t V = c.vocab_size, B = s.batch;
   const bool train = s.mode == BudgetMode::Train;
   const bool lowp = s.dtype != DType::F32;  // bf16/f16: f32 master weights when training
+  const bool plain_mlp = c.mlp_kind == MlpKind::Plain;
+  // A gated MLP is fused SwiGLU with silu; with another activation it is act(gate) * up.
+  const bool swiglu = !plain_mlp && c.hidden_act == MlpActivation::Silu;
 
   // ---- static rows: one allocation per parameter tensor ----
   Moment base;
@@ -80,8 +83,8 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
   std::vector<Moment> moments;
   if (train) {
     const std::int64_t T = s.seq, N = B * T;
-    base[BudgetRow::Inputs] = 2 * r(N, 4);           // ids and targets, i32
-    const std::int64_t nstat = c.layernorm ? 2 : 1;  // rstd (and mean) per norm
+    base[BudgetRow::Inputs] = 2 * r(N, 4);                                  // ids and targets, i32
+    const std::int64_t nstat = c.norm_kind == NormKind::LayerNorm ? 2 : 1;  // rstd (and mean)
     // What one layer saves for backward (bytes): the norms' inputs are the
     // residual stream, counted once as the layer's output.
     std::int64_t layer = 0;
@@ -93,10 +96,12 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     layer += r(N * Hq * D, e) + r(B * Hq * T, f);  // attention out (saved by o_proj) and lse
     layer += r(N * C, e);                          // h = x + attn (saved by the second norm)
     layer += nstat * r(N, f) + r(N * C, e);        // second norm: stats, output
-    layer += c.gelu_mlp ? 2 * r(N * F, e)          // fc out (gelu), gelu out (proj)
-                        : 3 * r(N * F, e);         // gate, up (swiglu), swiglu out (down)
-    layer += r(N * C, e);                          // the layer's output x'
-    const std::int64_t embed = r(N * C, e);        // embedding output = layer 0's input
+    // The MLP (N, F) tensors: plain, fc out (saved by act) and act out (proj);
+    // SwiGLU, gate and up (swiglu) and its output (down); another gated
+    // activation, gate (act), act out and up (mul) and the product (down).
+    layer += (plain_mlp ? 2 : swiglu ? 3 : 4) * r(N * F, e);
+    layer += r(N * C, e);                    // the layer's output x'
+    const std::int64_t embed = r(N * C, e);  // embedding output = layer 0's input
     const std::int64_t fin = c.final_norm ? nstat * r(N, f) + r(N * C, e) : 0;  // saved by lm_head
     const std::int64_t all_saved =
         s.recompute ? embed + L * r(N * C, e) + fin  // checkpoints keep only each layer's input
@@ -126,16 +131,19 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
       // again (with its recomputed output, held until the layer's backward
       // ends) less the SwiGLU output that down_proj's backward has released;
       // temporaries: the incoming gradient (N, C), d(swiglu out), dgate, dup.
+      // Another gated activation peaks the same way in the product's backward
+      // (mul, a "binary" node): the product released, d(product), d(act out)
+      // and dup alive.
       Moment rc = base;
-      rc.phase = Phase::Backward, rc.label = "swiglu";
+      rc.phase = Phase::Backward, rc.label = swiglu ? "swiglu" : "binary";
       rc[BudgetRow::Activations] = embed + (L - 1) * r(N * C, e) + layer - r(N * F, e);
       rc[BudgetRow::Temporaries] = r(N * C, e) + 3 * r(N * F, e);
-      if (c.gelu_mlp) {
-        // A GELU MLP peaks one op earlier, in proj's backward: the full saved
-        // set (the GELU output not yet released); temporaries: the incoming
-        // gradient (N, C), d(gelu out) (N, F) and, with a bias, its gradient
-        // (C). The GELU backward after it holds the same bytes less the bias
-        // gradient (d(gelu out) freed as dfc (N, F) is made).
+      if (plain_mlp) {
+        // A plain MLP peaks one op earlier, in proj's backward: the full saved
+        // set (the activation's output not yet released); temporaries: the
+        // incoming gradient (N, C), d(act out) (N, F) and, with a bias, its
+        // gradient (C). The activation's backward after it holds the same bytes
+        // less the bias gradient (d(act out) freed as dfc (N, F) is made).
         rc.label = "linear";
         rc[BudgetRow::Activations] = embed + (L - 1) * r(N * C, e) + layer;
         rc[BudgetRow::Temporaries] = r(N * C, e) + r(N * F, e) + (c.bias ? r(C, e) : 0);
@@ -149,10 +157,12 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     base[BudgetRow::Inputs] = r(N, 4);
     // Prefill, inside one layer (no grad: nothing is saved, only the
     // expression's live tensors): the layer input x, the residual h, the second
-    // norm's output, gate/up/act (N, F), then down_proj's output.
+    // norm's output, gate/up/act (N, F), then down_proj's output. (A gated
+    // MLP with another activation holds act out, up and the product: the gate
+    // is freed once activated.)
     Moment mlp = base;
     mlp.phase = Phase::Prefill, mlp.label = "mlp";
-    const std::int64_t nf = c.gelu_mlp ? 2 * r(N * F, e) : 3 * r(N * F, e);
+    const std::int64_t nf = plain_mlp ? 2 * r(N * F, e) : 3 * r(N * F, e);
     mlp[BudgetRow::Activations] = 4 * r(N * C, e) + nf;
     moments.push_back(mlp);
     // Prefill attention: x, the first norm's output, q and k after RoPE, v,

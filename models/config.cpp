@@ -4,6 +4,22 @@
 
 namespace kiln::models {
 
+namespace {
+
+// The string field `field` of j, parsed into an enum; `fallback` when absent.
+template <typename E>
+E enum_field(const nlohmann::json& j, const char* field, E fallback,
+             std::optional<E> (*parse)(std::string_view), const char* known) {
+  if (!j.contains(field)) return fallback;
+  std::string s = j.at(field).get<std::string>();
+  std::optional<E> e = parse(s);
+  KILN_CHECK(e.has_value(), "[config] {} '{}' is not supported (kiln implements {})", field, s,
+             known);
+  return *e;
+}
+
+}  // namespace
+
 void ModelConfig::validate() const {
   auto positive = [](std::int64_t v, const char* field) {
     KILN_CHECK(v > 0 && v < (std::int64_t{1} << 40), "[config] {} = {} must be positive", field, v);
@@ -42,8 +58,9 @@ nlohmann::json ModelConfig::to_json() const {
           {"qk_norm", qk_norm},
           {"qkv_bias", qkv_bias},
           {"tie_embeddings", tie_embeddings},
-          {"layernorm", layernorm},
-          {"gelu_mlp", gelu_mlp},
+          {"norm_kind", nn::norm_kind_name(norm_kind)},
+          {"mlp_kind", nn::mlp_kind_name(mlp_kind)},
+          {"hidden_act", nn::mlp_activation_name(hidden_act)},
           {"bias", bias},
           {"final_norm", final_norm},
           {"pos_embedding", uses_rope() ? "rope" : "learned"},
@@ -72,8 +89,16 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j) {
     c.qk_norm = j.value("qk_norm", false);
     c.qkv_bias = j.value("qkv_bias", false);
     c.tie_embeddings = j.value("tie_embeddings", true);
-    c.layernorm = j.value("layernorm", false);
-    c.gelu_mlp = j.value("gelu_mlp", false);
+    // Before the enums: "layernorm": true, "gelu_mlp": true (fc/proj with tanh GELU).
+    c.norm_kind = j.value("layernorm", false) ? NormKind::LayerNorm : NormKind::RmsNorm;
+    const bool gelu_mlp = j.value("gelu_mlp", false);
+    c.mlp_kind = gelu_mlp ? MlpKind::Plain : MlpKind::Gated;
+    c.hidden_act = gelu_mlp ? MlpActivation::GeluTanh : MlpActivation::Silu;
+    c.norm_kind =
+        enum_field(j, "norm_kind", c.norm_kind, nn::parse_norm_kind, "rmsnorm, layernorm");
+    c.mlp_kind = enum_field(j, "mlp_kind", c.mlp_kind, nn::parse_mlp_kind, "gated, plain");
+    c.hidden_act = enum_field(j, "hidden_act", c.hidden_act, nn::parse_mlp_activation,
+                              nn::kMlpActivationNames);
     c.bias = j.value("bias", false);
     c.final_norm = j.value("final_norm", true);
     std::string pos = j.value("pos_embedding", std::string("rope"));
@@ -132,8 +157,9 @@ ModelConfig gpt2_config(const std::string& name, std::int64_t vocab, std::int64_
   c.hidden_dim = 4 * dim;
   c.max_seq_len = ctx;
   c.norm_eps = 1e-5;
-  c.layernorm = true;
-  c.gelu_mlp = true;  // kiln's gelu is the tanh form, GPT-2's "gelu_new"
+  c.norm_kind = NormKind::LayerNorm;
+  c.mlp_kind = MlpKind::Plain;
+  c.hidden_act = MlpActivation::GeluTanh;  // GPT-2's "gelu_new"
   c.bias = true;
   c.final_norm = true;
   c.tie_embeddings = true;
@@ -191,7 +217,7 @@ ModelConfig preset(const std::string& name) {
   fail("[config] unknown preset '{}' (known: {})", name, names);
 }
 
-ModelConfig from_hf_config(const nlohmann::json& j) {
+ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source) {
   ModelConfig c;
   auto get_int = [&](const char* field) -> std::int64_t {
     KILN_CHECK(j.contains(field), "[config] config.json lacks field '{}'", field);
@@ -251,6 +277,16 @@ ModelConfig from_hf_config(const nlohmann::json& j) {
   c.tie_embeddings = j.value("tie_word_embeddings", false);
   c.qk_norm = type == "qwen3";
   c.qkv_bias = type == "qwen2" ? true : j.value("attention_bias", false);
+  // The gated MLP's activation (HF's default is silu). Anything else would be a different model.
+  if (j.contains("hidden_act") && !j["hidden_act"].is_null()) {
+    const std::string act =
+        j["hidden_act"].is_string() ? j["hidden_act"].get<std::string>() : j["hidden_act"].dump();
+    auto a = nn::parse_mlp_activation(act);
+    KILN_CHECK(a.has_value(),
+               "[config] {}: hidden_act \"{}\" is not supported (kiln implements {})", source, act,
+               nn::kMlpActivationNames);
+    c.hidden_act = *a;
+  }
   c.validate();
   return c;
 }
@@ -264,7 +300,7 @@ ModelConfig load_hf_config(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     fail("[config] {} is not valid JSON: {}", path, e.what());
   }
-  return from_hf_config(j);
+  return from_hf_config(j, path);
 }
 
 }  // namespace kiln::models

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/variants.h"
 #include "tensor/ops.h"
 
 namespace kiln::models {
@@ -15,6 +16,11 @@ namespace kiln::models {
 // attention (LLaMA, Qwen), or a learned absolute table wpe (max_seq_len, dim)
 // added to the token embedding before the first layer (GPT-2; no RoPE then).
 enum class PosEmbedding { Rope, Learned };
+
+// The layer variants (nn/variants.h), under models:: too.
+using nn::MlpActivation;
+using nn::MlpKind;
+using nn::NormKind;
 
 struct ModelConfig {
   std::string name;  // preset name or model_type
@@ -32,9 +38,10 @@ struct ModelConfig {
   bool qk_norm = false;                                     // Qwen3
   bool qkv_bias = false;                                    // Qwen2
   bool tie_embeddings = true;
-  bool layernorm = false;  // LayerNorm with bias instead of RMSNorm
-  bool gelu_mlp = false;   // GELU MLP (fc/proj) instead of SwiGLU
-  bool bias = false;       // biases on every linear (classic GPT block)
+  NormKind norm_kind = NormKind::RmsNorm;  // LayerNorm: with bias (GPT-2)
+  MlpKind mlp_kind = MlpKind::Gated;       // Plain: GPT-2's fc/proj
+  MlpActivation hidden_act = MlpActivation::Silu;
+  bool bias = false;  // biases on every linear (classic GPT block)
   bool final_norm = true;
   PosEmbedding pos_embedding = PosEmbedding::Rope;
   double init_std = 0.02;
@@ -44,6 +51,9 @@ struct ModelConfig {
   bool uses_rope() const { return pos_embedding == PosEmbedding::Rope; }
   // Fills head_dim and checks every field; failures name the field.
   void validate() const;
+  // kiln's own JSON (checkpoints, safetensors metadata, reports). from_json also
+  // reads the booleans that configs written before the enums held: "layernorm"
+  // (LayerNorm) and "gelu_mlp" (a plain tanh-GELU MLP).
   nlohmann::json to_json() const;
   static ModelConfig from_json(const nlohmann::json& j);
 };
@@ -67,7 +77,9 @@ ModelConfig gpt2_config(const std::string& name, std::int64_t vocab, std::int64_
 // A Hugging Face config.json (model_type qwen3, qwen2, llama, mistral, gpt2).
 // gpt2 gives the GPT-2 block (see gpt2_config()) with the file's vocab_size,
 // unpadded; kiln has no GPT-2 weight loader (models/decoder.h maps the names).
-ModelConfig from_hf_config(const nlohmann::json& j);
+// The others' hidden_act (silu when absent) picks the gated MLP's activation;
+// any other value is refused by name. `source` names the file in messages.
+ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source = "config.json");
 ModelConfig load_hf_config(const std::string& path);
 
 }  // namespace kiln::models

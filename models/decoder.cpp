@@ -47,13 +47,13 @@ DecoderBody::DecoderBody(const ModelConfig& c, const nn::Init& init) {
   }
   layers = register_module("layers", std::make_shared<nn::ModuleList<nn::DecoderLayer>>());
   double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layers));
-  nn::MlpConfig m{c.dim, c.hidden_dim, c.gelu_mlp, c.bias};
+  nn::MlpConfig m{c.dim, c.hidden_dim, c.mlp_kind, c.hidden_act, c.bias};
   for (std::int64_t l = 0; l < c.n_layers; ++l)
     layers->push_back(
-        std::make_shared<nn::DecoderLayer>(attention_config(c), m, c.layernorm, init, out_std));
+        std::make_shared<nn::DecoderLayer>(attention_config(c), m, c.norm_kind, init, out_std));
   if (c.final_norm)
     norm =
-        register_module("norm", std::make_shared<nn::Norm>(c.layernorm, c.dim, c.norm_eps, init));
+        register_module("norm", std::make_shared<nn::Norm>(c.norm_kind, c.dim, c.norm_eps, init));
 }
 
 DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, DType dtype, Device device)

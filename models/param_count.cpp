@@ -39,13 +39,21 @@ std::string attention_kind(const ModelConfig &c) {
   return "GQA";
 }
 
+// "SwiGLU" (gated silu), "GELU" (GPT-2's plain tanh GELU); others by kind and hidden_act.
+std::string mlp_name(const ModelConfig &c) {
+  const bool gated = c.mlp_kind == MlpKind::Gated;
+  if (gated && c.hidden_act == MlpActivation::Silu) return "SwiGLU";
+  if (!gated && c.hidden_act == MlpActivation::GeluTanh) return "GELU";
+  return fmt::format("{} {}", gated ? "gated" : "plain", nn::mlp_activation_name(c.hidden_act));
+}
+
 std::string describe(const ModelConfig &c) {
   return fmt::format(
       "vocab {}, dim {}, {} layers, {}/{} heads ({}), head_dim {}, "
       "intermediate {}, {} MLP, {}{}{}, {}, "
       "{}{}",
       c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, attention_kind(c), c.head_dim,
-      c.hidden_dim, c.gelu_mlp ? "GELU" : "SwiGLU", c.layernorm ? "LayerNorm" : "RMSNorm",
+      c.hidden_dim, mlp_name(c), c.norm_kind == NormKind::LayerNorm ? "LayerNorm" : "RMSNorm",
       c.qk_norm ? ", QK-norm" : "",
       c.bias ? ", biases everywhere" : (c.qkv_bias ? ", QKV bias" : ""),
       c.uses_rope() ? "RoPE" : fmt::format("learned positions ({})", c.max_seq_len),
@@ -86,7 +94,7 @@ ParamCount count_params(const ModelConfig &cfg) {
     row("layers.*.self_attn.q_norm.weight", "q_norm (QK-norm)", c.head_dim, L);
     row("layers.*.self_attn.k_norm.weight", "k_norm (QK-norm)", c.head_dim, L);
   }
-  if (c.gelu_mlp) {
+  if (c.mlp_kind == MlpKind::Plain) {
     linear("mlp.", "fc", c.dim, c.hidden_dim, c.bias);
     linear("mlp.", "proj", c.hidden_dim, c.dim, c.bias);
   } else {
@@ -96,12 +104,12 @@ ParamCount count_params(const ModelConfig &cfg) {
   }
   for (const char *norm : {"input_layernorm", "post_attention_layernorm"}) {
     row(fmt::format("layers.*.{}.weight", norm), norm, c.dim, L);
-    if (c.layernorm)
+    if (c.norm_kind == NormKind::LayerNorm)
       row(fmt::format("layers.*.{}.bias", norm), fmt::format("{} bias", norm), c.dim, L);
   }
   if (c.final_norm) {
     row("model.norm.weight", "final norm", c.dim, 1);
-    if (c.layernorm) row("model.norm.bias", "final norm bias", c.dim, 1);
+    if (c.norm_kind == NormKind::LayerNorm) row("model.norm.bias", "final norm bias", c.dim, 1);
   }
   if (c.tie_embeddings) {
     pc.rows.push_back({"lm_head.weight", "lm_head (tied to embedding)", 0, 1, true});
@@ -160,13 +168,15 @@ ModelConfig apply_what_if(ModelConfig c, const WhatIf &w) {
     c.tie_embeddings = *w.tie;
     changes.push_back(c.tie_embeddings ? "tied" : "untied");
   }
-  if (w.layernorm) {
-    c.layernorm = *w.layernorm;
-    changes.push_back(c.layernorm ? "layernorm" : "rmsnorm");
+  if (w.norm) {
+    c.norm_kind = *w.norm;
+    changes.push_back(nn::norm_kind_name(c.norm_kind));
   }
-  if (w.gelu) {
-    c.gelu_mlp = *w.gelu;
-    changes.push_back(c.gelu_mlp ? "gelu" : "swiglu");
+  if (w.mlp) {
+    c.mlp_kind = *w.mlp;
+    const bool plain = c.mlp_kind == MlpKind::Plain;
+    c.hidden_act = plain ? MlpActivation::GeluTanh : MlpActivation::Silu;
+    changes.push_back(plain ? "gelu" : "swiglu");
   }
   if (w.final_norm) {
     c.final_norm = *w.final_norm;

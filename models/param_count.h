@@ -51,12 +51,12 @@ std::string param_row_key(const std::string &name);
 struct WhatIf {
   std::optional<std::int64_t> kv_heads, intermediate, layers;
   std::optional<bool> tie;         // --tie / --untie
-  std::optional<bool> layernorm;   // --norm layernorm|rmsnorm
-  std::optional<bool> gelu;        // --mlp gelu|swiglu
+  std::optional<NormKind> norm;    // --norm layernorm|rmsnorm
+  std::optional<MlpKind> mlp;      // --mlp gelu (Plain, tanh GELU) | swiglu (Gated, silu)
   std::optional<bool> final_norm;  // --no-final-norm
   bool bias = false;               // --bias: biases on every linear
   bool any() const {
-    return kv_heads || intermediate || layers || tie || layernorm || gelu || final_norm || bias;
+    return kv_heads || intermediate || layers || tie || norm || mlp || final_norm || bias;
   }
 };
 // Returns the modified config, validated; the name gets a "+what-if" suffix.

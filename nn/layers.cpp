@@ -17,6 +17,18 @@ Tensor init_const(const Shape& shape, const Init& init, double value) {
   return ops::full(shape, value, init.dtype, init.device);
 }
 
+Tensor activation(MlpActivation act, const Tensor& x) {
+  switch (act) {
+    case MlpActivation::Silu:
+      return ag::silu(x);
+    case MlpActivation::Gelu:
+      return ag::activation(Op::GeluErf, x);
+    case MlpActivation::GeluTanh:
+      return ag::gelu(x);
+  }
+  fail("[mlp] unknown activation {}", static_cast<int>(act));
+}
+
 }  // namespace
 
 Linear::Linear(std::int64_t in, std::int64_t out, bool has_bias, const Init& init, double std) {
@@ -34,19 +46,15 @@ RMSNorm::RMSNorm(std::int64_t dim, double eps_, const Init& init) : eps(eps_) {
   weight = register_parameter("weight", init_const({dim}, init, 1.0));
 }
 
-LayerNorm::LayerNorm(std::int64_t dim, double eps_, const Init& init) : eps(eps_) {
+Norm::Norm(NormKind kind_, std::int64_t dim, double eps_, const Init& init)
+    : eps(eps_), kind(kind_) {
   weight = register_parameter("weight", init_const({dim}, init, 1.0));
-  bias = register_parameter("bias", init_const({dim}, init, 0.0));
-}
-
-Norm::Norm(bool layernorm, std::int64_t dim, double eps_, const Init& init)
-    : eps(eps_), is_layernorm(layernorm) {
-  weight = register_parameter("weight", init_const({dim}, init, 1.0));
-  if (layernorm) bias = register_parameter("bias", init_const({dim}, init, 0.0));
+  if (kind == NormKind::LayerNorm) bias = register_parameter("bias", init_const({dim}, init, 0.0));
 }
 
 Tensor Norm::forward(const Tensor& x) const {
-  return is_layernorm ? ag::layernorm(x, weight, bias, eps) : ag::rmsnorm(x, weight, eps);
+  return kind == NormKind::LayerNorm ? ag::layernorm(x, weight, bias, eps)
+                                     : ag::rmsnorm(x, weight, eps);
 }
 
 Rope::Rope(std::int64_t max_pos_, std::int64_t head_dim, double theta, ops::RopeStyle style_,
@@ -110,9 +118,10 @@ Tensor Attention::forward(const Tensor& x, const Rope* rope, std::int64_t pos_of
 
 Mlp::Mlp(const MlpConfig& c, const Init& init, double out_std) : cfg(c) {
   KILN_CHECK(c.dim > 0 && c.hidden > 0, "[mlp] sizes must be positive");
-  if (c.gelu) {
+  if (c.kind == MlpKind::Plain) {
     fc = register_module("fc", std::make_shared<Linear>(c.dim, c.hidden, c.bias, init, init.std));
-    proj = register_module("proj", std::make_shared<Linear>(c.hidden, c.dim, c.bias, init, out_std));
+    proj =
+        register_module("proj", std::make_shared<Linear>(c.hidden, c.dim, c.bias, init, out_std));
   } else {
     gate_proj = register_module("gate_proj",
                                 std::make_shared<Linear>(c.dim, c.hidden, c.bias, init, init.std));
@@ -125,17 +134,24 @@ Mlp::Mlp(const MlpConfig& c, const Init& init, double out_std) : cfg(c) {
 
 Tensor Mlp::forward(const Tensor& x) const {
   MemLabelScope label("mlp");
-  if (cfg.gelu) return proj->forward(ag::gelu(fc->forward(x)));
-  return down_proj->forward(ag::swiglu(gate_proj->forward(x), up_proj->forward(x)));
+  if (cfg.kind == MlpKind::Plain) return proj->forward(activation(cfg.act, fc->forward(x)));
+  // silu: SwiGLU, one fused kernel for silu(gate) * up.
+  if (cfg.act == MlpActivation::Silu)
+    return down_proj->forward(ag::swiglu(gate_proj->forward(x), up_proj->forward(x)));
+  // HF's LLaMA/Qwen3 MLP with another activation: down(act(gate(x)) * up(x)). The gate's
+  // activation is made before up, in this order (the budget's analytic model counts on it).
+  Tensor a = activation(cfg.act, gate_proj->forward(x));
+  Tensor u = up_proj->forward(x);
+  return down_proj->forward(ag::mul(a, u));
 }
 
-DecoderLayer::DecoderLayer(const AttentionConfig& a, const MlpConfig& m, bool layernorm,
+DecoderLayer::DecoderLayer(const AttentionConfig& a, const MlpConfig& m, NormKind norm,
                            const Init& init, double out_std) {
   input_layernorm =
-      register_module("input_layernorm", std::make_shared<Norm>(layernorm, a.dim, a.norm_eps, init));
+      register_module("input_layernorm", std::make_shared<Norm>(norm, a.dim, a.norm_eps, init));
   self_attn = register_module("self_attn", std::make_shared<Attention>(a, init, out_std));
-  post_attention_layernorm = register_module(
-      "post_attention_layernorm", std::make_shared<Norm>(layernorm, a.dim, a.norm_eps, init));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             std::make_shared<Norm>(norm, a.dim, a.norm_eps, init));
   mlp = register_module("mlp", std::make_shared<Mlp>(m, init, out_std));
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "nn/variants.h"
 
 namespace kiln::nn {
 
@@ -39,29 +40,21 @@ class RMSNorm : public Module {
   double eps;
 };
 
-class LayerNorm : public Module {
- public:
-  LayerNorm(std::int64_t dim, double eps, const Init& init);
-  Tensor forward(const Tensor& x) const { return ag::layernorm(x, weight, bias, eps); }
-  Tensor weight, bias;
-  double eps;
-};
-
 // A norm that is RMSNorm or LayerNorm (with bias), chosen by config.
 class Norm : public Module {
  public:
-  Norm(bool layernorm, std::int64_t dim, double eps, const Init& init);
+  Norm(NormKind kind, std::int64_t dim, double eps, const Init& init);
   Tensor forward(const Tensor& x) const;
-  Tensor weight, bias;
+  Tensor weight, bias;  // bias: LayerNorm only
   double eps;
-  bool is_layernorm;
+  NormKind kind;
 };
 
 // Rotary embedding tables (buffers, not parameters; charged to Runtime).
 class Rope {
  public:
-  Rope(std::int64_t max_pos, std::int64_t head_dim, double theta, ops::RopeStyle style,
-       DType dtype, Device device);
+  Rope(std::int64_t max_pos, std::int64_t head_dim, double theta, ops::RopeStyle style, DType dtype,
+       Device device);
   Tensor apply(const Tensor& x, std::int64_t pos_offset) const {
     return ag::rope(x, cos, sin, style, pos_offset);
   }
@@ -99,7 +92,8 @@ class Attention : public Module {
 
 struct MlpConfig {
   std::int64_t dim = 0, hidden = 0;
-  bool gelu = false;  // GELU MLP (fc/proj) instead of SwiGLU (gate/up/down)
+  MlpKind kind = MlpKind::Gated;  // gate/up/down, or GPT-2's fc/proj
+  MlpActivation act = MlpActivation::Silu;
   bool bias = false;
 };
 
@@ -108,13 +102,13 @@ class Mlp : public Module {
   Mlp(const MlpConfig& c, const Init& init, double out_std);
   Tensor forward(const Tensor& x) const;
   MlpConfig cfg;
-  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;  // SwiGLU
-  std::shared_ptr<Linear> fc, proj;                       // GELU
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;  // MlpKind::Gated
+  std::shared_ptr<Linear> fc, proj;                       // MlpKind::Plain
 };
 
 class DecoderLayer : public Module {
  public:
-  DecoderLayer(const AttentionConfig& a, const MlpConfig& m, bool layernorm, const Init& init,
+  DecoderLayer(const AttentionConfig& a, const MlpConfig& m, NormKind norm, const Init& init,
                double out_std);
   Tensor forward(const Tensor& x, const Rope* rope, std::int64_t pos_offset = 0,
                  LayerKV* kv = nullptr) const;

@@ -4,7 +4,7 @@
 //
 // Descriptor cache: the first call for a GemmKey creates the matmul descriptor, the three
 // layouts (C and D share one) and asks cublasLtMatmulAlgoGetHeuristic for an algorithm; every
-// later call with the same key reuses them and only sets the bias/aux pointers. A "no algorithm"
+// later call with the same key reuses them and only sets the bias pointer. A "no algorithm"
 // answer is cached too. The cache is per process, keyed by device, and is cleared wholesale past
 // kGemmCacheMax entries (dynamic shapes, e.g. prefill lengths, could otherwise grow it forever).
 // One mutex guards it and is held across cublasLtMatmul, since the cached descriptor's pointer
@@ -43,18 +43,6 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_DEFAULT;
     case GemmEpilogue::Bias:
       return CUBLASLT_EPILOGUE_BIAS;
-    case GemmEpilogue::Gelu:
-      return CUBLASLT_EPILOGUE_GELU;
-    case GemmEpilogue::GeluBias:
-      return CUBLASLT_EPILOGUE_GELU_BIAS;
-    case GemmEpilogue::GeluAux:
-      return CUBLASLT_EPILOGUE_GELU_AUX;
-    case GemmEpilogue::GeluAuxBias:
-      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    case GemmEpilogue::DGelu:
-      return CUBLASLT_EPILOGUE_DGELU;
-    case GemmEpilogue::DGeluBgrad:
-      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   }
   fail("[gemm] unknown GemmEpilogue {}", static_cast<int>(e));
 }
@@ -136,7 +124,7 @@ std::string describe(const GemmArgs& g, const GemmEpilogueArgs& ep, bool tf32) {
 }
 
 // Builds the descriptors for `key` and asks the heuristic for an algorithm. The pointers are the
-// first call's: the heuristic reads bias/aux pointers' alignment from the descriptor.
+// first call's: the heuristic reads the bias pointer's alignment from the descriptor.
 std::unique_ptr<GemmEntry> build_entry(const GemmArgs& g, const GemmPlan& p,
                                        const GemmEpilogueArgs& ep, bool tf32, const GemmKey& key,
                                        std::int64_t& queries) {
@@ -151,15 +139,9 @@ std::unique_ptr<GemmEntry> build_entry(const GemmArgs& g, const GemmPlan& p,
   set_desc(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
            static_cast<std::uint32_t>(lt_epilogue(ep.epilogue)));
   if (epilogue_has_bias(ep.epilogue)) {
-    // Bias (or bias gradient) in D's dtype, one vector for every batch entry.
+    // Bias in D's dtype, one vector for every batch entry.
     set_desc(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(type));
     set_desc(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ep.bias);
-  }
-  if (epilogue_has_aux(ep.epilogue)) {
-    set_desc(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(ep.aux));
-    set_desc(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.aux_ld);
-    if (p.batch > 1)
-      set_desc(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, key.aux_batch_stride);
   }
   e->a = make_layout(type, p.a_rows, p.a_cols, p.lda, p.batch, p.stride_a);
   e->b = make_layout(type, p.b_rows, p.b_cols, p.ldb, p.batch, p.stride_b);
@@ -202,17 +184,15 @@ bool run_gemm(const GemmArgs& g, float alpha, const void* a, const void* b, floa
               const GemmEpilogueArgs& ep, StreamHandle stream, bool must) {
   KILN_CHECK(a != nullptr && b != nullptr && d != nullptr, "[gemm] null operand pointer");
   const GemmPlan p = plan_gemm(g);
-  check_gemm_epilogue(g, ep.epilogue, ep.bias, ep.aux, ep.aux_ld, ep.aux_batch_stride);
+  check_gemm_epilogue(ep.epilogue, ep.bias);
   const bool tf32 = g.type == GemmType::F32 && g_allow_tf32.load(std::memory_order_relaxed);
   const int es = gemm_type_size(g.type);
   const int align_a = gemm_alignment(reinterpret_cast<std::uintptr_t>(a), g.stride_a, g.batch, es);
   const int align_b = gemm_alignment(reinterpret_cast<std::uintptr_t>(b), g.stride_b, g.batch, es);
   const int align_c = gemm_alignment(reinterpret_cast<std::uintptr_t>(d), g.stride_c, g.batch, es);
   const int align_bias = gemm_alignment(reinterpret_cast<std::uintptr_t>(ep.bias), 0, 1, es);
-  const int align_aux =
-      gemm_alignment(reinterpret_cast<std::uintptr_t>(ep.aux), ep.aux_batch_stride, g.batch, es);
-  const GemmKey key = make_gemm_key(current_device(), g.type, tf32, p, ep, align_a, align_b,
-                                    align_c, align_bias, align_aux);
+  const GemmKey key =
+      make_gemm_key(current_device(), g.type, tf32, p, ep, align_a, align_b, align_c, align_bias);
 
   GemmCache& c = cache();
   std::lock_guard lock(c.mutex);
@@ -226,12 +206,10 @@ bool run_gemm(const GemmArgs& g, float alpha, const void* a, const void* b, floa
   GemmEntry& e = *it->second;
   if (!e.has_algo) {
     if (!must) return false;
-    fail("[gemm] cuBLASLt has no algorithm for {} (alignments a={} b={} c={} bias={} aux={})",
-         describe(g, ep, tf32), align_a, align_b, align_c, align_bias, align_aux);
+    fail("[gemm] cuBLASLt has no algorithm for {} (alignments a={} b={} c={} bias={})",
+         describe(g, ep, tf32), align_a, align_b, align_c, align_bias);
   }
   if (epilogue_has_bias(ep.epilogue)) set_desc(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ep.bias);
-  if (epilogue_has_aux(ep.epilogue))
-    set_desc(e.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(ep.aux));
   const Workspace ws = cublaslt_workspace();
   // cuBLAS A = kiln B, cuBLAS B = kiln A (see plan_gemm); C and D are the same buffer.
   KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), e.op, &alpha, b, e.a, a, e.b, &beta, d, e.c,

@@ -1,6 +1,6 @@
 // GEMM on cuBLASLt, for row-major kiln matrices.
 //
-//   D = epilogue(alpha * op(A) @ op(B) + beta * C [+ bias])      (batched: per batch entry)
+//   D = alpha * op(A) @ op(B) + beta * C [+ bias]      (batched: per batch entry)
 //
 // op(A): (M, K), op(B): (K, N), C = D: (M, N), all row-major with row strides lda/ldb/ldc (the
 // stored, untransposed matrix: A is stored (M, K) with lda >= K, or (K, M) with lda >= M when
@@ -44,35 +44,9 @@ inline const char* gemm_type_name(GemmType t) {
 // kiln's row-major ones: D (M, N).
 //   None         D = alpha*op(A)op(B) + beta*C
 //   Bias         D = ... + bias                         bias (N), D's dtype, contiguous
-//   Gelu         D = gelu(...)                          (cuBLASLt's GELU: the tanh approximation)
-//   GeluBias     D = gelu(... + bias)
-//   GeluAux      D = gelu(P), aux = P                   P = the pre-activation; aux (M, N)
-//   GeluAuxBias  D = gelu(P), aux = P, P = ... + bias   (training forward: aux is saved for DGelu)
-//   DGelu        D = (...) * gelu'(aux)                 backward: aux is the forward's P (input)
-//   DGeluBgrad   DGelu, and bias = sum over M of D      bias (N) is an OUTPUT (written, `=`)
-// aux is row-major (M, N) with row stride aux_ld: cuBLASLt needs aux_ld % 8 == 0 and
-// aux_ld >= N, and (batched) an aux batch stride that is a multiple of 8. An MLP would use
-// GeluAuxBias for fc1 in the forward and DGeluBgrad for dY @ W2 in the backward (dbias1 free).
-// The op front end uses None and Bias today; the others are here so fused MLPs can use them,
-// and are unverified on a GPU until a test exercises them.
-enum class GemmEpilogue : int {
-  None = 0,
-  Bias,
-  Gelu,
-  GeluBias,
-  GeluAux,
-  GeluAuxBias,
-  DGelu,
-  DGeluBgrad
-};
-inline bool epilogue_has_bias(GemmEpilogue e) {
-  return e == GemmEpilogue::Bias || e == GemmEpilogue::GeluBias || e == GemmEpilogue::GeluAuxBias ||
-         e == GemmEpilogue::DGeluBgrad;
-}
-inline bool epilogue_has_aux(GemmEpilogue e) {
-  return e == GemmEpilogue::GeluAux || e == GemmEpilogue::GeluAuxBias || e == GemmEpilogue::DGelu ||
-         e == GemmEpilogue::DGeluBgrad;
-}
+// (cuBLASLt's GELU epilogues are left out until a fused MLP calls them, with a GPU test.)
+enum class GemmEpilogue : int { None = 0, Bias };
+inline bool epilogue_has_bias(GemmEpilogue e) { return e == GemmEpilogue::Bias; }
 
 // A GEMM in kiln's row-major terms (see the top comment).
 struct GemmArgs {
@@ -187,7 +161,7 @@ inline std::int64_t collapsed_row_stride(const std::int64_t* shape, const std::i
 
 // Largest power of two <= 16 dividing the address and, when batched, every batch entry's address
 // (cuBLASLt's best kernels want 16-byte aligned operands; it must be told the real alignment, or
-// it assumes 256). A null pointer (no bias/aux) is 16.
+// it assumes 256). A null pointer (no bias) is 16.
 inline int gemm_alignment(std::uintptr_t addr, std::int64_t batch_stride, std::int64_t batch,
                           int elem_size) {
   std::uint64_t bits = addr | 16u;
@@ -195,26 +169,15 @@ inline int gemm_alignment(std::uintptr_t addr, std::int64_t batch_stride, std::i
   return static_cast<int>(bits & (~bits + 1));                                  // lowest set bit
 }
 
-// Validation of the epilogue's extra operands (bias length is N by construction).
-inline void check_gemm_epilogue(const GemmArgs& g, GemmEpilogue e, const void* bias,
-                                const void* aux, std::int64_t aux_ld,
-                                std::int64_t aux_batch_stride) {
+// Validation of the epilogue's extra operand (bias length is N by construction).
+inline void check_gemm_epilogue(GemmEpilogue e, const void* bias) {
   if (epilogue_has_bias(e))
     KILN_CHECK(bias != nullptr, "[gemm] epilogue {} needs a bias pointer", static_cast<int>(e));
-  if (epilogue_has_aux(e)) {
-    KILN_CHECK(aux != nullptr, "[gemm] epilogue {} needs an aux pointer", static_cast<int>(e));
-    KILN_CHECK(aux_ld >= g.N && aux_ld % 8 == 0,
-               "[gemm] GELU aux row stride {} must be >= N={} and a multiple of 8 (cuBLASLt)",
-               aux_ld, g.N);
-    KILN_CHECK(g.batch == 1 || (aux_batch_stride > 0 && aux_batch_stride % 8 == 0),
-               "[gemm] GELU aux batch stride {} must be a positive multiple of 8 (cuBLASLt)",
-               aux_batch_stride);
-  }
 }
 
 // Cache key: everything a cached descriptor or a heuristic answer depends on. Pointers enter
-// only through their alignment (heuristics choose by it); the bias/aux pointers themselves are
-// set on the cached descriptor per call.
+// only through their alignment (heuristics choose by it); the bias pointer itself is set on the
+// cached descriptor per call.
 struct GemmKey {
   int device = 0;
   int type = 0;  // GemmType
@@ -224,8 +187,7 @@ struct GemmKey {
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
   std::int64_t lda = 0, ldb = 0, ldc = 0;
   std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
-  std::int64_t aux_ld = 0, aux_batch_stride = 0;
-  int align_a = 16, align_b = 16, align_c = 16, align_bias = 16, align_aux = 16;
+  int align_a = 16, align_b = 16, align_c = 16, align_bias = 16;
   bool operator==(const GemmKey&) const = default;
 };
 struct GemmKeyHash {
@@ -251,30 +213,24 @@ struct GemmKeyHash {
                            k.stride_a,
                            k.stride_b,
                            k.stride_c,
-                           k.aux_ld,
-                           k.aux_batch_stride,
                            std::int64_t(k.align_a),
                            std::int64_t(k.align_b),
                            std::int64_t(k.align_c),
-                           std::int64_t(k.align_bias),
-                           std::int64_t(k.align_aux)})
+                           std::int64_t(k.align_bias)})
       mix(v);
     return static_cast<std::size_t>(h);
   }
 };
 
-// Extra operands of an epilogue (unused ones stay null/0).
+// The epilogue and its extra operand (null without a bias).
 struct GemmEpilogueArgs {
   GemmEpilogue epilogue = GemmEpilogue::None;
-  const void* bias = nullptr;  // (N) in the output dtype; DGeluBgrad writes it
-  void* aux = nullptr;         // (M, N) row stride aux_ld; GeluAux* write it, DGelu* read it
-  std::int64_t aux_ld = 0;
-  std::int64_t aux_batch_stride = 0;
+  const void* bias = nullptr;  // (N) in the output dtype
 };
 
 inline GemmKey make_gemm_key(int device, GemmType type, bool tf32, const GemmPlan& p,
                              const GemmEpilogueArgs& ep, int align_a, int align_b, int align_c,
-                             int align_bias, int align_aux) {
+                             int align_bias) {
   GemmKey k;
   k.device = device;
   k.type = static_cast<int>(type);
@@ -292,14 +248,10 @@ inline GemmKey make_gemm_key(int device, GemmType type, bool tf32, const GemmPla
   k.stride_a = p.stride_a;
   k.stride_b = p.stride_b;
   k.stride_c = p.stride_c;
-  const bool aux = epilogue_has_aux(ep.epilogue);
-  k.aux_ld = aux ? ep.aux_ld : 0;
-  k.aux_batch_stride = aux && p.batch > 1 ? ep.aux_batch_stride : 0;
   k.align_a = align_a;
   k.align_b = align_b;
   k.align_c = align_c;
   k.align_bias = epilogue_has_bias(ep.epilogue) ? align_bias : 16;
-  k.align_aux = aux ? align_aux : 16;
   return k;
 }
 
@@ -310,7 +262,7 @@ inline GemmKey make_gemm_key(int device, GemmType type, bool tf32, const GemmPla
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// D = epilogue(alpha * op(A) op(B) + beta * D) on `stream`, with the args above (C is D: cuBLASLt
+// D = alpha * op(A) op(B) + beta * D [+ bias] on `stream`, with the args above (C is D: cuBLASLt
 // reads and writes the same buffer when beta != 0). Uses cublaslt_handle() and the shared
 // cublaslt_workspace(), which assumes every matmul is ordered on one stream (kiln launches all
 // work on the legacy default stream). Fails with the problem's description when cuBLASLt has no

@@ -89,10 +89,21 @@ CONFIG_KEYS = ["vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_d
                "tie_embeddings"]
 
 
+# hidden_act -> the gated MLP's activation (HF's ACT2FN names): gelu is the exact erf form.
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
 def check_config(cfg):
     missing = [k for k in CONFIG_KEYS if k not in cfg]
     if missing:
         raise ValueError(f"config.json is missing {missing}")
+    cfg.setdefault("hidden_act", "silu")
+    if cfg["hidden_act"] not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not one of {sorted(ACTIVATIONS)}")
     if cfg["rope_style"] not in ("interleaved", "rotate_half"):
         raise ValueError(f"rope_style must be interleaved or rotate_half, not {cfg['rope_style']}")
     if cfg["n_heads"] % cfg["n_kv_heads"] != 0 or cfg["head_dim"] % 2 != 0:
@@ -194,6 +205,7 @@ def forward(cfg, P, ids):
     B, T = ids.shape
     Hq, Hkv, D, eps = cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"], cfg["norm_eps"]
     dt = work_dtype(cfg)
+    act = ACTIVATIONS[cfg.get("hidden_act", "silu")]
     cos, sin = rope_cos_sin(T, D, cfg["rope_theta"], dt)
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)  # True above the diagonal = masked
     h = P["model.embed_tokens.weight"][ids]  # (B, T, C)
@@ -220,7 +232,7 @@ def forward(cfg, P, ids):
         x = rmsnorm(h, P[p + "post_attention_layernorm.weight"], eps)
         g = F.linear(x, P[p + "mlp.gate_proj.weight"])
         u = F.linear(x, P[p + "mlp.up_proj.weight"])
-        h = h + F.linear(F.silu(g) * u, P[p + "mlp.down_proj.weight"])
+        h = h + F.linear(act(g) * u, P[p + "mlp.down_proj.weight"])
     x = rmsnorm(h, P["model.norm.weight"], eps)
     head = P["model.embed_tokens.weight"] if cfg["tie_embeddings"] else P["lm_head.weight"]
     return F.linear(x, head)

@@ -6,7 +6,7 @@ Usage:
       MODEL_DIR is a Hugging Face folder as `kiln generate --model` reads it: config.json with HF
       field names (model_type qwen3/qwen2/llama/mistral, hidden_size, intermediate_size,
       num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps,
-      rope_theta, tie_word_embeddings, attention_bias, vocab_size) and the weights as
+      rope_theta, tie_word_embeddings, attention_bias, vocab_size, hidden_act) and the weights as
       model.safetensors.index.json + shards, or a single model.safetensors.
   reference_qwen3.py llama2c MODEL_BIN REQUEST_JSON OUT_DIR
       MODEL_BIN is a llama2.c legacy .bin (run.c's layout: 7 int32 header, f32 weights, a negative
@@ -65,6 +65,7 @@ def hf_config(path):
         "qk_norm": mt == "qwen3",
         "qkv_bias": True if mt == "qwen2" else bool(j.get("attention_bias", False)),
         "tie_embeddings": bool(j.get("tie_word_embeddings", False)),
+        "hidden_act": j.get("hidden_act", "silu"),
     })
 
 

@@ -169,6 +169,44 @@ TEST(Budget, AnalyticMatchesDryRun) {
   expect_analytic(q);
 }
 
+// A gated MLP with another activation than silu is act(gate) * up, not the fused SwiGLU: it
+// saves one more (N, F) tensor per layer and, with --recompute, peaks in the product's backward.
+// The dry run equals the CPU run, and the analytic model follows it, here to the byte
+// (gelu_pytorch_tanh; gelu saves the same tensors).
+TEST(Budget, GeluGatedMlpDryRunAndAnalytic) {
+  auto expect_exact = [](const BudgetSpec& s) {
+    expect_analytic(s);
+    BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
+    for (std::size_t i = 0; i < kNumBudgetRows; ++i)
+      if (i != idx(BudgetRow::Slack))  // the allocator's, not a category
+        EXPECT_EQ(a.at_peak[i], d.at_peak[i])
+            << budget_mode_name(s.mode) << ": " << budget_row_name(static_cast<BudgetRow>(i));
+    EXPECT_EQ(a.peak_label, d.peak_label);
+  };
+  BudgetSpec s;
+  s.cfg = tiny_qwen3();
+  s.cfg.hidden_act = MlpActivation::GeluTanh;
+  s.mode = BudgetMode::Train;
+  s.batch = 2, s.seq = 32;
+  for (bool rc : {false, true}) {
+    s.recompute = rc;
+    s.dtype = DType::F32;
+    expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                rc ? "gelu-gated train recompute" : "gelu-gated train");
+    for (DType dt : {DType::F32, DType::BF16}) {
+      s.dtype = dt;
+      expect_exact(s);
+    }
+  }
+  s.mode = BudgetMode::Infer;
+  s.recompute = false, s.dtype = DType::F32;
+  s.batch = 2, s.seq = 20, s.decode_steps = 4;
+  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "gelu-gated infer");
+  expect_exact(s);
+  s.simulate = DeviceType::CUDA;
+  expect_exact(s);
+}
+
 TEST(Budget, Qwen3_8BBytesPerParamAndKvPerToken) {
   if (!std::filesystem::exists(kQwen3_8B)) GTEST_SKIP() << "no " << kQwen3_8B;
   BudgetSpec s;

@@ -472,6 +472,44 @@ TEST_F(GenerateTest, BadConfigNamesFileAndField) {
   EXPECT_NE(missing.find("nope"), std::string::npos) << missing;
 }
 
+// hidden_act picks the gated MLP's activation; one kiln lacks is refused by name, with the file
+// (never ignored: that would silently compute a different model).
+TEST_F(GenerateTest, HiddenActPicksTheMlpActivationOrIsRefusedByName) {
+  using models::MlpActivation;
+  const fs::path cfg = dir_ / "config.json";
+  auto j = hf_config_json(tiny_qwen3(false));
+  const std::pair<const char*, MlpActivation> known[] = {
+      {"silu", MlpActivation::Silu},
+      {"gelu", MlpActivation::Gelu},
+      {"gelu_pytorch_tanh", MlpActivation::GeluTanh}};
+  for (auto [name, act] : known) {
+    j["hidden_act"] = name;
+    write_json(cfg, j);
+    models::ModelConfig c = models::load_hf_config(cfg.string());
+    EXPECT_EQ(c.hidden_act, act) << name;
+    EXPECT_EQ(c.mlp_kind, models::MlpKind::Gated) << name;
+    EXPECT_EQ(models::ModelConfig::from_json(c.to_json()).hidden_act, act) << name;
+  }
+  j.erase("hidden_act");  // HF's default: silu
+  write_json(cfg, j);
+  EXPECT_EQ(models::load_hf_config(cfg.string()).hidden_act, MlpActivation::Silu);
+  j["hidden_act"] = "relu2";
+  write_json(cfg, j);
+  std::string e = error_of([&] { models::load_hf_config(cfg.string()); });
+  EXPECT_NE(e.find("[config] " + cfg.string() +
+                   ": hidden_act \"relu2\" is not supported (kiln implements silu, gelu, "
+                   "gelu_pytorch_tanh)"),
+            std::string::npos)
+      << e;
+  // A model folder, as `kiln generate --model DIR` loads it.
+  fs::path d = make_folder("m");
+  j["hidden_act"] = "gelu_new";
+  write_json(d / "config.json", j);
+  e = error_of([&] { load(d); });
+  EXPECT_NE(e.find("hidden_act \"gelu_new\" is not supported"), std::string::npos) << e;
+  EXPECT_NE(e.find((d / "config.json").string()), std::string::npos) << e;
+}
+
 TEST_F(GenerateTest, RandomWeightsFromConfigAndFolderTokenizerLookup) {
   // --random-weights --config: the tiny config with seeded weights; same seed, same weights.
   fs::path d = dir_ / "cfg";

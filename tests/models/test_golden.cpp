@@ -1,6 +1,7 @@
 // Golden model tests: a kiln DecoderModel against the independent PyTorch
 // reference tests/golden/reference_llama.py (contract in tests/golden/README.md)
-// on a 2-layer llama2.c-style LLaMA and a 2-layer Qwen3-style block: logits,
+// on a 2-layer llama2.c-style LLaMA and a 2-layer Qwen3-style block, the latter
+// also with GELU-gated MLPs (hidden_act gelu_pytorch_tanh and gelu): logits,
 // loss, every parameter gradient, and 10 AdamW steps.
 //
 // These tests never skip: without /usr/bin/python3 + torch they FAIL, since
@@ -74,6 +75,15 @@ ModelConfig qwen3_cfg() {
   return c;
 }
 
+// (c) the Qwen3 block with a gated MLP of another activation, as HF computes
+// hidden_act: down(act(gate(x)) * up(x)).
+ModelConfig gelu_gated_cfg(models::MlpActivation act) {
+  ModelConfig c = qwen3_cfg();
+  c.name = std::string("golden-qwen3-") + nn::mlp_activation_name(act);
+  c.hidden_act = act;
+  return c;
+}
+
 // ids in [0, V); targets = next id, with a few -100 (ignored) entries.
 std::pair<Tensor, Tensor> make_batch(const ModelConfig& c, std::uint32_t seed) {
   return test::golden_batch(c.vocab_size, kB, kT, seed, {3, kT + 0, kT + 6});
@@ -111,7 +121,8 @@ class GoldenTest : public ::testing::Test {
         {"rope_style", c.rope_style == ops::RopeStyle::Interleaved ? "interleaved" : "rotate_half"},
         {"qk_norm", c.qk_norm},
         {"qkv_bias", c.qkv_bias},
-        {"tie_embeddings", c.tie_embeddings}};
+        {"tie_embeddings", c.tie_embeddings},
+        {"hidden_act", nn::mlp_activation_name(c.hidden_act)}};
     test::write_golden_inputs(dir_ / "in", cfg, m, ids, targets, kAdamW, kSteps);
   }
 
@@ -206,3 +217,14 @@ class GoldenTest : public ::testing::Test {
 TEST_F(GoldenTest, Llama2cStyleMatchesPyTorch) { check_against_torch(llama_cfg(), 1); }
 
 TEST_F(GoldenTest, Qwen3StyleMatchesPyTorch) { check_against_torch(qwen3_cfg(), 2); }
+
+// gelu_pytorch_tanh: kiln's GELU (the tanh form) on the gate, against F.gelu(approximate="tanh").
+TEST_F(GoldenTest, GeluTanhGatedMlpMatchesPyTorch) {
+  check_against_torch(gelu_gated_cfg(models::MlpActivation::GeluTanh), 3);
+}
+
+// gelu: the exact erf GELU (ag::gelu_erf) on the gate, against F.gelu. Needs the gelu_erf op;
+// with the placeholder it fails with "[gelu_erf] placeholder".
+TEST_F(GoldenTest, GeluErfGatedMlpMatchesPyTorch) {
+  check_against_torch(gelu_gated_cfg(models::MlpActivation::Gelu), 4);
+}

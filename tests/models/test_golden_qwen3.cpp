@@ -2,7 +2,8 @@
 //  - a tiny Qwen3 (hidden 64, 2 layers, 4/2 heads, head_dim 16, QK-norm, vocab 1000), tied and
 //    untied, saved as a sharded HF folder and loaded back from disk by models::load_model (the
 //    path `kiln generate --model DIR` takes): prompt logits and the per-step logits of the KV-cache
-//    path within 1e-4 (fp32), and 16 greedy tokens from GenerationSession exactly;
+//    path within 1e-4 (fp32), and 16 greedy tokens from GenerationSession exactly; once more with
+//    hidden_act gelu_pytorch_tanh in config.json, which both sides read;
 //  - a llama2.c legacy .bin (interleaved RoPE) against run.c's forward + greedy in Python.
 // Never skipped: without torch these FAIL.
 #include <fmt/format.h>
@@ -142,6 +143,21 @@ TEST_F(GoldenQwen3, TiedShardedFolderMatchesTorch) {
   ASSERT_TRUE(loaded.model->cfg.tie_embeddings);
   ASSERT_EQ(loaded.model->lm_head, nullptr);
   check(loaded, "hf", model_dir.string(), prompt_ids(1000, 6, 11));
+}
+
+// hidden_act in config.json picks the gated MLP's activation, in kiln's loader and the reference.
+TEST_F(GoldenQwen3, GeluTanhHiddenActFolderMatchesTorch) {
+  models::ModelConfig c = tiny_qwen3(/*tied=*/false);
+  c.hidden_act = models::MlpActivation::GeluTanh;
+  models::DecoderModel src(c, 5);
+  init_weights(src, 105);
+  fs::path model_dir = dir_ / "model";
+  write_hf_folder(src, model_dir, {{"eos_token_id", 999}, {"do_sample", false}});
+  models::ModelSource ms;
+  ms.model = model_dir.string();
+  models::LoadedModel loaded = models::load_model(ms);
+  ASSERT_EQ(loaded.model->cfg.hidden_act, models::MlpActivation::GeluTanh);
+  check(loaded, "hf", model_dir.string(), prompt_ids(1000, 7, 10));
 }
 
 // llama2.c: a legacy .bin through load_model (the `kiln generate --model X.bin` path) against

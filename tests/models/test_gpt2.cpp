@@ -90,7 +90,10 @@ TEST(Gpt2, PresetParamCount) {
   EXPECT_EQ(c.head_dim, 64);
   EXPECT_EQ(c.hidden_dim, 3072);
   EXPECT_EQ(c.max_seq_len, 1024);
-  EXPECT_TRUE(c.layernorm && c.gelu_mlp && c.bias && c.final_norm && c.tie_embeddings);
+  EXPECT_EQ(c.norm_kind, models::NormKind::LayerNorm);
+  EXPECT_EQ(c.mlp_kind, models::MlpKind::Plain);
+  EXPECT_EQ(c.hidden_act, models::MlpActivation::GeluTanh);
+  EXPECT_TRUE(c.bias && c.final_norm && c.tie_embeddings);
   EXPECT_FALSE(c.uses_rope());
   EXPECT_FALSE(c.qk_norm);
 
@@ -150,6 +153,25 @@ TEST(Gpt2, ConfigJsonRoundTrip) {
   j.erase("pos_embedding");
   EXPECT_TRUE(ModelConfig::from_json(j).uses_rope());
   j["pos_embedding"] = "sinusoidal";
+  EXPECT_THROW(ModelConfig::from_json(j), Error);
+  // The layer variants are enums, by name; configs written before them held booleans
+  // ("layernorm", "gelu_mlp"), which still read as the same model.
+  j = c.to_json();
+  EXPECT_EQ(j["norm_kind"], "layernorm");
+  EXPECT_EQ(j["mlp_kind"], "plain");
+  EXPECT_EQ(j["hidden_act"], "gelu_pytorch_tanh");
+  for (const char* k : {"norm_kind", "mlp_kind", "hidden_act"}) j.erase(k);
+  j["layernorm"] = true;
+  j["gelu_mlp"] = true;
+  EXPECT_EQ(ModelConfig::from_json(j).to_json(), c.to_json());
+  j["layernorm"] = false;
+  j["gelu_mlp"] = false;
+  back = ModelConfig::from_json(j);
+  EXPECT_EQ(back.norm_kind, models::NormKind::RmsNorm);
+  EXPECT_EQ(back.mlp_kind, models::MlpKind::Gated);
+  EXPECT_EQ(back.hidden_act, models::MlpActivation::Silu);
+  j = c.to_json();
+  j["norm_kind"] = "batchnorm";
   EXPECT_THROW(ModelConfig::from_json(j), Error);
   // Without RoPE an odd head_dim is fine; with it, it is not.
   ModelConfig odd = models::gpt2_config("odd", 32, 60, 1, 4, 8);  // head_dim 15

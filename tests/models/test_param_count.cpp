@@ -3,8 +3,6 @@
 // row identical; what-ifs; building Qwen3-8B on meta touches no memory; and
 // `kiln params` end to end.
 #include <gtest/gtest.h>
-
-#include "tests/run_kiln.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +13,7 @@
 
 #include "models/decoder.h"
 #include "models/param_count.h"
+#include "tests/run_kiln.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -61,7 +60,8 @@ ModelConfig classic_block(bool tied) {
   c.name = "classic";
   c.vocab_size = 32000, c.dim = 512, c.hidden_dim = 4 * 512, c.n_layers = 8;
   c.n_heads = 8, c.n_kv_heads = 8, c.head_dim = 64, c.max_seq_len = 1024;
-  c.gelu_mlp = true, c.layernorm = true, c.bias = true, c.final_norm = false;
+  c.mlp_kind = models::MlpKind::Plain, c.hidden_act = models::MlpActivation::GeluTanh;
+  c.norm_kind = models::NormKind::LayerNorm, c.bias = true, c.final_norm = false;
   c.tie_embeddings = tied;
   return c;
 }
@@ -78,6 +78,7 @@ std::int64_t resident_bytes() {
 TEST(ParamCount, Qwen3_8B_FromConfigJson) {
   if (!fs::exists(kQwen3_8B)) GTEST_SKIP() << "absent: " << kQwen3_8B;
   ModelConfig c = models::load_hf_config(kQwen3_8B);
+  EXPECT_EQ(c.hidden_act, models::MlpActivation::Silu);  // "hidden_act": "silu"
   expect_total(c, 8'190'735'360);
   models::ParamCount f = models::count_params(c);
   EXPECT_EQ(f.non_embedding(), 6'946'075'648);
@@ -125,8 +126,8 @@ TEST(ParamCount, WhatIfClassicBlockFromStories42M) {
   // shape.
   models::WhatIf w;
   w.intermediate = 2048;
-  w.layernorm = true;
-  w.gelu = true;
+  w.norm = models::NormKind::LayerNorm;
+  w.mlp = models::MlpKind::Plain;
   w.bias = true;
   w.final_norm = false;
   w.tie = false;

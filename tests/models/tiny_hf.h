@@ -3,7 +3,6 @@
 // llama2.c legacy .bin writer, and a runner for tests/golden/reference_qwen3.py.
 #pragma once
 
-#include "tests/test_python.h"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "models/weights.h"
+#include "tests/test_python.h"
 
 namespace kiln::test_hf {
 
@@ -75,6 +75,7 @@ inline nlohmann::json hf_config_json(const models::ModelConfig& c) {
           {"rope_theta", c.rope_theta},
           {"tie_word_embeddings", c.tie_embeddings},
           {"attention_bias", false},
+          {"hidden_act", nn::mlp_activation_name(c.hidden_act)},
           {"torch_dtype", "float32"}};
 }
 
@@ -162,7 +163,8 @@ inline Reference run_reference(const std::string& mode, const std::string& model
   *ok = false;
   Reference r;
   if (std::system((test_python() + " -c 'import torch, numpy' > /dev/null 2>&1").c_str()) != 0) {
-    ADD_FAILURE() << test_python() << " cannot import torch and numpy: the golden tests need "
+    ADD_FAILURE() << test_python()
+                  << " cannot import torch and numpy: the golden tests need "
                      "Debian's python3-torch. They are not skipped on purpose.";
     return r;
   }
