@@ -223,8 +223,7 @@ TEST_F(GoldenTest, GeluTanhGatedMlpMatchesPyTorch) {
   check_against_torch(gelu_gated_cfg(models::MlpActivation::GeluTanh), 3);
 }
 
-// gelu: the exact erf GELU (ag::gelu_erf) on the gate, against F.gelu. Needs the gelu_erf op;
-// with the placeholder it fails with "[gelu_erf] placeholder".
+// gelu: the exact erf GELU (the gelu_erf op) on the gate, against F.gelu.
 TEST_F(GoldenTest, GeluErfGatedMlpMatchesPyTorch) {
   check_against_torch(gelu_gated_cfg(models::MlpActivation::Gelu), 4);
 }
