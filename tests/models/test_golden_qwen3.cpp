@@ -146,18 +146,22 @@ TEST_F(GoldenQwen3, TiedShardedFolderMatchesTorch) {
 }
 
 // hidden_act in config.json picks the gated MLP's activation, in kiln's loader and the reference.
-TEST_F(GoldenQwen3, GeluTanhHiddenActFolderMatchesTorch) {
-  models::ModelConfig c = tiny_qwen3(/*tied=*/false);
-  c.hidden_act = models::MlpActivation::GeluTanh;
-  models::DecoderModel src(c, 5);
-  init_weights(src, 105);
-  fs::path model_dir = dir_ / "model";
-  write_hf_folder(src, model_dir, {{"eos_token_id", 999}, {"do_sample", false}});
-  models::ModelSource ms;
-  ms.model = model_dir.string();
-  models::LoadedModel loaded = models::load_model(ms);
-  ASSERT_EQ(loaded.model->cfg.hidden_act, models::MlpActivation::GeluTanh);
-  check(loaded, "hf", model_dir.string(), prompt_ids(1000, 7, 10));
+// gelu_pytorch_tanh and gelu (the exact erf GELU).
+TEST_F(GoldenQwen3, GeluHiddenActFoldersMatchTorch) {
+  for (auto act : {models::MlpActivation::GeluTanh, models::MlpActivation::Gelu}) {
+    SCOPED_TRACE(nn::mlp_activation_name(act));
+    models::ModelConfig c = tiny_qwen3(/*tied=*/false);
+    c.hidden_act = act;
+    models::DecoderModel src(c, 5);
+    init_weights(src, 105);
+    fs::path model_dir = dir_ / fmt::format("model_{}", nn::mlp_activation_name(act));
+    write_hf_folder(src, model_dir, {{"eos_token_id", 999}, {"do_sample", false}});
+    models::ModelSource ms;
+    ms.model = model_dir.string();
+    models::LoadedModel loaded = models::load_model(ms);
+    ASSERT_EQ(loaded.model->cfg.hidden_act, act);
+    check(loaded, "hf", model_dir.string(), prompt_ids(1000, 7, 10));
+  }
 }
 
 // llama2.c: a legacy .bin through load_model (the `kiln generate --model X.bin` path) against
