@@ -21,6 +21,14 @@ struct cudnnContext;     // cudnnHandle_t
 
 namespace kiln::cuda {
 
+// What device_malloc throws when the device has no room (cudaErrorMemoryAllocation), and only
+// then: the caching allocator releases its cache and retries on this error alone; any other
+// error (an illegal address left by an earlier kernel, a lost device) is a plain kiln::Error and
+// propagates with its own message. Declared in CPU-only builds too, so tests can throw it.
+struct DeviceOutOfMemory : Error {
+  using Error::Error;
+};
+
 // Same type as cudaStream_t; nullptr is the legacy default stream.
 using StreamHandle = CUstream_st*;
 

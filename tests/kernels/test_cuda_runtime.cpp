@@ -160,6 +160,8 @@ TEST_F(CudaDevice, FreeMemoryFallsByWhatWeAllocate) {
 TEST_F(CudaDevice, OutOfMemoryIsAClearErrorAndNotSticky) {
   const size_t too_much = mem_get_info().total_bytes * 4;
   const std::string msg = error_message([&] { device_malloc(too_much); });
+  // Its own type, so the caching allocator releases its cache for this error and no other.
+  EXPECT_THROW(device_malloc(too_much), DeviceOutOfMemory);
   EXPECT_NE(msg.find("[cuda] device_malloc: out of memory"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::to_string(too_much)), std::string::npos) << msg;
   void* p = nullptr;
