@@ -3,8 +3,6 @@
 // row identical; what-ifs; building Qwen3-8B on meta touches no memory; and
 // `kiln params` end to end.
 #include <gtest/gtest.h>
-
-#include "tests/run_kiln.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +13,8 @@
 
 #include "models/decoder.h"
 #include "models/param_count.h"
+#include "tests/run_kiln.h"
+#include "tests/test_data.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -22,8 +22,7 @@ using kiln::models::ModelConfig;
 
 namespace {
 
-const std::string kQwen3_8B =
-    std::string(KILN_SOURCE_DIR) + "/../shared/data/qwen/Qwen3-8B/config.json";
+const std::string kQwen3_8B = test_shared_data() + "/qwen/Qwen3-8B/config.json";
 
 // Asserts formula total == meta-device total == expected, and every row equal.
 void expect_total(const ModelConfig &c, std::int64_t expected) {
