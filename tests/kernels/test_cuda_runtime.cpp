@@ -215,6 +215,30 @@ TEST_F(CudaDevice, LibraryHandlesAndVersions) {
   EXPECT_GT(cublaslt_version(), 0);
 }
 
+// The smoke stage's probe (scripts/gpu_check.sh runs it with --gtest_filter=CudaProbe.*): which
+// driver, runtime and library versions and files were loaded. It prints, and checks only what
+// kiln needs: cuDNN 9 and NCCL 2 (the versions the loaded libraries report, not the headers').
+TEST(CudaProbe, VersionsAndLoadedLibraries) {
+  const int devices = device_count();
+  if (devices > 0) {
+    set_device(0);
+    (void)cublaslt_handle();  // loads cuBLASLt's and cuDNN's own sub-libraries
+    (void)cudnn_handle();
+  }
+  std::printf("probe: devices %d driver %d runtime %d cublasLt %d cudnn %d nccl %d\n", devices,
+              driver_version(), runtime_version(), cublaslt_version(), cudnn_version(),
+              nccl_version());
+  for (const std::string& lib :
+       loaded_libraries({"libcuda", "libcudart", "libcublas", "libcudnn", "libnccl", "libnvrtc",
+                         "libnvJitLink", "libopenblas", "libstdc++", "libgomp"}))
+    std::printf("probe: loaded %s\n", lib.c_str());
+  std::fflush(stdout);
+  EXPECT_GE(cudnn_version(), 90000);
+  EXPECT_LT(cudnn_version(), 100000);
+  EXPECT_GE(nccl_version(), 20000);
+  EXPECT_FALSE(loaded_libraries({"libcudnn"}).empty());
+}
+
 TEST_F(CudaDevice, RuntimeBytesAreMeasuredAndAddUp) {
   // SetUp made the context (set_device); its cost was measured then.
   (void)cublaslt_handle();
