@@ -166,7 +166,23 @@ main() {
   fi
 
   # ---- paths the tests read --------------------------------------------------------------------
-  export KILN_SOURCE_DIR="$repo" KILN_BINARY_DIR="$KILN_BUNDLE_BINARY_DIR"
+  # The tests find their scripts and binaries through KILN_SOURCE_DIR / KILN_BINARY_DIR, compiled
+  # in as the build machine's paths: where those do not exist here, link them to this checkout
+  # and the bundle.
+  local src=$KILN_BUNDLE_SOURCE_DIR bin=$KILN_BUNDLE_BINARY_DIR d
+  if [ "$(realpath -m "$src")" != "$repo" ]; then
+    if [ ! -e "$src" ] && mkdir -p "$(dirname "$src")" 2>/dev/null && ln -s "$repo" "$src"; then
+      say "linked the compiled source path $src -> $repo"
+    else
+      note "compiled source path $src is not this checkout ($repo) and could not be linked"
+    fi
+  fi
+  for d in tests apps bench examples; do
+    if [ -d "$bundle/$d" ] && [ ! -e "$bin/$d" ]; then
+      mkdir -p "$bin" && ln -s "$bundle/$d" "$bin/$d" && say "linked $bin/$d -> $bundle/$d"
+    fi
+  done
+  export KILN_SOURCE_DIR="$repo" KILN_BINARY_DIR="$bin"
   export KILN_SHARED_DATA="$bundle/data"
   [ -e "$repo/data" ] || KILN_SHARED_DATA="$bundle/data" "$repo/scripts/get_data.sh" >/dev/null 2>&1 ||
     note "scripts/get_data.sh from the bundle's data failed"
