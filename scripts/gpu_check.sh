@@ -147,6 +147,9 @@ main() {
     ldd "$bundle/tests/test_kernels" 2>&1
     echo "# readelf -d tests/test_kernels (RPATH/RUNPATH)"
     readelf -d "$bundle/tests/test_kernels" 2>/dev/null | grep -E 'RPATH|RUNPATH'
+    # Which copies load, and their versions, even when there is no GPU (the probe needs none).
+    echo "# probe before the GPU check (tests/test_kernels --gtest_filter=CudaProbe.*)"
+    (cd "$bundle/tests" && timeout 30 ./test_kernels --gtest_filter='CudaProbe.*') 2>&1 | grep '^probe:'
   } >"$out/libs.txt" 2>&1
 
   # ---- the GPU --------------------------------------------------------------------------------
