@@ -303,7 +303,7 @@ list_cuda_suites() {
     case "$rel" in tests/test_*) ;; *) continue ;; esac
     bin=${rel#tests/}
     printf -v "suites_$bin" '%s' "$(cd "$bundle/tests" 2>/dev/null && timeout 60 "./$bin" --gtest_list_tests 2>/dev/null |
-      gpu_check_cuda_suites | tr '\n' ' ')"
+      gpu_check_cuda_suites)"
   done
 }
 

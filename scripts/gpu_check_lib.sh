@@ -51,17 +51,33 @@ gpu_check_step_limit() {
   fi
 }
 
-# gpu_check_cuda_suites BINARY_LIST_OUTPUT: the CUDA suites among `--gtest_list_tests` output
-# (stdin): suite names that name CUDA, cuDNN, a GPU or the backend comparison, except the
-# host-only ones that CI runs (*Host, *Plan, *Fragments, *Replay), one per line. Parameterized
-# suites ("Prefix/Suite.") count by their suite name.
+# gpu_check_cuda_suites: the CUDA tests among `--gtest_list_tests` output (stdin), as lines
+# "NAME FILTER", one process each: every suite whose name names CUDA, cuDNN, a GPU or the backend
+# comparison ("CudaMatmul CudaMatmul.*:*/CudaMatmul.*"), except the host-only suites that CI runs
+# (*Host, *Plan, *Fragments, *Replay); then, in one more process ("named ..."), the tests of
+# other suites whose own name does (Cli.TrainGenerateBudgetOnCuda, MultiTensorAdamW.CudaMatchesCpu).
 gpu_check_cuda_suites() {
-  grep -E '^[A-Za-z0-9_/]+\.$' | sed -e 's/\.$//' -e 's#^.*/##' | sort -u |
-    grep -Ei 'cuda|cudnn|gpu|backendops|devicememory' | grep -Ev '(Host|Plan|Fragments|Replay)$' || true
+  awk '
+    /^[^ ]/ { suite = $1; sub(/\.$/, "", suite); sub(/^.*\//, "", suite); next }
+    /^  / {
+      test = $1; sub(/\/.*$/, "", test)
+      if (suite ~ /[Cc]uda|CUDA|[Cc]udnn|[Gg]pu|GPU|BackendOps|DeviceMemory/ &&
+          suite !~ /(Host|Plan|Fragments|Replay)$/) {
+        if (!(suite in seen)) { seen[suite] = 1; order[++n] = suite }
+      } else if (test ~ /[Cc]uda|[Gg]pu/) {
+        key = suite "." test
+        if (!(key in named_seen)) { named_seen[key] = 1; named = named (named ? ":" : "") key }
+      }
+    }
+    END {
+      for (i = 1; i <= n; i++) print order[i], order[i] ".*:*/" order[i] ".*"
+      if (named) print "named", named
+    }'
 }
 
 # gpu_check_plan STAGE: the steps of STAGE (format above). Needs: $bundle_exes (the bundle's
-# executables, relative paths), and for cuda-tests $suites_<binary> (from gpu_check_cuda_suites).
+# executables, relative paths), and for cuda-tests $suites_<binary> (gpu_check_cuda_suites'
+# lines).
 gpu_check_plan() {
   local b=GPU_CHECK_BASE_ENV
   local e=${!b}
@@ -78,9 +94,9 @@ gpu_check_plan() {
         case "$rel" in tests/test_*) ;; *) continue ;; esac
         bin=${rel#tests/}
         var="suites_${bin}"
-        for suite in ${!var:-}; do
-          echo "${bin#test_}.${suite}|gtest|120|tests|$e|./$bin --gtest_filter=${suite}.*:*/${suite}.*"
-        done
+        while read -r suite filter; do
+          [ -n "$suite" ] && echo "${bin#test_}.${suite}|gtest|120|tests|$e|./$bin --gtest_filter=$filter"
+        done <<<"${!var:-}"
       done
       ;;
     sanitizer)

@@ -31,9 +31,12 @@ check "limit: too little left, not started" [ "$(gpu_check_step_limit 120 1000 1
 
 # ---- CUDA suites from --gtest_list_tests ------------------------------------------------------
 suites=$(printf '%s\n' 'CudaDevice.' '  A' 'CudaAttentionHost.' '  B' 'Ops.' '  C' \
-  'All/BackendOpsCuda.' '  MatchesCpu/0' 'CudaAttentionPlan.' '  D' 'CudnnAttentionGpu.' '  E' |
-  gpu_check_cuda_suites | tr '\n' ' ')
-check "cuda suites: GPU ones only ($suites)" [ "$suites" = "BackendOpsCuda CudaDevice CudnnAttentionGpu " ]
+  'All/BackendOpsCuda.' '  MatchesCpu/0  # GetParam() = 1' '  MatchesCpu/1  # GetParam() = 2' \
+  'CudaAttentionPlan.' '  D' 'CudnnAttentionGpu.' '  E' 'Cli.' '  Help' '  TrainOnCuda' \
+  'MultiTensorAdamW.' '  CudaMatchesCpu' | gpu_check_cuda_suites | cut -d' ' -f1 | tr '\n' ' ')
+check "cuda suites: GPU ones only ($suites)" [ "$suites" = "CudaDevice BackendOpsCuda CudnnAttentionGpu named " ]
+named=$(printf '%s\n' 'Cli.' '  Help' '  TrainOnCuda' 'MultiTensorAdamW.' '  CudaMatchesCpu' | gpu_check_cuda_suites)
+check "cuda tests of other suites by name ($named)" [ "$named" = "named Cli.TrainOnCuda:MultiTensorAdamW.CudaMatchesCpu" ]
 
 # ---- a fake bundle and a fake nvidia-smi ------------------------------------------------------
 bundle=$tmp/bundle
