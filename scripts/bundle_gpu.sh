@@ -6,7 +6,9 @@
 #
 # bundle/ mirrors the build tree's layout for the executables (tests/test_*, apps/kiln, bench/*,
 # examples/*), so paths compiled into the tests (KILN_BINARY_DIR) can be mapped onto it:
-#   bundle/<dir>/<exe>   executables; their DT_RPATH is $ORIGIN/../lib
+#   bundle/<dir>/<exe>   executables; their DT_RPATH is $ORIGIN/../lib and nothing else (set
+#                        by scripts/set_rpath.py on the copies), so that LD_LIBRARY_PATH, not
+#                        this machine's folders, decides which CUDA libraries load there
 #   bundle/lib/          the non-system shared libraries they need (OpenBLAS, HDF5, fmt, ...)
 #   bundle/lib/fallback/ libstdc++/libgcc_s, used only when the target's own are too old
 #   bundle/data/         real copies of the data files (scripts/get_data.sh)
@@ -33,8 +35,13 @@ log() { echo "bundle_gpu: $*"; }
 # DT_RPATH (not RUNPATH: --disable-new-dtags) so that the bundled libraries' own dependencies
 # (libhdf5 -> libsz, libcurl, ...) are found in bundle/lib too, without LD_LIBRARY_PATH, which
 # would leak into the Python subprocesses of the golden tests.
+launcher=()
+if command -v ccache >/dev/null; then  # the same objects as build/ compile once
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(dirname "$repo")}
+fi
 cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_CUDA_ARCHITECTURES=90 "${launcher[@]+"${launcher[@]}"}" \
   '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' \
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags
 build_ok=1
@@ -96,6 +103,18 @@ for rel in "${exes[@]}"; do
 done
 log "libraries: $(find "$bundle/lib" -maxdepth 1 -type f -printf '%f ' | sort)"
 
+# The build RPATH also names the folders the libraries were linked from (/usr/local/cuda/lib64,
+# the OpenBLAS folder); DT_RPATH outranks LD_LIBRARY_PATH, so on the GPU machine those folders
+# would decide which copies load. The bundle's copies keep $ORIGIN/../lib alone. (The libraries
+# were collected above through the full RPATH, so the right OpenBLAS build was copied.)
+for rel in "${exes[@]}"; do
+  python3 "$repo/scripts/set_rpath.py" '$ORIGIN/../lib' "$bundle/$rel" ||
+    { log "could not set the RPATH of $rel" >&2; exit 1; }
+  rpath=$(readelf -d "$bundle/$rel" | sed -n 's/.*(\(RPATH\|RUNPATH\)).*\[\(.*\)\]/\2/p')
+  [ "$rpath" = '$ORIGIN/../lib' ] || { log "$rel: RPATH is '$rpath'" >&2; exit 1; }
+done
+log "RPATH of every executable: \$ORIGIN/../lib"
+
 # ---- data and manifest ----------------------------------------------------------------------------
 KILN_DATA_COPY=1 "$repo/scripts/get_data.sh" "$bundle/data" >/dev/null
 
@@ -116,20 +135,18 @@ cuda_version=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\(.*\)")$/\1/p' \
 } >"$bundle/manifest.env"
 
 # The folder is ~50 MiB (OpenBLAS alone is 36 MiB) plus ~12 MiB per executable that links the
-# CUDA kernels (each carries the same fatbin); gzip brings it to about a third. When the .tar.gz
-# is over the limit, xz with a 64 MiB window (which also folds the repeated fatbins) writes
-# bundle.tar.xz instead. gpu_check.sh unpacks either when the folder is absent.
+# CUDA kernels (each carries the same fatbin). xz with a 64 MiB window (-9e) folds the repeated
+# fatbins, so bundle.tar.xz is the one to carry (docs/gpu_window.md); gzip only where there is
+# no xz. gpu_check.sh unpacks either when the folder is absent.
 rm -f "$build/bundle.tar.gz" "$build/bundle.tar.xz"
-tar -C "$build" -czf "$build/bundle.tar.gz" bundle
-tarball="$build/bundle.tar.gz"
-tar_kib=$(du -sk "$tarball" | cut -f1)
-if [ "$tar_kib" -gt $((max_mib * 1024)) ] && command -v xz >/dev/null; then
-  log "bundle.tar.gz is $((tar_kib / 1024)) MiB (over ${max_mib}): trying xz"
-  tar -C "$build" -cf - bundle | xz -9e -T1 >"$build/bundle.tar.xz"
-  rm -f "$build/bundle.tar.gz"
+if command -v xz >/dev/null; then
   tarball="$build/bundle.tar.xz"
-  tar_kib=$(du -sk "$tarball" | cut -f1)
+  tar -C "$build" -cf - bundle | xz -9e -T1 >"$tarball"
+else
+  tarball="$build/bundle.tar.gz"
+  tar -C "$build" -czf "$tarball" bundle
 fi
+tar_kib=$(du -sk "$tarball" | cut -f1)
 dir_kib=$(du -sk "$bundle" | cut -f1)
 log "bundle: $bundle ($((dir_kib / 1024)) MiB), $tarball ($((tar_kib / 1024)) MiB)," \
   "commit ${commit:0:12}, build_ok=$build_ok"

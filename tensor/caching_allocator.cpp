@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "kernels/common/error.h"
@@ -112,8 +113,8 @@ bool CountingBackend::mem_info(std::size_t& free_bytes, std::size_t& total_bytes
 
 // ---- BlockPool -----------------------------------------------------------------------------
 
-BlockPool::BlockPool(PoolBackend& backend, MemoryTracker* tracker, std::string name)
-    : backend_(backend), tracker_(tracker), name_(std::move(name)) {}
+BlockPool::BlockPool(PoolBackend& backend, MemoryTracker* tracker, std::string name, bool caching)
+    : backend_(backend), tracker_(tracker), name_(std::move(name)), caching_(caching) {}
 
 BlockPool::~BlockPool() {
   std::lock_guard lock(mu_);
@@ -128,11 +129,15 @@ BlockPool::~BlockPool() {
 }
 
 BlockPool::Block* BlockPool::reserve_segment(std::size_t rounded, bool small) {
-  const std::size_t seg = caching::segment_size(rounded);
+  // Without caching, the segment is the block itself, so compute-sanitizer sees its bounds.
+  const std::size_t seg = caching_ ? caching::segment_size(rounded) : rounded;
+  // Only out-of-memory (nullptr, or DeviceOutOfMemory) is worth releasing the cache for; any
+  // other error (a sticky illegal address, a lost device) propagates as it is, with nothing
+  // changed here yet, so the accounting stays as it was.
   auto try_reserve = [&](std::string& why) -> void* {
     try {
       return backend_.reserve(seg);
-    } catch (const Error& e) {
+    } catch (const cuda::DeviceOutOfMemory& e) {
       why = e.what();
       return nullptr;
     }
@@ -185,18 +190,23 @@ std::size_t BlockPool::release_free_segments() {
     std::vector<Block*> whole;
     for (Block* b : *set)
       if (!b->prev && !b->next) whole.push_back(b);
-    for (Block* b : whole) {
-      set->erase(b);
-      free_block_count_--;
-      backend_.release(reinterpret_cast<void*>(b->addr), b->size);
-      s_.reserved -= b->size;
-      s_.segments--;
-      released += b->size;
-      if (tracker_) tracker_->on_reserve(-static_cast<std::int64_t>(b->size));
-      delete b;
-    }
+    for (Block* b : whole) released += release_segment(*set, b);
   }
   return released;
+}
+
+std::size_t BlockPool::release_segment(FreeSet& set, Block* b) {
+  // The device first: if it fails, the segment is still a free block of the pool and every
+  // counter still includes it, so the error propagates with the accounting consistent.
+  backend_.release(reinterpret_cast<void*>(b->addr), b->size);
+  const std::size_t size = b->size;
+  set.erase(b);
+  free_block_count_--;
+  s_.reserved -= size;
+  s_.segments--;
+  if (tracker_) tracker_->on_reserve(-static_cast<std::int64_t>(size));
+  delete b;
+  return size;
 }
 
 void* BlockPool::allocate(std::size_t nbytes, MemCategory c) {
@@ -216,7 +226,9 @@ void* BlockPool::allocate(std::size_t nbytes, MemCategory c) {
   Block key;  // sorts before every free block of at least `need` bytes
   key.size = need;
   Block* b = nullptr;
-  if (auto it = pool.lower_bound(&key); it != pool.end()) {
+  if (!caching_) {
+    b = reserve_segment(need, small);  // a segment of exactly the block: nothing to split
+  } else if (auto it = pool.lower_bound(&key); it != pool.end()) {
     b = *it;
     pool.erase(it);
     free_block_count_--;
@@ -326,6 +338,8 @@ void BlockPool::deallocate(void* p, MemCategory c) {
   b->allocated = false;
   b->charged = b->requested = b->guard = 0;
   insert_free(b);
+  // Without caching the block is its own segment, whole and free now: back to the device.
+  if (!caching_) release_segment(pool_of(b->small), b);
 }
 
 void BlockPool::insert_free(Block* b) {
@@ -436,7 +450,8 @@ CudaCachingAllocator::CudaCachingAllocator(int device)
       backend_(std::make_unique<CudaBackend>(device)),
       pool_(std::make_unique<BlockPool>(
           *backend_, &MemoryTracker::get(DeviceType::CUDA),
-          device == 0 ? std::string("cuda") : fmt::format("cuda:{}", device))) {}
+          device == 0 ? std::string("cuda") : fmt::format("cuda:{}", device),
+          !caching::no_caching_from_env())) {}
 
 CudaCachingAllocator::~CudaCachingAllocator() = default;
 
@@ -452,6 +467,11 @@ std::size_t CudaCachingAllocator::empty_cache() { return pool_->empty_cache(); }
 PoolStats CudaCachingAllocator::stats() const { return pool_->stats(); }
 
 namespace caching {
+
+bool no_caching_from_env() {
+  const char* v = std::getenv("KILN_NO_CACHING");
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+}
 
 std::vector<std::string> check_guards() {
   std::vector<std::string> out;

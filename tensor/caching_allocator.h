@@ -55,6 +55,17 @@
 // order with the kernels; the check at free time synchronizes that stream, so this is a debug
 // mode (tests, compute-sanitizer runs), not one to time.
 //
+// No caching (a debug mode for compute-sanitizer runs): with KILN_NO_CACHING=1 in the
+// environment when the CUDA allocator of a device is made, every block is its own cudaMalloc of
+// exactly the block's size (round_up(n + guard, 512)) and goes back with cudaFree when freed. So
+// memcheck knows each tensor's bounds and reports an overrun into a neighbouring tensor, which
+// inside one shared 2/20 MiB segment it cannot see. The rounding and the tracker's charges are
+// unchanged; reserved equals the blocks in use; it is slow (a cudaMalloc/cudaFree per tensor).
+//
+// Errors: only out of memory (reserve() returning nullptr, or throwing cuda::DeviceOutOfMemory)
+// releases the cache and retries. Any other error of reserve() or release() propagates with its
+// own message, and the pool's accounting is left as it was before the failed call.
+//
 // Thread-safe: one mutex per pool.
 #pragma once
 
@@ -122,9 +133,15 @@ GuardCheck check_guard_bytes(const std::uint8_t* guard, std::size_t n,
                              std::uint8_t pattern = kGuardPattern);
 }  // namespace caching
 
+namespace caching {
+// KILN_NO_CACHING set and not "0" (see the top of this file).
+bool no_caching_from_env();
+}  // namespace caching
+
 // Where a BlockPool gets its segments: the CUDA driver, malloc (tests), or nothing at all
-// (meta). reserve() returns nullptr or throws kiln::Error when it cannot; release() gets back
-// exactly a pointer and size that reserve() returned.
+// (meta). reserve() returns nullptr or throws cuda::DeviceOutOfMemory when the device is full,
+// and throws another kiln::Error for any other failure; release() gets back exactly a pointer
+// and size that reserve() returned.
 class PoolBackend {
  public:
   virtual ~PoolBackend() = default;
@@ -179,10 +196,11 @@ struct PoolStats {
 };
 
 // The caching logic, on any backend. `name` starts the out-of-memory message ("cuda"); the
-// tracker (may be null) is charged as described at the top of this file.
+// tracker (may be null) is charged as described at the top of this file. caching = false: one
+// segment per block, released when the block is freed (KILN_NO_CACHING, above).
 class BlockPool {
  public:
-  BlockPool(PoolBackend& backend, MemoryTracker* tracker, std::string name);
+  BlockPool(PoolBackend& backend, MemoryTracker* tracker, std::string name, bool caching = true);
   // Every block must be free by now; held segments are released.
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
@@ -229,6 +247,8 @@ class BlockPool {
   FreeSet& pool_of(bool small) { return small ? small_free_ : large_free_; }
   Block* reserve_segment(std::size_t rounded, bool small);  // caller holds mu_
   std::size_t release_free_segments();                      // caller holds mu_
+  // One whole free segment `b` of `set` back to the backend; returns its size (caller holds mu_).
+  std::size_t release_segment(FreeSet& set, Block* b);
   void insert_free(Block* b);  // a free block into its pool, merged with free neighbours
   [[noreturn]] void out_of_memory(std::size_t rounded, const std::string& why);
   // "" when the guard is intact, else the violation's description (caller holds mu_).
@@ -237,6 +257,7 @@ class BlockPool {
   PoolBackend& backend_;
   MemoryTracker* tracker_;
   std::string name_;
+  bool caching_ = true;
   mutable std::mutex mu_;
   FreeSet small_free_, large_free_;
   std::unordered_map<std::uintptr_t, Block*> active_;

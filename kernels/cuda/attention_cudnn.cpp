@@ -9,10 +9,12 @@
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <cudnn.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <list>
@@ -28,6 +30,34 @@ static_assert(CUDNN_MAJOR >= 9, "[attention_cudnn] needs the cuDNN 9 backend gra
 namespace kiln::cuda::cudnn_sdpa {
 
 // ---- key, validation, layouts (no device) -------------------------------------------------------
+
+namespace {
+std::string version_str(int v) {
+  return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+}
+}  // namespace
+
+void check_cudnn_version(int loaded, const std::string& where) {
+  KILN_CHECK(loaded >= kMinCudnnVersion && loaded / 10000 == CUDNN_MAJOR,
+             "[attention_cudnn] the loaded cuDNN is {}{}; the attention graph needs cuDNN >= {} "
+             "and < {}.0.0 (kiln was built against {}): put a cuDNN 9 first on LD_LIBRARY_PATH",
+             version_str(loaded), where.empty() ? "" : fmt::format(" ({})", where),
+             version_str(kMinCudnnVersion), CUDNN_MAJOR + 1, version_str(CUDNN_VERSION));
+}
+
+SdpaKey shape_family(const SdpaKey& key) {
+  SdpaKey f = key;
+  if (!key.backward && key.q_offset > 0) {
+    f.Tk = 0;
+    f.q_offset = 0;
+    f.kv_batch_stride = 0;
+  }
+  return f;
+}
+
+bool uses_kernel_cache(const SdpaKey& key, int cudnn_version) {
+  return !key.backward && key.q_offset > 0 && cudnn_version >= kMinDynamicShapeVersion;
+}
 
 std::size_t hash_key(const SdpaKey& k) {
   std::size_t h = 0;
@@ -535,13 +565,18 @@ namespace {
 
 // The operation graph over `ops`; the handle is optional (cuDNN 9 finalizes a graph without one,
 // which is what lets the CPU tests run this far).
-Desc make_graph(const SdpaKey& key, const BuiltOps& b, cudnnHandle_t handle) {
+Desc make_graph(const SdpaKey& key, const BuiltOps& b, cudnnHandle_t handle,
+                bool dynamic_shape = false) {
   Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   std::vector<cudnnBackendDescriptor_t> ops;
   for (const Desc& o : b.ops) ops.push_back(o.get());
   if (handle) SDPA_SET(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
   SDPA_SET(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
            static_cast<std::int64_t>(ops.size()), ops.data());
+  if (dynamic_shape) {
+    const bool on = true;
+    SDPA_SET(graph, CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED, CUDNN_TYPE_BOOLEAN, 1, &on);
+  }
   const cudnnStatus_t gs = cudnnBackendFinalize(graph.get());
   KILN_CHECK(gs == CUDNN_STATUS_SUCCESS,
              "[attention_cudnn] cuDNN rejected the {} attention graph ({}): finalize of the "
@@ -568,6 +603,7 @@ namespace {
 struct Target {
   cudnnHandle_t handle = nullptr;
   cudnnBackendDescriptor_t device_prop = nullptr;
+  cudnnBackendDescriptor_t kernel_cache = nullptr;  // a decode family's (dynamic shapes only)
 };
 
 struct Chosen {
@@ -631,6 +667,10 @@ bool try_heuristics(const Target& target, cudnnBackendDescriptor_t graph,
                &target.device_prop);
     }
     SDPA_SET(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+    if (target.kernel_cache) {
+      SDPA_SET(plan, CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+               &target.kernel_cache);
+    }
     const cudnnStatus_t ps = cudnnBackendFinalize(plan.get());
     attempt.statuses.push_back(ps);
     attempt.summary += fmt::format(" [{}]", cudnnGetErrorString(ps));
@@ -670,14 +710,33 @@ struct Plan {
   Chosen chosen;
 };
 
-std::unique_ptr<Plan> build_plan(const SdpaKey& key) {
+// A decode family's kernel cache, bound to the first graph of the family (cuDNN >= 9.5).
+Desc make_kernel_cache(cudnnBackendDescriptor_t first_graph) {
+  Desc cache(CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR);
+  SDPA_SET(cache, CUDNN_ATTR_KERNEL_CACHE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+           &first_graph);
+  KILN_CUDNN_CHECK(cudnnBackendFinalize(cache.get()));
+  return cache;
+}
+
+// A plan for `key`. With `kernel_cache` (a decode family's), or with `made` (the family's first
+// shape: a new kernel cache is made from this plan's graph into *made), the graph is a
+// dynamic-shape graph and the plan binds the family's cached kernel (compiling it the first
+// time); with neither, a plain plan of its own.
+std::unique_ptr<Plan> build_plan(const SdpaKey& key, cudnnBackendDescriptor_t kernel_cache,
+                                 std::unique_ptr<Desc>* made = nullptr) {
   auto p = std::make_unique<Plan>();
   p->key = key;
   p->spec = build_graph(key);
   p->ops = build_ops(key, p->spec);
   Target target;
   target.handle = cudnn_handle();
-  p->graph = make_graph(key, p->ops, target.handle);
+  p->graph = make_graph(key, p->ops, target.handle, kernel_cache != nullptr || made != nullptr);
+  if (made) {
+    *made = std::make_unique<Desc>(make_kernel_cache(p->graph.get()));
+    kernel_cache = (*made)->get();
+  }
+  target.kernel_cache = kernel_cache;
   p->chosen = choose_plan(key, target, p->graph.get());
   return p;
 }
@@ -728,15 +787,56 @@ struct KeyHash {
 
 // Bounded plan cache: decode with a growing cache makes a new key per step (Tk grows), so the
 // oldest plans are dropped past kMaxPlans. Plans are shared_ptr so one in use survives eviction.
+// Kernel caches, one per decode family (shape_family), are few and kept; a family whose dynamic
+// graph cuDNN refused is remembered as static (nullptr), so it is not tried again.
 constexpr std::size_t kMaxPlans = 256;
+struct Family {
+  std::unique_ptr<Desc> kernel_cache;  // null: plan each shape on its own
+  std::shared_ptr<Plan> first_plan;    // its graph is the one the kernel cache was made for
+};
 struct PlanCache {
   std::mutex mutex;
   std::unordered_map<SdpaKey, std::shared_ptr<Plan>, KeyHash> plans;
   std::list<SdpaKey> order;  // insertion order, oldest first
+  std::unordered_map<SdpaKey, Family, KeyHash> families;
 };
 PlanCache& plan_cache() {
   static PlanCache* cache = new PlanCache;  // leaked on purpose (see the file comment)
   return *cache;
+}
+
+// The loaded library's file, for version messages.
+std::string cudnn_library_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&cudnnGetVersion), &info) != 0 && info.dli_fname)
+    return info.dli_fname;
+  return "";
+}
+
+// A plan for `key`, through its family's kernel cache where that applies (caller holds the
+// cache's mutex).
+std::shared_ptr<Plan> plan_for(PlanCache& c, const SdpaKey& key) {
+  const int version = static_cast<int>(cudnnGetVersion());
+  if (!uses_kernel_cache(key, version)) return build_plan(key, nullptr);
+  const SdpaKey fkey = shape_family(key);
+  auto it = c.families.find(fkey);
+  if (it == c.families.end()) {
+    // The family's first shape: build its dynamic graph, bind a kernel cache to it, and plan it
+    // (this compiles the kernel). Any refusal makes the family static, with one note.
+    Family fam;
+    try {
+      fam.first_plan = build_plan(key, nullptr, &fam.kernel_cache);
+    } catch (const Error& e) {
+      std::fprintf(stderr,
+                   "kiln: [attention_cudnn] cuDNN %s refused a dynamic-shape decode graph (%s): "
+                   "planning each KV length on its own (one kernel compile per step): %s\n",
+                   version_str(version).c_str(), describe(fkey).c_str(), e.what());
+      fam = Family{};
+    }
+    it = c.families.emplace(fkey, std::move(fam)).first;
+    if (it->second.first_plan) return it->second.first_plan;
+  }
+  return build_plan(key, it->second.kernel_cache ? it->second.kernel_cache->get() : nullptr);
 }
 
 std::shared_ptr<Plan> get_plan(const SdpaKey& key) {
@@ -744,10 +844,15 @@ std::shared_ptr<Plan> get_plan(const SdpaKey& key) {
   KILN_CHECK(current_device() == key.device,
              "[attention_cudnn] plan for cuda:{} requested while cuda:{} is current", key.device,
              current_device());
+  static const bool version_ok = [] {
+    check_cudnn_version(static_cast<int>(cudnnGetVersion()), cudnn_library_path());
+    return true;
+  }();
+  (void)version_ok;
   PlanCache& c = plan_cache();
   std::lock_guard lock(c.mutex);
   if (auto it = c.plans.find(key); it != c.plans.end()) return it->second;
-  std::shared_ptr<Plan> p = build_plan(key);
+  std::shared_ptr<Plan> p = plan_for(c, key);
   while (c.plans.size() >= kMaxPlans && !c.order.empty()) {
     c.plans.erase(c.order.front());
     c.order.pop_front();
@@ -823,6 +928,14 @@ std::size_t cached_plans() {
   PlanCache& c = plan_cache();
   std::lock_guard lock(c.mutex);
   return c.plans.size();
+}
+
+std::size_t cached_kernel_families() {
+  PlanCache& c = plan_cache();
+  std::lock_guard lock(c.mutex);
+  std::size_t n = 0;
+  for (const auto& [k, f] : c.families) n += f.kernel_cache != nullptr;
+  return n;
 }
 
 void forward(const SdpaKey& key, const void* q, const void* k, const void* v, void* o, float* stats,

@@ -23,6 +23,16 @@
 // backend descriptors, finalized, and given an execution plan by cuDNN's heuristics. Plans are
 // cached per SdpaKey (bounded, process lifetime), so a shape is planned once.
 //
+// Decoding: each token grows Tk (and q_offset), so each step is a new SdpaKey, and planning one
+// compiles a kernel with NVRTC (~5 s). So decode keys (forward, q_offset > 0) are planned as
+// cuDNN dynamic-shape graphs (CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED) sharing one
+// kernel cache (CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR) per shape_family(): the first step of a
+// family compiles the kernel, later steps finalize a plan that binds the cached kernel (cheap).
+// This needs cuDNN >= 9.5 at run time (the kernel cache's operation-graph attribute); with an
+// older library, or when cuDNN refuses the dynamic graph, the family falls back to one compiled
+// plan per shape (and says so once on stderr). Bucketing Tk instead was not chosen: it would
+// read keys past Tk, which kiln's KV cache leaves uninitialized (0 * NaN in P V).
+//
 // Layouts are kiln's (see tensor/kernels_cuda.h), mapped to cuDNN's (batch, head, seq, hidden) dims
 // with strides, so nothing is transposed or copied:
 //   q, out, dq, dout: (B, Tq, Hq, D) dense -> dims (B, Hq, Tq, D),  strides (Tq*Hq*D, D, Hq*D, 1)
@@ -66,6 +76,23 @@ std::string describe(const SdpaKey& key);
 // fused attention surface on Hopper), backward only with Tq == Tk, q_offset 0 and dense k/v, a
 // finite nonzero scale, and every bound buffer within 2^31 elements.
 void validate(const SdpaKey& key);
+
+// Versions: the graph is built with the cuDNN 9 backend API; kMinCudnnVersion is what it needs
+// at run time (cudnnGetVersion() of the library actually loaded), kMinDynamicShapeVersion what
+// the decode kernel cache needs (above).
+inline constexpr int kMinCudnnVersion = 90000;
+inline constexpr int kMinDynamicShapeVersion = 90500;
+// Fails with "[attention_cudnn] the loaded cuDNN is X ... needs >= 9.0.0 ..." (naming `where`,
+// the library's file, when known) when `loaded` is below kMinCudnnVersion or not cuDNN 9.
+void check_cudnn_version(int loaded, const std::string& where = "");
+
+// The kernel-cache key of a plan: decode keys (forward, q_offset > 0) with Tk, q_offset and the
+// kv batch stride cleared, so that every step of a decode (same B, Tq, heads, D, dtype, scale,
+// device) maps to one family; any other key is its own family, unchanged.
+SdpaKey shape_family(const SdpaKey& key);
+// Whether `key` is planned as a dynamic-shape graph with the family's kernel cache, given the
+// loaded cuDNN version.
+bool uses_kernel_cache(const SdpaKey& key, int cudnn_version);
 
 // A 4-d tensor as cuDNN sees it: dims and strides in elements.
 struct Layout4 {
@@ -191,8 +218,9 @@ void backward(const SdpaKey& key, const void* q, const void* k, const void* v, c
               const float* stats, const void* dout, void* dq, void* dk, void* dv, void* workspace,
               std::size_t workspace_size, StreamHandle stream);
 
-// Number of cached plans (for tests).
+// Number of cached plans, and of kernel caches (decode families) (for tests).
 std::size_t cached_plans();
+std::size_t cached_kernel_families();
 #endif
 
 }  // namespace kiln::cuda::cudnn_sdpa

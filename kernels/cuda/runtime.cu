@@ -245,8 +245,9 @@ void* device_malloc(size_t bytes) {
     (void)cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     (void)cudaMemGetInfo(&free_b, &total_b);
-    fail("[cuda] device_malloc: out of memory allocating {} bytes ({} bytes free of {})", bytes,
-         free_b, total_b);
+    throw DeviceOutOfMemory(
+        fmt::format("[cuda] device_malloc: out of memory allocating {} bytes ({} bytes free of {})",
+                    bytes, free_b, total_b));
   }
   KILN_CUDA_CHECK(err);
   return p;

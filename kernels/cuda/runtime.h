@@ -11,7 +11,10 @@
 #pragma once
 
 #include <cstddef>
+#include <fstream>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "kernels/common/error.h"
 
@@ -20,6 +23,34 @@ struct cublasLtContext;  // cublasLtHandle_t
 struct cudnnContext;     // cudnnHandle_t
 
 namespace kiln::cuda {
+
+// What device_malloc throws when the device has no room (cudaErrorMemoryAllocation), and only
+// then: the caching allocator releases its cache and retries on this error alone; any other
+// error (an illegal address left by an earlier kernel, a lost device) is a plain kiln::Error and
+// propagates with its own message. Declared in CPU-only builds too, so tests can throw it.
+struct DeviceOutOfMemory : Error {
+  using Error::Error;
+};
+
+// The shared libraries mapped into this process now (/proc/self/maps), whose file name contains
+// one of `parts` (all of them when empty), sorted: which copies of cudart, cuBLAS(Lt), cuDNN,
+// NCCL, OpenBLAS... the loader actually picked, for gpu_check's smoke stage. Empty where
+// /proc is absent.
+inline std::vector<std::string> loaded_libraries(const std::vector<std::string>& parts = {}) {
+  std::set<std::string> found;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos || line.find(".so", slash) == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    const std::string file = path.substr(path.rfind('/') + 1);
+    bool want = parts.empty();
+    for (const std::string& p : parts) want = want || file.find(p) != std::string::npos;
+    if (want) found.insert(path);
+  }
+  return {found.begin(), found.end()};
+}
 
 // Same type as cudaStream_t; nullptr is the legacy default stream.
 using StreamHandle = CUstream_st*;

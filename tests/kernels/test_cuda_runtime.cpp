@@ -160,6 +160,8 @@ TEST_F(CudaDevice, FreeMemoryFallsByWhatWeAllocate) {
 TEST_F(CudaDevice, OutOfMemoryIsAClearErrorAndNotSticky) {
   const size_t too_much = mem_get_info().total_bytes * 4;
   const std::string msg = error_message([&] { device_malloc(too_much); });
+  // Its own type, so the caching allocator releases its cache for this error and no other.
+  EXPECT_THROW(device_malloc(too_much), DeviceOutOfMemory);
   EXPECT_NE(msg.find("[cuda] device_malloc: out of memory"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::to_string(too_much)), std::string::npos) << msg;
   void* p = nullptr;
@@ -211,6 +213,30 @@ TEST_F(CudaDevice, LibraryHandlesAndVersions) {
   EXPECT_GE(cudnn_version(), 90000);  // cuDNN 9
   EXPECT_GE(nccl_version(), 20000);   // NCCL 2.x
   EXPECT_GT(cublaslt_version(), 0);
+}
+
+// The smoke stage's probe (scripts/gpu_check.sh runs it with --gtest_filter=CudaProbe.*): which
+// driver, runtime and library versions and files were loaded. It prints, and checks only what
+// kiln needs: cuDNN 9 and NCCL 2 (the versions the loaded libraries report, not the headers').
+TEST(CudaProbe, VersionsAndLoadedLibraries) {
+  const int devices = device_count();
+  if (devices > 0) {
+    set_device(0);
+    (void)cublaslt_handle();  // loads cuBLASLt's and cuDNN's own sub-libraries
+    (void)cudnn_handle();
+  }
+  std::printf("probe: devices %d driver %d runtime %d cublasLt %d cudnn %d nccl %d\n", devices,
+              driver_version(), runtime_version(), cublaslt_version(), cudnn_version(),
+              nccl_version());
+  for (const std::string& lib :
+       loaded_libraries({"libcuda", "libcudart", "libcublas", "libcudnn", "libnccl", "libnvrtc",
+                         "libnvJitLink", "libopenblas", "libstdc++", "libgomp"}))
+    std::printf("probe: loaded %s\n", lib.c_str());
+  std::fflush(stdout);
+  EXPECT_GE(cudnn_version(), 90000);
+  EXPECT_LT(cudnn_version(), 100000);
+  EXPECT_GE(nccl_version(), 20000);
+  EXPECT_FALSE(loaded_libraries({"libcudnn"}).empty());
 }
 
 TEST_F(CudaDevice, RuntimeBytesAreMeasuredAndAddUp) {

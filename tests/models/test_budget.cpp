@@ -25,14 +25,14 @@
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tests/run_kiln.h"
+#include "tests/test_data.h"
 
 using namespace kiln;
 using namespace kiln::models;
 
 namespace {
 
-const std::string kQwen3_8B =
-    std::string(KILN_SOURCE_DIR) + "/../shared/data/qwen/Qwen3-8B/config.json";
+const std::string kQwen3_8B = test_shared_data() + "/qwen/Qwen3-8B/config.json";
 
 // Qwen3-style: QK-norm, GQA 4:2, head_dim 32 != dim / heads, untied.
 ModelConfig tiny_qwen3() {

@@ -14,6 +14,7 @@
 
 #include "models/generation_config.h"
 #include "models/sampling.h"
+#include "tests/test_data.h"
 #include "tiny_hf.h"
 
 namespace fs = std::filesystem;
@@ -215,8 +216,7 @@ TEST(GenerationConfig, ParsesIntOrListAndQwenDefaults) {
   EXPECT_EQ(models::parse_generation_config({{"temperature", 0.7}}, "g").sampling(0).temperature,
             0.0);
 
-  std::string real =
-      std::string(KILN_SOURCE_DIR) + "/../shared/data/qwen/Qwen3-0.6B/generation_config.json";
+  std::string real = test_shared_data() + "/qwen/Qwen3-0.6B/generation_config.json";
   ASSERT_TRUE(fs::exists(real)) << real;
   auto q = models::load_generation_config(real);
   EXPECT_EQ(q.eos_token_ids, (std::vector<std::int32_t>{151645, 151643}));

@@ -14,6 +14,7 @@
 #include "models/decoder.h"
 #include "models/param_count.h"
 #include "tests/run_kiln.h"
+#include "tests/test_data.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -21,8 +22,7 @@ using kiln::models::ModelConfig;
 
 namespace {
 
-const std::string kQwen3_8B =
-    std::string(KILN_SOURCE_DIR) + "/../shared/data/qwen/Qwen3-8B/config.json";
+const std::string kQwen3_8B = test_shared_data() + "/qwen/Qwen3-8B/config.json";
 
 // Asserts formula total == meta-device total == expected, and every row equal.
 void expect_total(const ModelConfig &c, std::int64_t expected) {

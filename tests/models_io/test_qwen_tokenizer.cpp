@@ -15,6 +15,7 @@
 #include "kernels/common/error.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/io/unicode_nfc.h"
+#include "tests/test_data.h"
 
 namespace fs = std::filesystem;
 using namespace kiln::io;
@@ -22,7 +23,7 @@ using nlohmann::json;
 
 namespace {
 
-const std::string kData = std::string(KILN_SOURCE_DIR) + "/../shared/data";
+const std::string kData = test_shared_data();
 const std::string kQwenDir = kData + "/qwen";
 const std::string kTestsDir = kData + "/tokenizer-tests";
 

@@ -1,7 +1,6 @@
 // Tokenizers: byte and char round trips, and llama2.c's tokenizer.bin encoded
 // exactly as run.c does, checked against a literal Python port of run.c's
 // encode() (tests/models_io/llama2c_tok_ref.py).
-#include "tests/test_python.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,13 +13,15 @@
 
 #include "kernels/common/error.h"
 #include "models/io/tokenizer.h"
+#include "tests/test_data.h"
+#include "tests/test_python.h"
 
 namespace fs = std::filesystem;
 using namespace kiln::io;
 
 namespace {
 
-const std::string kData = std::string(KILN_SOURCE_DIR) + "/../shared/data";
+const std::string kData = test_shared_data();
 const std::string kTokBin = kData + "/llama2c/tokenizer.bin";
 
 std::string read_file(const std::string& p) {

@@ -41,7 +41,9 @@ class MallocBackend final : public PoolBackend {
   void* reserve(std::size_t bytes) override {
     if (bytes > limit_ || held_ > limit_ - bytes) {
       refusals++;
-      if (throw_) fail("[test] backend refused {} bytes", bytes);
+      // A full device throws DeviceOutOfMemory (what cuda::device_malloc throws), not Error.
+      if (throw_)
+        throw cuda::DeviceOutOfMemory(fmt::format("[test] backend refused {} bytes", bytes));
       return nullptr;
     }
     void* p = std::aligned_alloc(4096, bytes);
@@ -381,6 +383,138 @@ TEST(CachingAllocator, OutOfMemoryKeepsTheBackendsReason) {
   // Nothing was cached, so there was nothing to release and no second try.
   EXPECT_EQ(be.refusals, 1);
   EXPECT_EQ(pool.stats().reserved, 0u);
+}
+
+// A device that works until told to fail, then fails with an error that is not out of memory
+// (as a sticky cudaErrorIllegalAddress from an earlier kernel would), on reserve or on release.
+class FaultyBackend final : public PoolBackend {
+ public:
+  void* reserve(std::size_t bytes) override {
+    if (fail_reserve) fail("[fake] cudaMalloc: an illegal memory access was encountered");
+    if (oom_reserve) throw cuda::DeviceOutOfMemory("[fake] cudaMalloc: out of memory");
+    return inner.reserve(bytes);
+  }
+  void release(void* p, std::size_t bytes) override {
+    if (fail_release) fail("[fake] cudaFree: an illegal memory access was encountered");
+    inner.release(p, bytes);
+  }
+  MallocBackend inner;
+  bool fail_reserve = false, oom_reserve = false, fail_release = false;
+};
+
+TEST(CachingAllocator, NonOutOfMemoryErrorPropagatesWithoutReleasingTheCache) {
+  FaultyBackend be;
+  MemoryTracker t;
+  BlockPool pool(be, &t, "test");
+  const MemCategory W = MemCategory::Weights;
+  pool.deallocate(pool.allocate(5 * MiB, W), W);  // a cached, fully free 20 MiB segment
+  void* keep = pool.allocate(1000, W);            // a 2 MiB small segment in use
+  const PoolStats before = pool.stats();
+  be.fail_reserve = true;
+  try {
+    pool.allocate(30 * MiB, W);  // needs a new segment
+    ADD_FAILURE() << "expected the device's error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("[fake] cudaMalloc: an illegal memory access", 0), 0u) << msg;
+    EXPECT_EQ(msg.find("out of memory"), std::string::npos) << msg;
+  }
+  // Not treated as out of memory: no cache flush, nothing released, nothing charged.
+  const PoolStats after = pool.stats();
+  EXPECT_EQ(after.num_cache_flushes, 0);
+  EXPECT_EQ(after.num_ooms, 0);
+  EXPECT_EQ(after.reserved, before.reserved);
+  EXPECT_EQ(after.segments, before.segments);
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_EQ(after.free_blocks, before.free_blocks);
+  EXPECT_EQ(be.inner.held(), 22 * MiB);
+  EXPECT_EQ(t.stats().reserved, i64(22 * MiB));
+  be.fail_reserve = false;
+  pool.deallocate(keep, W);
+  EXPECT_EQ(pool.empty_cache(), 22 * MiB);
+  EXPECT_EQ(t.stats().reserved, 0);
+}
+
+TEST(CachingAllocator, ReleaseErrorLeavesTheSegmentAccountedFor) {
+  FaultyBackend be;
+  MemoryTracker t;
+  BlockPool pool(be, &t, "test");
+  const MemCategory W = MemCategory::Weights;
+  pool.deallocate(pool.allocate(5 * MiB, W), W);  // cached 20 MiB segment
+  be.fail_release = true;
+  EXPECT_THROW(pool.empty_cache(), Error);
+  // The segment the device did not take back is still held, free, and counted once.
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.reserved, 20 * MiB);
+  EXPECT_EQ(s.segments, 1u);
+  EXPECT_EQ(s.free_blocks, 1u);
+  EXPECT_EQ(t.stats().reserved, i64(20 * MiB));
+  // The out-of-memory path meets the same release error: it propagates, not "out of memory".
+  be.oom_reserve = true;
+  try {
+    pool.allocate(30 * MiB, W);
+    ADD_FAILURE() << "expected the release error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("[fake] cudaFree", 0), 0u) << e.what();
+  }
+  s = pool.stats();
+  EXPECT_EQ(s.num_cache_flushes, 1);
+  EXPECT_EQ(s.num_ooms, 0);
+  EXPECT_EQ(s.reserved, 20 * MiB);
+  EXPECT_EQ(s.allocated, 0u);
+  // Once the device recovers, the same segment is released exactly once.
+  be.fail_release = be.oom_reserve = false;
+  EXPECT_EQ(pool.empty_cache(), 20 * MiB);
+  EXPECT_EQ(pool.stats().reserved, 0u);
+  EXPECT_EQ(t.stats().reserved, 0);
+  EXPECT_EQ(be.inner.releases, 1);
+}
+
+TEST(CachingAllocator, NoCachingGivesEachBlockItsOwnSegment) {
+  MallocBackend be;
+  MemoryTracker t;
+  BlockPool pool(be, &t, "test", /*caching=*/false);
+  const MemCategory W = MemCategory::Weights;
+  void* a = pool.allocate(100, W);
+  void* b = pool.allocate(100, W);
+  void* c = pool.allocate(3 * MiB + 1, W);
+  // Exactly the rounded block each, no 2/20 MiB segments, no splitting.
+  EXPECT_EQ(be.reserves, 3);
+  EXPECT_EQ(be.held(), 512 + 512 + ref_round(3 * MiB + 1));
+  EXPECT_EQ(pool.block_size(a), 512u);
+  EXPECT_EQ(pool.block_size(c), ref_round(3 * MiB + 1));
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.reserved, s.allocated);
+  EXPECT_EQ(s.free_blocks, 0u);
+  EXPECT_EQ(t.stats().reserved, t.stats().total);
+  // Freed blocks go straight back to the device: nothing cached.
+  pool.deallocate(b, W);
+  EXPECT_EQ(be.releases, 1);
+  EXPECT_EQ(be.held(), 512 + ref_round(3 * MiB + 1));
+  pool.deallocate(a, W);
+  pool.deallocate(c, W);
+  s = pool.stats();
+  EXPECT_EQ(s.reserved, 0u);
+  EXPECT_EQ(s.segments, 0u);
+  EXPECT_EQ(s.free_blocks, 0u);
+  EXPECT_EQ(t.stats().reserved, 0);
+  EXPECT_EQ(pool.empty_cache(), 0u);
+}
+
+TEST(CachingAllocator, NoCachingComesFromTheEnvironment) {
+  const char* old = std::getenv("KILN_NO_CACHING");
+  const std::string saved = old ? old : "";
+  unsetenv("KILN_NO_CACHING");
+  EXPECT_FALSE(caching::no_caching_from_env());
+  setenv("KILN_NO_CACHING", "0", 1);
+  EXPECT_FALSE(caching::no_caching_from_env());
+  setenv("KILN_NO_CACHING", "1", 1);
+  EXPECT_TRUE(caching::no_caching_from_env());
+  if (old) {
+    setenv("KILN_NO_CACHING", saved.c_str(), 1);
+  } else {
+    unsetenv("KILN_NO_CACHING");
+  }
 }
 
 TEST(CachingAllocator, FreeOfUnknownPointerThrows) {

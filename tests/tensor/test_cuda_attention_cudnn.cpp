@@ -144,6 +144,60 @@ TEST(CudnnAttentionHost, KeyEqualityHashAndDescribe) {
   EXPECT_EQ(hashes.size(), variants.size() + 1);  // no collisions among these
 }
 
+TEST(CudnnAttentionHost, DecodeStepsShareOneKernelFamily) {
+  // Decoding one token at a time into a cache of capacity 512: Tk, q_offset (and, at B = 1, the
+  // dense kv stride) change every step; the family does not, so the kernel compiles once.
+  const sdpa::SdpaKey step1 = make_key(false, 1, 1, 6, 16, 4, 128, 0, 5);
+  const sdpa::SdpaKey step2 = make_key(false, 1, 1, 7, 16, 4, 128, 0, 6);
+  const sdpa::SdpaKey step9 = make_key(false, 2, 1, 300, 16, 4, 128, 512 * 4 * 128, 299);
+  const sdpa::SdpaKey step10 = make_key(false, 2, 1, 301, 16, 4, 128, 512 * 4 * 128, 300);
+  EXPECT_FALSE(step1 == step2);  // still separate plans (cheap ones, from the kernel cache)
+  EXPECT_TRUE(sdpa::shape_family(step1) == sdpa::shape_family(step2));
+  EXPECT_EQ(sdpa::hash_key(sdpa::shape_family(step1)), sdpa::hash_key(sdpa::shape_family(step2)));
+  EXPECT_TRUE(sdpa::shape_family(step9) == sdpa::shape_family(step10));
+  EXPECT_EQ(sdpa::shape_family(step1).Tk, 0);
+  EXPECT_EQ(sdpa::shape_family(step1).q_offset, 0);
+  // What the kernel depends on stays in the family: batch, heads, D, dtype, scale, device, Tq.
+  sdpa::SdpaKey other = step2;
+  for (auto change :
+       {+[](sdpa::SdpaKey& k) { k.B = 2; }, +[](sdpa::SdpaKey& k) { k.Tq = 2; },
+        +[](sdpa::SdpaKey& k) { k.Hkv = 8; }, +[](sdpa::SdpaKey& k) { k.D = 64; },
+        +[](sdpa::SdpaKey& k) { k.io = sdpa::IoType::F16; },
+        +[](sdpa::SdpaKey& k) { k.scale = 0.5f; }, +[](sdpa::SdpaKey& k) { k.device = 1; }}) {
+    other = step2;
+    change(other);
+    EXPECT_FALSE(sdpa::shape_family(other) == sdpa::shape_family(step1)) << sdpa::describe(other);
+  }
+  // Prefill (q_offset 0) and backward keys are their own family, unchanged.
+  const sdpa::SdpaKey prefill = make_key(false, 1, 64, 64, 16, 4, 128);
+  const sdpa::SdpaKey bwd = make_key(true, 1, 64, 64, 16, 4, 128);
+  EXPECT_TRUE(sdpa::shape_family(prefill) == prefill);
+  EXPECT_TRUE(sdpa::shape_family(bwd) == bwd);
+  // Dynamic shapes with a kernel cache: decode keys only, cuDNN >= 9.5 only.
+  EXPECT_TRUE(sdpa::uses_kernel_cache(step1, 90500));
+  EXPECT_TRUE(sdpa::uses_kernel_cache(step1, 91900));
+  EXPECT_FALSE(sdpa::uses_kernel_cache(step1, 90400));
+  EXPECT_FALSE(sdpa::uses_kernel_cache(prefill, 91900));
+  EXPECT_FALSE(sdpa::uses_kernel_cache(bwd, 91900));
+}
+
+TEST(CudnnAttentionHost, LoadedCudnnVersionIsChecked) {
+  EXPECT_NO_THROW(sdpa::check_cudnn_version(sdpa::kMinCudnnVersion));
+  EXPECT_NO_THROW(sdpa::check_cudnn_version(cuda::cudnn_version()));  // the one loaded here
+  try {
+    sdpa::check_cudnn_version(80907, "/opt/old/libcudnn.so.8");
+    ADD_FAILURE() << "expected an error for cuDNN 8.9.7";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("[attention_cudnn] the loaded cuDNN is 8.9.7 (/opt/old/libcudnn.so.8)", 0),
+              0u)
+        << msg;
+    EXPECT_NE(msg.find("needs cuDNN >= 9.0.0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("LD_LIBRARY_PATH"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(sdpa::check_cudnn_version(100000), Error);  // a future major: another ABI
+}
+
 TEST(CudnnAttentionHost, ValidateRefusesUnsupportedShapes) {
   EXPECT_NO_THROW(sdpa::validate(make_key(false, 2, 64, 64, 8, 2, 64)));
   EXPECT_NO_THROW(sdpa::validate(make_key(false, 2, 1, 300, 16, 4, 128, 512 * 4 * 128, 299)));
@@ -375,7 +429,9 @@ std::string stub_libcuda() {
 
 TEST(CudnnAttentionHost, DevicelessPlansCompileForH100) {
   if (cuda::device_count() > 0)
-    GTEST_SKIP() << "a CUDA device is present: the GPU tests plan and run for real";
+    // [expected-skip]: scripts/gpu_check.sh does not count this skip as a CUDA test that failed
+    // to run on a GPU machine; it is meant to skip there.
+    GTEST_SKIP() << "[expected-skip] a CUDA device is present: the GPU tests plan and run for real";
   if (cuda::cudnn_version() < 90800)
     GTEST_SKIP() << "deviceless planning needs cuDNN >= 9.8, have " << cuda::cudnn_version();
   const std::string stub = stub_libcuda();
