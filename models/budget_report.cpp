@@ -81,8 +81,14 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
       fmt::format("kiln budget: {} | {} layers, dim {}, {}/{} heads x {}, vocab {}\n", c.name,
                   c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size);
   for (const auto& r : reports) out += "  " + spec_line(r.spec) + "\n";
-  out += fmt::format("  bytes at the global peak; the dry run allocates like the {} allocator\n\n",
+  out += fmt::format("  bytes at the global peak; the dry run allocates like the {} allocator\n",
                      reports.front().spec.simulate == DeviceType::CUDA ? "CUDA" : "CPU");
+  if (!simulates_native_dtype(reports.front().spec))
+    out += fmt::format(
+        "  the CPU has no {} kernels yet: the dry run (and a CPU run) makes f32 copies that the "
+        "analytic model, which assumes native {}, leaves out (--simulate cuda for a GPU)\n",
+        dtype_name(reports.front().spec.dtype), dtype_name(reports.front().spec.dtype));
+  out += "\n";
   // Header: per mode, analytic | dry run | Δ [| measured | Δ].
   const int w = 12;
   std::string h1 = fmt::format("{:<16}", ""), h2 = fmt::format("{:<16}", "row");

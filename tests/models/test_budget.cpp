@@ -147,6 +147,20 @@ TEST(Budget, DryRunEqualsMeasuredVariants) {
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "train sgd");
 }
 
+// The CPU computes bf16 through f32 copies (no bf16 CPU kernels yet); the dry run, asking the
+// CPU's kernel table, charges exactly those copies.
+TEST(Budget, DryRunEqualsMeasuredInBf16OnTheCpu) {
+  BudgetSpec s;
+  s.cfg = tiny_qwen3();
+  s.dtype = DType::BF16;
+  s.mode = BudgetMode::Train, s.batch = 2, s.seq = 32;
+  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 train");
+  s.recompute = true;
+  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 train rc");
+  s.mode = BudgetMode::Infer, s.recompute = false, s.seq = 20, s.decode_steps = 4;
+  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 infer");
+}
+
 TEST(Budget, AnalyticMatchesDryRun) {
   for (const char* name : {"stories260K", "stories15M"}) {
     for (bool rc : {false, true}) {
