@@ -282,7 +282,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t i
   // read back (N i32, one sync): counting all rows there would give a different mean than the
   // CPU whenever a row is ignored.
   std::int64_t count = logits.size(0);
-  if (targets.device().is_cpu() || targets.device().is_cuda()) {
+  if (!targets.device().is_meta()) {
     MemoryScope scratch(MemCategory::Temporaries);
     Tensor t = targets.to(Device::cpu()).contiguous();
     const std::int32_t* p = t.data<std::int32_t>();
