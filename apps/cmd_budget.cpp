@@ -35,13 +35,14 @@ Run add_budget_command(CLI::App &app) {
       ->required();
   app.add_option("--mode", o->mode, "train | infer | both (side by side)")
       ->check(CLI::IsMember({"train", "infer", "both"}));
-  app.add_option("--batch", o->batch, "Batch size")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o->batch, "Batch size")->check(int_in(1, 1 << 20));
   app.add_option("--seq", o->seq, "Training: tokens per row; inference: prompt tokens (prefill)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_in(1, models::kMaxPositions));
   app.add_option("--context", o->context,
-                 "Inference: KV-cache capacity (default: seq + decode steps)");
+                 "Inference: KV-cache capacity (default: seq + decode steps)")
+      ->check(int_in(0, models::kMaxPositions));
   app.add_option("--decode", o->decode, "Inference: one-token decode steps after the prefill")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_in(0, models::kMaxPositions));
   app.add_option("--dtype", o->dtype,
                  "Weights and activations: fp32 | bf16 (AdamW keeps f32 masters)")
       ->check(CLI::IsMember({"fp32", "f32", "bf16", "fp16", "f16"}));

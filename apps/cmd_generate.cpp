@@ -46,18 +46,25 @@ void add_common(CLI::App& app, CommonOptions& o) {
   app.add_flag("--random-weights", o.random_weights,
                "Seeded random weights in --dtype for --config (no weight files needed)");
   app.add_option("--weights-seed", o.weights_seed, "Seed of --random-weights")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(uint64_flag());
   app.add_option("--tokenizer", o.tokenizer,
                  "Tokenizer spec (qwen:DIR, llama2c:PATH, byte); default: next to the model");
   app.add_option("--max-new-tokens", o.max_new,
                  "Tokens to generate (default: "
-                 "generation_config.json, else 256)");
-  app.add_option("--temperature", o.temperature, "0: greedy (default: generation_config.json)");
-  app.add_option("--top-k", o.top_k, "Keep the k most likely tokens (0: all)");
-  app.add_option("--top-p", o.top_p, "Nucleus sampling mass (1: off)");
-  app.add_option("--min-p", o.min_p, "Drop tokens below min_p x the top probability (0: off)");
-  app.add_option("--repetition-penalty", o.repetition_penalty, "CTRL-style penalty (1: off)");
-  app.add_option("--seed", o.seed, "Sampling seed")->capture_default_str();
+                 "generation_config.json, else 256)")
+      ->check(int_in(1, INT64_MAX));
+  app.add_option("--temperature", o.temperature, "0: greedy (default: generation_config.json)")
+      ->check(real_in(0, 1e6));
+  app.add_option("--top-k", o.top_k, "Keep the k most likely tokens (0: all)")
+      ->check(int_in(0, models::kMaxVocab));
+  app.add_option("--top-p", o.top_p, "Nucleus sampling mass (1: off)")
+      ->check(real_in(0, 1, /*lo_open=*/true));
+  app.add_option("--min-p", o.min_p, "Drop tokens below min_p x the top probability (0: off)")
+      ->check(real_in(0, 1));
+  app.add_option("--repetition-penalty", o.repetition_penalty, "CTRL-style penalty (1: off)")
+      ->check(real_in(0, 1e6, /*lo_open=*/true));
+  app.add_option("--seed", o.seed, "Sampling seed")->capture_default_str()->check(uint64_flag());
   app.add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
   app.add_option("--dtype", o.dtype, "f32 | bf16 (weights and KV cache)")->capture_default_str();
   app.add_option("--attention", o.attention, "CUDA attention kernel: kiln | cudnn")
@@ -236,7 +243,8 @@ int run_generate(const GenerateCmd& o) {
              "which leaves no room to generate",
              P, ctx_max);
   models::GenerateOptions go = generate_options(o.c, m);
-  std::int64_t context = std::min(ctx_max, P + go.max_new_tokens);
+  // P < ctx_max, so this never overflows, whatever --max-new-tokens is.
+  std::int64_t context = P + std::min(go.max_new_tokens, ctx_max - P);
   models::GenerationSession session(model, context);
 
   std::optional<io::Utf8StreamDecoder> dec;
@@ -387,6 +395,7 @@ Run add_generate_command(CLI::App& app) {
   app.add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: 1,2,3 (no tokenizer needed)");
   app.add_flag("--bandwidth", o->bandwidth,
                "Also measure memory bandwidth (STREAM-like copy and read) after generating");
+  app.footer(models::hf_config_fields_help());
   return [o] { return run_generate(*o); };
 }
 
@@ -400,7 +409,8 @@ Run add_chat_command(CLI::App& app) {
   app.add_option("--context", o->context,
                  "KV cache size in tokens (capped at "
                  "max_position_embeddings)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in(1, models::kMaxPositions));
   return [o] { return run_chat(*o); };
 }
 

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "apps/flags.h"
 #include "models/param_count.h"
 
 namespace kiln::apps {
@@ -29,9 +30,12 @@ Run add_params_command(CLI::App &app) {
                  "Preset (" + presets + "), a config.json, or a Hugging Face model folder")
       ->required();
   auto *kv = app.add_option("--kv-heads", o->kv_heads,
-                            "What-if: key/value heads (= heads: MHA, 1: MQA, else GQA)");
-  auto *inter = app.add_option("--intermediate", o->intermediate, "What-if: MLP hidden size");
-  auto *layers = app.add_option("--layers", o->layers, "What-if: number of layers");
+                            "What-if: key/value heads (= heads: MHA, 1: MQA, else GQA)")
+                 ->check(int_in(1, models::kMaxHeads));
+  auto *inter = app.add_option("--intermediate", o->intermediate, "What-if: MLP hidden size")
+                    ->check(int_in(1, models::kMaxHidden));
+  auto *layers = app.add_option("--layers", o->layers, "What-if: number of layers")
+                     ->check(int_in(1, models::kMaxLayers));
   auto *tie = app.add_flag("--tie", o->tie, "What-if: tie the LM head to the embedding");
   auto *untie = app.add_flag("--untie", o->untie, "What-if: a separate LM head");
   tie->excludes(untie);

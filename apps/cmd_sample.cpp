@@ -1,10 +1,12 @@
 // kiln sample: text from a training checkpoint (models/checkpoint.h).
-#include <iostream>
-
 #include <fmt/format.h>
 
+#include <iostream>
+
 #include "apps/commands.h"
+#include "apps/flags.h"
 #include "models/checkpoint.h"
+#include "models/config.h"
 #include "models/data.h"
 #include "models/io/tokenizer.h"
 #include "models/sampling.h"
@@ -28,11 +30,19 @@ Run add_sample_command(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();
-  app.add_option("--temperature", o->temperature, "0: greedy")->capture_default_str();
-  app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: all)")->capture_default_str();
-  app.add_option("--top-p", o->top_p, "Nucleus sampling mass (1: off)")->capture_default_str();
-  app.add_option("--max-new-tokens", o->max_new, "Tokens to generate")->capture_default_str();
-  app.add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  app.add_option("--temperature", o->temperature, "0: greedy")
+      ->capture_default_str()
+      ->check(real_in(0, 1e6));
+  app.add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: all)")
+      ->capture_default_str()
+      ->check(int_in(0, models::kMaxVocab));
+  app.add_option("--top-p", o->top_p, "Nucleus sampling mass (1: off)")
+      ->capture_default_str()
+      ->check(real_in(0, 1, /*lo_open=*/true));
+  app.add_option("--max-new-tokens", o->max_new, "Tokens to generate")
+      ->capture_default_str()
+      ->check(int_in(1, INT64_MAX));
+  app.add_option("--seed", o->seed, "Sampling seed")->capture_default_str()->check(uint64_flag());
   return [o] {
     models::CheckpointMeta meta = models::read_checkpoint_meta(o->ckpt);
     auto tok = models::run_tokenizer(meta.state.tokenizer_spec, meta.state.tokenizer_data, "");

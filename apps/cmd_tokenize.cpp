@@ -11,6 +11,7 @@
 
 #include "apps/commands.h"
 #include "kernels/common/error.h"
+#include "models/io/mapped_file.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/io/tokenizer.h"
 
@@ -94,11 +95,7 @@ Run add_tokenize_command(CLI::App& app) {
     }
     std::string input = o->text;
     if (file->count()) {
-      std::ifstream f(o->file, std::ios::binary);
-      KILN_CHECK(f, "[tokenize] cannot read {}", o->file);
-      std::stringstream ss;
-      ss << f.rdbuf();
-      input = ss.str();
+      input = io::read_regular_file(o->file, "tokenize");  // --file /dev/zero: refused
     }
     const std::vector<int32_t> ids = tok->encode(input, tok->bos_id() >= 0, o->eos);
     if (o->pieces) {

@@ -1,6 +1,7 @@
 // kiln train: see models/trainer.h for the loop.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "apps/commands.h"
@@ -12,6 +13,7 @@ namespace kiln::apps {
 
 Run add_train_command(CLI::App& app) {
   auto o = std::make_shared<models::TrainOptions>();
+  auto overwrite = std::make_shared<bool>(false);
   std::string presets;
   for (auto& n : models::preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   app.add_option("--data", o->data_path, "Training text file (last 10% is held out for validation)")
@@ -34,43 +36,95 @@ Run add_train_command(CLI::App& app) {
   app.add_option("--peak-tflops", o->peak_tflops,
                  "bf16 dense peak for MFU (default: from the GPU's name; H100 SXM 989.4, H100 "
                  "PCIe 756, H200 989.4)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--batch", o->batch, "Sequences per step")->capture_default_str();
+      ->check(real_in(0, 1e6));
+  // Every numeric flag has a checked range (apps/flags.h): a bad value is refused by name
+  // before anything runs, never trained on or divided by.
+  constexpr std::int64_t kMaxSteps = 1'000'000'000'000;
+  app.add_option("--batch", o->batch, "Sequences per step")
+      ->capture_default_str()
+      ->check(int_in(1, 1 << 20));
   app.add_option("--seq", o->seq, "Tokens per sequence (at most the model's context)")
-      ->capture_default_str();
-  app.add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in(1, models::kMaxPositions));
+  app.add_option("--steps", o->steps, "Optimizer steps")
+      ->capture_default_str()
+      ->check(int_in(1, kMaxSteps));
   app.add_option("--lr", o->lr, "Peak learning rate (cosine decay to --min-lr)")
-      ->capture_default_str();
-  app.add_option("--min-lr", o->min_lr, "Final learning rate")->capture_default_str();
-  app.add_option("--warmup", o->warmup, "Linear warm-up steps")->capture_default_str();
+      ->capture_default_str()
+      ->check(real_in(0, 10, /*lo_open=*/true));
+  app.add_option("--min-lr", o->min_lr, "Final learning rate")
+      ->capture_default_str()
+      ->check(real_in(0, 10));
+  app.add_option("--warmup", o->warmup, "Linear warm-up steps")
+      ->capture_default_str()
+      ->check(int_in(0, kMaxSteps));
   app.add_option("--weight-decay", o->weight_decay, "AdamW weight decay (not on norms/biases)")
-      ->capture_default_str();
-  app.add_option("--beta2", o->beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--clip", o->clip, "Global gradient-norm clip (0: off)")->capture_default_str();
-  app.add_option("--eval-interval", o->eval_interval, "Steps between validation runs")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(real_in(0, 10));
+  app.add_option("--beta1", o->beta1, "AdamW beta1")->capture_default_str()->check(real_in(0, 1));
+  app.add_option("--beta2", o->beta2, "AdamW beta2")->capture_default_str()->check(real_in(0, 1));
+  app.add_option("--eps", o->eps, "AdamW epsilon")
+      ->capture_default_str()
+      ->check(real_in(0, 1, /*lo_open=*/true));
+  app.add_option("--clip", o->clip, "Global gradient-norm clip (0: off)")
+      ->capture_default_str()
+      ->check(real_in(0, 1e6));
+  app.add_option("--max-nonfinite-steps", o->max_nonfinite_steps,
+                 "A step whose loss or gradient norm is NaN/inf is skipped (no update); stop "
+                 "with an error after this many in a row, before any checkpoint is overwritten")
+      ->capture_default_str()
+      ->check(int_in(1, 1'000'000));
+  app.add_option("--eval-interval", o->eval_interval, "Steps between validation runs (0: end only)")
+      ->capture_default_str()
+      ->check(int_in(0, kMaxSteps));
   app.add_option("--eval-batches", o->eval_batches, "Batches per validation run")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in(1, 1'000'000));
   app.add_option("--log-interval", o->log_interval, "Steps between log lines")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in(1, kMaxSteps));
   app.add_option("--ckpt-interval", o->ckpt_interval, "Steps between checkpoints (0: at the end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in(0, kMaxSteps));
   app.add_option("--out", o->out_dir, "Directory for ckpt.h5, final.h5 and log.jsonl")
       ->capture_default_str();
   app.add_flag("--resume", o->resume, "Continue bit-exactly from <out>/ckpt.h5");
-  app.add_option("--seed", o->seed, "Seed for weights and data order")->capture_default_str();
+  app.add_flag("--overwrite", *overwrite,
+               "Start afresh even though --out holds a checkpoint (replaces it and log.jsonl)");
+  app.add_option("--seed", o->seed, "Seed for weights and data order")
+      ->capture_default_str()
+      ->check(uint64_flag());
   app.add_flag("--recompute", o->recompute, "Per-layer activation checkpointing");
   app.add_option("--time-limit", o->time_limit_s, "Stop training after this many seconds (0: none)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(real_in(0, 1e9));
   app.add_option("--stop-at", o->stop_at, "Stop (and checkpoint) at this step; resume later")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_in(0, kMaxSteps));
   app.add_option("--mem-timeline", o->mem_timeline,
                  "Write every allocation/free of the first step as JSON lines to this file");
-  app.add_option("--threads", o->threads, "CPU threads (0: OpenMP default)")->capture_default_str();
+  app.add_option(
+         "--threads", o->threads,
+         fmt::format("CPU threads (0: OpenMP default; capped at {} x the cores)", kThreadsPerCore))
+      ->capture_default_str()
+      ->check(int_in(0, 1 << 20));
   app.add_option("--progress", o->progress,
                  "Progress bar: 1 on, 0 off, -1 when stderr is a terminal")
-      ->capture_default_str();
-  return [o] {
+      ->capture_default_str()
+      ->check(int_in(-1, 1));
+  return [o, overwrite] {
+    o->threads = cap_threads(o->threads, "train");
+    // A fresh run would replace another run's checkpoint and truncate its log: refuse unless
+    // asked. (The library's Trainer leaves this to its caller, as tests reuse folders.)
+    namespace fs = std::filesystem;
+    if (!o->resume && !*overwrite)
+      for (const char* name : {"ckpt.h5", "final.h5"}) {
+        const fs::path p = fs::path(o->out_dir) / name;
+        KILN_CHECK(!fs::exists(p),
+                   "[train] --out {} already holds a checkpoint ({}); continue it with --resume, "
+                   "or replace it with --overwrite",
+                   o->out_dir, p.string());
+      }
     const Device device = resolve_device(o->device, "train");
     const DType dtype = resolve_train_dtype(o->dtype, device);
     set_attention_from_flag(o->attention, "train");

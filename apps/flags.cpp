@@ -1,5 +1,12 @@
 #include "apps/flags.h"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
 #include "kernels/common/error.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
@@ -51,6 +58,74 @@ void set_attention_from_flag(const std::string& impl, std::string_view who) {
     ops::set_attention_impl(ops::AttentionImpl::Cudnn);
   else
     fail("[{}] unknown attention '{}' (kiln or cudnn)", who, impl);
+}
+
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+}  // namespace
+
+CLI::Validator real_in(double lo, double hi, bool lo_open) {
+  const std::string range = fmt::format("{}{:g}, {:g}]", lo_open ? "(" : "[", lo, hi);
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        const std::string t = trimmed(s);
+        double v = 0;
+        auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+        if (t.empty() || ec != std::errc() || p != t.data() + t.size())
+          return fmt::format("value '{}' is not a number (expected one in {})", s, range);
+        if (!std::isfinite(v)) return fmt::format("value '{}' is not finite", s);
+        if (v < lo || v > hi || (lo_open && v == lo))
+          return fmt::format("value {} is out of range {}", s, range);
+        return "";
+      },
+      "REAL in " + range);
+}
+
+CLI::Validator int_in(std::int64_t lo, std::int64_t hi) {
+  const std::string range = fmt::format("[{}, {}]", lo, hi);
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        const std::string t = trimmed(s);
+        std::int64_t v = 0;
+        auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+        if (ec == std::errc::result_out_of_range)
+          return fmt::format("value {} does not fit a 64-bit integer (expected one in {})", s,
+                             range);
+        if (t.empty() || ec != std::errc() || p != t.data() + t.size())
+          return fmt::format("value '{}' is not an integer (expected one in {})", s, range);
+        if (v < lo || v > hi) return fmt::format("value {} is out of range {}", s, range);
+        return "";
+      },
+      "INT in " + range);
+}
+
+CLI::Validator uint64_flag() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::string t = trimmed(s);
+        std::uint64_t v = 0;
+        auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+        if (t.empty() || ec != std::errc() || p != t.data() + t.size())
+          return fmt::format("value '{}' is not an integer in [0, 2^64)", s);
+        return "";
+      },
+      "UINT64");
+}
+
+int cap_threads(std::int64_t requested, std::string_view who) {
+  if (requested <= 0) return 0;
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  const std::int64_t cap = kThreadsPerCore * static_cast<std::int64_t>(cores);
+  if (requested <= cap) return static_cast<int>(requested);
+  fmt::print(stderr, "[{}] --threads {} capped at {} ({} x the {} cores)\n", who, requested, cap,
+             kThreadsPerCore, cores);
+  return static_cast<int>(cap);
 }
 
 }  // namespace kiln::apps

@@ -3,6 +3,8 @@
 // resolved Device, DType and attention kernel; only the command line speaks in strings.
 #pragma once
 
+#include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -19,5 +21,18 @@ Device resolve_device(const std::string& spec, std::string_view who);
 DType resolve_train_dtype(const std::string& spec, Device device);
 // "kiln" | "cudnn" -> ops::set_attention_impl; fails on anything else.
 void set_attention_from_flag(const std::string& impl, std::string_view who);
+
+// Checked ranges for numeric flags, as CLI11 validators run on the text before conversion: the
+// value must parse whole, be finite and lie in the range, else the flag is refused with
+// "--flag: value 'x' ...". Values beyond int64 (or uint64), "1e9" for an integer, "-1" for a
+// seed, "nan" and "inf" never reach the program.
+CLI::Validator real_in(double lo, double hi, bool lo_open = false);
+CLI::Validator int_in(std::int64_t lo, std::int64_t hi);
+CLI::Validator uint64_flag();
+
+// --threads: a count above kThreadsPerCore x the cores is capped there with a message on `log`
+// (OpenMP runtimes crash or thrash with 100,000 threads); 0 keeps the OpenMP default.
+inline constexpr int kThreadsPerCore = 4;
+int cap_threads(std::int64_t requested, std::string_view who);
 
 }  // namespace kiln::apps

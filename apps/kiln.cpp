@@ -1,8 +1,8 @@
 // kiln: one binary, subcommands.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "apps/commands.h"
 #include "kernels/common/error.h"
@@ -19,14 +19,18 @@ int main(int argc, char** argv) {
   add("sample", "Generate text from a training checkpoint", kiln::apps::add_sample_command);
   add("tokenize", "Text to token ids (or --decode ids to text)", kiln::apps::add_tokenize_command);
   add("params", "Per-component parameter counts, formula vs model", kiln::apps::add_params_command);
-  add("budget", "Memory budget: analytic vs dry run vs measured, train and infer", kiln::apps::add_budget_command);
+  add("budget", "Memory budget: analytic vs dry run vs measured, train and infer",
+      kiln::apps::add_budget_command);
   add("generate", "Generate text from an HF folder, a llama2.c .bin or random weights",
       kiln::apps::add_generate_command);
   add("chat", "Multi-turn ChatML chat on stdin (Qwen3)", kiln::apps::add_chat_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // A bad command line is refused like any other bad input: "error: ..." and exit code 1.
+    fmt::print(stderr, "error: [kiln] {}\nRun with --help for more information.\n", e.what());
+    return 1;
   }
   try {
     for (auto& [sub, run] : runs)

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nn/variants.h"
@@ -21,6 +22,15 @@ enum class PosEmbedding { Rope, Learned };
 using nn::MlpActivation;
 using nn::MlpKind;
 using nn::NormKind;
+
+// Hard sanity limits on a config, far above any real model (ModelConfig::validate()).
+inline constexpr std::int64_t kMaxVocab = std::int64_t{1} << 24;      // 16,777,216 ids
+inline constexpr std::int64_t kMaxDim = std::int64_t{1} << 17;        // hidden_size 131,072
+inline constexpr std::int64_t kMaxLayers = 4096;                      // num_hidden_layers
+inline constexpr std::int64_t kMaxHeads = 4096;                       // attention heads
+inline constexpr std::int64_t kMaxHeadDim = 4096;                     // head_dim
+inline constexpr std::int64_t kMaxHidden = std::int64_t{1} << 20;     // intermediate_size
+inline constexpr std::int64_t kMaxPositions = std::int64_t{1} << 24;  // max_position_embeddings
 
 struct ModelConfig {
   std::string name;  // preset name or model_type
@@ -49,13 +59,15 @@ struct ModelConfig {
   std::int64_t q_dim() const { return n_heads * head_dim; }
   std::int64_t kv_dim() const { return n_kv_heads * head_dim; }
   bool uses_rope() const { return pos_embedding == PosEmbedding::Rope; }
-  // Fills head_dim and checks every field; failures name the field.
+  // Checks every field against its range and the hard limits above; failures name the field
+  // and the value.
   void validate() const;
   // kiln's own JSON (checkpoints, safetensors metadata, reports). from_json also
   // reads the booleans that configs written before the enums held: "layernorm"
   // (LayerNorm) and "gelu_mlp" (a plain tanh-GELU MLP).
   nlohmann::json to_json() const;
-  static ModelConfig from_json(const nlohmann::json& j);
+  // Errors name `source` and the field.
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& source = "model config");
 };
 
 // llama2.c's rule: 4·dim, times 2/3, rounded up to a multiple of `multiple`.
@@ -74,12 +86,35 @@ std::vector<std::string> preset_names();
 ModelConfig gpt2_config(const std::string& name, std::int64_t vocab, std::int64_t dim,
                         std::int64_t layers, std::int64_t heads, std::int64_t ctx);
 
+// How kiln treats a field of a Hugging Face config.json. Read: it sets the model. Ignored: it
+// cannot change what kiln computes (metadata, token ids, dropout, caching). Checked: accepted
+// only with the value(s) in `note`, refused by name otherwise. Any field not in the table is
+// refused by name with its value: a field kiln does not know may change the model, and
+// silently computing a different model is the worst failure an inference engine has.
+enum class HfFieldUse { Read, Ignored, Checked };
+enum class HfFamily { All, Llama, Gpt2 };  // Llama: qwen3, qwen2, llama, mistral
+struct HfConfigField {
+  const char* name;
+  HfFamily family;
+  HfFieldUse use;
+  const char* note;
+};
+// The one list (models/config.cpp); `kiln generate --help` prints it.
+const std::vector<HfConfigField>& hf_config_fields();
+std::string hf_config_fields_help();
+
 // A Hugging Face config.json (model_type qwen3, qwen2, llama, mistral, gpt2).
 // gpt2 gives the GPT-2 block (see gpt2_config()) with the file's vocab_size,
 // unpadded; kiln has no GPT-2 weight loader (models/decoder.h maps the names).
 // The others' hidden_act (silu when absent) picks the gated MLP's activation;
-// any other value is refused by name. `source` names the file in messages.
+// any other value is refused by name. Fields are checked against hf_config_fields() first.
+// `source` names the file in messages.
 ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source = "config.json");
 ModelConfig load_hf_config(const std::string& path);
+
+// A JSON file (config.json, generation_config.json) of at most kMaxJsonConfigBytes, from a
+// regular file only; errors start with "[who] <path>".
+inline constexpr std::uint64_t kMaxJsonConfigBytes = std::uint64_t{64} << 20;
+nlohmann::json read_json_file(const std::string& path, std::string_view who);
 
 }  // namespace kiln::models

@@ -4,13 +4,15 @@
 #include <sstream>
 
 #include "kernels/common/philox.h"
+#include "models/io/mapped_file.h"
 
 namespace kiln::models {
 
 TokenSplit split_tokens(const std::vector<std::int32_t>& tokens, double val_fraction) {
   KILN_CHECK(val_fraction >= 0 && val_fraction < 1, "[data] val fraction {} out of range",
              val_fraction);
-  auto n_train = static_cast<std::size_t>(static_cast<double>(tokens.size()) * (1.0 - val_fraction));
+  auto n_train =
+      static_cast<std::size_t>(static_cast<double>(tokens.size()) * (1.0 - val_fraction));
   TokenSplit s;
   s.train.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n_train));
   s.val.assign(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end());
@@ -18,11 +20,8 @@ TokenSplit split_tokens(const std::vector<std::int32_t>& tokens, double val_frac
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "[data] cannot open {}", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  // A regular file only: --data /dev/zero or a FIFO is refused instead of read without end.
+  return io::read_regular_file(path, "data");
 }
 
 BatchSampler::BatchSampler(std::span<const std::int32_t> tokens, std::int64_t batch,
@@ -42,7 +41,8 @@ std::pair<Tensor, Tensor> BatchSampler::next() {
   auto* pt = tgt.data<std::int32_t>();
   std::uint64_t span = tokens_.size() - static_cast<std::uint64_t>(seq_);  // valid starts [0, span)
   for (std::int64_t b = 0; b < batch_; ++b) {
-    std::uint64_t ctr = position_ * static_cast<std::uint64_t>(batch_) + static_cast<std::uint64_t>(b);
+    std::uint64_t ctr =
+        position_ * static_cast<std::uint64_t>(batch_) + static_cast<std::uint64_t>(b);
     Philox4 r = philox_block(seed_, ctr);
     std::uint64_t bits = (static_cast<std::uint64_t>(r.v[0]) << 32) | r.v[1];
     std::uint64_t start = bits % span;

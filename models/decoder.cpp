@@ -1,6 +1,9 @@
 #include "models/decoder.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
+#include <optional>
 
 namespace kiln::models {
 
@@ -29,6 +32,9 @@ KVCache::KVCache(const ModelConfig& c, std::int64_t batch, std::int64_t max_len,
              "[kv_cache] context {} must be in [1, {}] (the model's max_seq_len)", max_len,
              c.max_seq_len);
   MemoryScope scope(MemCategory::KVCache);
+  MemCauseScope cause(fmt::format(
+      "the KV cache: context {} x num_hidden_layers {} x num_key_value_heads {} x head_dim {} x 2",
+      max_len, c.n_layers, c.n_kv_heads, c.head_dim));
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     k.push_back(Tensor::empty({batch, max_len, c.n_kv_heads, c.head_dim}, dtype, device));
     v.push_back(Tensor::empty({batch, max_len, c.n_kv_heads, c.head_dim}, dtype, device));
@@ -37,15 +43,24 @@ KVCache::KVCache(const ModelConfig& c, std::int64_t batch, std::int64_t max_len,
 }
 
 DecoderBody::DecoderBody(const ModelConfig& c, const nn::Init& init) {
+  // The config fields behind each part, for an out-of-memory error (MemCauseScope).
+  std::optional<MemCauseScope> cause;
+  cause.emplace(fmt::format("the embedding: vocab_size {} x hidden_size {}", c.vocab_size, c.dim));
   embed_tokens =
       register_module("embed_tokens", std::make_shared<nn::Embedding>(c.vocab_size, c.dim, init));
   if (c.pos_embedding == PosEmbedding::Learned) {
+    cause.emplace(fmt::format("the position embedding: max_position_embeddings {} x hidden_size {}",
+                              c.max_seq_len, c.dim));
     nn::Init pos_init = init;  // the same generator, its next counter range
     pos_init.std = c.init_std / 2;
     embed_positions = register_module(
         "embed_positions", std::make_shared<nn::Embedding>(c.max_seq_len, c.dim, pos_init));
   }
   layers = register_module("layers", std::make_shared<nn::ModuleList<nn::DecoderLayer>>());
+  cause.emplace(fmt::format(
+      "the layers: num_hidden_layers {} x (hidden_size {}, intermediate_size {}, heads {}/{} x "
+      "head_dim {})",
+      c.n_layers, c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim));
   double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layers));
   nn::MlpConfig m{c.dim, c.hidden_dim, c.mlp_kind, c.hidden_act, c.bias};
   for (std::int64_t l = 0; l < c.n_layers; ++l)
@@ -62,11 +77,16 @@ DecoderModel::DecoderModel(const ModelConfig& c, std::uint64_t seed, DType dtype
   Generator gen(seed);
   nn::Init init{&gen, cfg.init_std, dtype, device};
   model = register_module("model", std::make_shared<DecoderBody>(cfg, init));
+  std::optional<MemCauseScope> cause;
+  cause.emplace(
+      fmt::format("the LM head: hidden_size {} x vocab_size {}", cfg.dim, cfg.vocab_size));
   if (!cfg.tie_embeddings)
     lm_head = register_module("lm_head", std::make_shared<nn::Linear>(cfg.dim, cfg.vocab_size,
                                                                       false, init, cfg.init_std));
   // Full HF names on the tensors, for messages ("gradient ... for leaf model.norm.weight").
   for (auto& [name, p] : named_parameters()) p.set_name(name);
+  cause.emplace(fmt::format("the RoPE table: max_position_embeddings {} x head_dim {}",
+                            cfg.max_seq_len, cfg.head_dim));
   if (cfg.uses_rope())
     rope = std::make_unique<nn::Rope>(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, cfg.rope_style,
                                       dtype, device);

@@ -48,6 +48,16 @@ ModelConfig read_config(const std::string& path) {
   }
 }
 
+// The model of `cfg`; an out-of-memory error names the config file its sizes came from.
+std::unique_ptr<DecoderModel> build_model(const ModelConfig& cfg, const ModelSource& src,
+                                          const std::string& config_path) {
+  try {
+    return std::make_unique<DecoderModel>(cfg, src.weights_seed, src.dtype, src.device);
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(fmt::format("{} (sizes from {})", e.what(), config_path));
+  }
+}
+
 bool has_tokenizer_files(const fs::path& d) {
   return fs::exists(d / "tokenizer.json") ||
          (fs::exists(d / "vocab.json") && fs::exists(d / "merges.txt"));
@@ -110,15 +120,7 @@ GenerationConfig parse_generation_config(const nlohmann::json& j, const std::str
 }
 
 GenerationConfig load_generation_config(const std::string& path) {
-  std::ifstream f(path);
-  KILN_CHECK(f.good(), "[generation_config] cannot open {}", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    fail("[generation_config] {} is not valid JSON: {}", path, e.what());
-  }
-  return parse_generation_config(j, path);
+  return parse_generation_config(read_json_file(path, "generation_config"), path);
 }
 
 LoadedModel load_model(const ModelSource& src) {
@@ -131,7 +133,7 @@ LoadedModel load_model(const ModelSource& src) {
     KILN_CHECK(!src.config.empty(),
                "[load_model] --random-weights needs --config PATH/config.json");
     ModelConfig cfg = read_config(src.config);
-    out.model = std::make_unique<DecoderModel>(cfg, src.weights_seed, src.dtype, src.device);
+    out.model = build_model(cfg, src, src.config);
     out.model->eval();
     fs::path cdir = fs::path(src.config).parent_path();
     if (cdir.empty()) cdir = ".";
@@ -150,9 +152,16 @@ LoadedModel load_model(const ModelSource& src) {
       KILN_CHECK(fs::exists(d / "config.json"), "[load_model] {}: no config.json in the folder",
                  src.model);
       ModelConfig cfg = read_config((d / "config.json").string());
-      out.model = std::make_unique<DecoderModel>(cfg, src.weights_seed, src.dtype, src.device);
       LoadOptions lo;
       lo.ignore_tied_lm_head = cfg.tie_embeddings;  // some tied checkpoints still carry it
+      {
+        // The config against the weight files first, on the meta device (no memory): a config
+        // that disagrees with the weights (a billion layers over a 3-layer file) is refused
+        // before anything real is built.
+        DecoderModel probe(cfg, 0, src.dtype, Device::meta());
+        load_safetensors(probe, src.model, lo);
+      }
+      out.model = build_model(cfg, src, (d / "config.json").string());
       load_safetensors(*out.model, src.model, lo);
       out.model->eval();
       if (fs::exists(d / "generation_config.json"))

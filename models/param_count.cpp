@@ -205,17 +205,10 @@ ModelConfig resolve_model_config(const std::string &spec) {
     c.name = spec + " (" + c.name + ")";
     return c;
   }
-  if (fs::is_regular_file(spec, ec)) {
-    std::ifstream f(spec);
-    KILN_CHECK(f.good(), "[config] cannot open {}", spec);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception &e) {
-      fail("[config] {} is not valid JSON: {}", spec, e.what());
-    }
-    ModelConfig c =
-        j.is_object() && j.contains("model_type") ? from_hf_config(j) : ModelConfig::from_json(j);
+  if (fs::exists(spec, ec)) {  // read_json_file refuses what is not a regular file
+    nlohmann::json j = read_json_file(spec, "config");
+    ModelConfig c = j.is_object() && j.contains("model_type") ? from_hf_config(j, spec)
+                                                              : ModelConfig::from_json(j, spec);
     c.name = spec + " (" + c.name + ")";
     return c;
   }

@@ -20,9 +20,18 @@ std::int32_t sample_token(std::span<const float> logits, const SamplingOptions& 
   KILN_CHECK(o.top_p > 0 && o.top_p <= 1, "[sample] top_p {} must be in (0, 1]", o.top_p);
   KILN_CHECK(o.min_p >= 0 && o.min_p <= 1, "[sample] min_p {} must be in [0, 1]", o.min_p);
   auto V = static_cast<std::int64_t>(logits.size());
-  if (o.temperature == 0.0)  // first maximum, as argmax in run.c and torch
-    return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                     logits.begin());
+  if (o.temperature == 0.0) {  // first maximum, as argmax in run.c and torch
+    // Refused like sampling refuses: NaN logits have no maximum, and argmax would quietly emit
+    // token 0 for a model whose numbers have gone bad.
+    auto it = std::max_element(logits.begin(), logits.end());
+    const bool has_nan =
+        std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); });
+    KILN_CHECK(!has_nan && std::isfinite(*it),
+               "[sample] greedy decoding: the logits are not finite (max {}{}); the model's "
+               "weights or inputs produce NaN/inf",
+               *it, has_nan ? ", NaN present" : "");
+    return static_cast<std::int32_t>(it - logits.begin());
+  }
   std::vector<std::int32_t> idx(static_cast<std::size_t>(V));
   std::iota(idx.begin(), idx.end(), 0);
   std::int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
@@ -233,7 +242,8 @@ std::vector<std::int32_t> generate_tokens(DecoderModel& model,
   KILN_CHECK(P < ctx, "[generate] prompt of {} tokens does not fit the context of {}", P, ctx);
   std::vector<std::int32_t> out;
   if (max_new <= 0) return out;
-  GenerationSession s(model, std::min(ctx, P + max_new));
+  // P + min(...): no overflow for any max_new (INT64_MAX means "until the context is full").
+  GenerationSession s(model, P + std::min(max_new, ctx - P));
   GenerateOptions g;
   g.sampling = o;
   g.max_new_tokens = max_new;

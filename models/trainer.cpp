@@ -1,11 +1,15 @@
 #include "models/trainer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <omp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +17,7 @@
 
 #include "kernels/cuda/runtime.h"
 #include "models/data.h"
+#include "models/io/mapped_file.h"
 #include "models/io/tokenizer.h"
 #include "models/mfu.h"
 #include "tensor/caching_allocator.h"
@@ -142,6 +147,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"weight_decay", weight_decay},
           {"beta1", beta1},
           {"beta2", beta2},
+          {"eps", eps},
           {"clip", clip},
           {"eval_interval", eval_interval},
           {"eval_batches", eval_batches},
@@ -179,6 +185,22 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
   KILN_CHECK(o.steps > 0 && o.batch > 0 && o.seq > 0, "[train] steps, batch and seq must be > 0");
   KILN_CHECK(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr,
              "[train] need 0 <= min_lr <= lr, lr > 0");
+  // The command line checks each flag's range (apps/flags.h); a caller of the library gets the
+  // same refusals here, by name, instead of a NaN checkpoint or a division by zero.
+  auto finite_in = [](double v, double lo, double hi, const char* flag) {
+    KILN_CHECK(std::isfinite(v) && v >= lo && v <= hi, "[train] {} {} is out of range [{}, {}]",
+               flag, v, lo, hi);
+  };
+  finite_in(o.lr, 0, 10, "--lr");
+  finite_in(o.weight_decay, 0, 10, "--weight-decay");
+  finite_in(o.beta1, 0, 1, "--beta1");
+  finite_in(o.beta2, 0, 1, "--beta2");
+  finite_in(o.eps, 1e-30, 1, "--eps");
+  finite_in(o.clip, 0, 1e6, "--clip");
+  KILN_CHECK(o.log_interval >= 1, "[train] --log-interval {} must be >= 1", o.log_interval);
+  KILN_CHECK(o.eval_batches >= 1, "[train] --eval-batches {} must be >= 1", o.eval_batches);
+  KILN_CHECK(o.max_nonfinite_steps >= 1, "[train] --max-nonfinite-steps {} must be >= 1",
+             o.max_nonfinite_steps);
   namespace fs = std::filesystem;
   fs::create_directories(o.out_dir);
   ckpt_path_ = (fs::path(o.out_dir) / "ckpt.h5").string();
@@ -200,6 +222,16 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
              cfg.vocab_size);
   KILN_CHECK(o.seq <= cfg.max_seq_len, "[train] --seq {} exceeds the model's context of {}", o.seq,
              cfg.max_seq_len);
+  // Both splits must hold a whole sequence plus its target before step 1: a validation split
+  // found too small at the first evaluation would lose every step trained before it.
+  KILN_CHECK(static_cast<std::int64_t>(split_.train.size()) > o.seq + 1,
+             "[train] --data {}: the training split has {} tokens, too few for --seq {} (+1 for "
+             "targets); give more data or a smaller --seq",
+             o.data_path, split_.train.size(), o.seq);
+  KILN_CHECK(static_cast<std::int64_t>(split_.val.size()) > o.seq + 1,
+             "[train] --data {}: the validation split (the last 10%) has {} tokens, too few for "
+             "--seq {} (+1 for targets); give more data or a smaller --seq",
+             o.data_path, split_.val.size(), o.seq);
 
   st_.model_seed = o.seed;
   st_.data_seed = o.seed + 1;
@@ -211,7 +243,7 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
   model_ = std::make_unique<DecoderModel>(cfg, o.seed, dtype, device);
   model_->recompute = o.recompute;
   opt_ = std::make_unique<nn::AdamW>(
-      model_->named_parameters(), nn::AdamWOptions{o.lr, o.beta1, o.beta2, 1e-8, o.weight_decay});
+      model_->named_parameters(), nn::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
   if (o.resume)
     resume_from(meta);
   else
@@ -239,8 +271,7 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
                            : std::string("an unknown peak (pass --peak-tflops)"));
   if (o.resume) log_ << fmt::format("resumed from {} at step {}\n", ckpt_path_, st_.step);
 
-  jsonl_.open((fs::path(o.out_dir) / "log.jsonl").string(),
-              o.resume ? std::ios::app : std::ios::trunc);
+  open_log(o.resume);
   progress_ = o.progress < 0 ? isatty(STDERR_FILENO) != 0 : o.progress != 0;
 }
 
@@ -289,9 +320,11 @@ StepStats Trainer::step() {
   // forward still runs (item() waits for the device).
   s.loss = loss.item();
   loss = Tensor();
-  KILN_CHECK(std::isfinite(s.loss), "[train] loss became {} at step {}", s.loss, st_.step);
-  s.norm = nn::clip_grad_norm(model_->parameters(), o_.clip);
-  opt_->step();
+  // The non-finite guard: a NaN/inf loss or gradient norm would poison the weights and the AdamW
+  // moments for good. Such a step makes no update (run() stops after max_nonfinite_steps).
+  s.norm = std::isfinite(s.loss) ? nn::clip_grad_norm(model_->parameters(), o_.clip) : NAN;
+  s.skipped = !std::isfinite(s.loss) || !std::isfinite(s.norm);
+  if (!s.skipped) opt_->step();
   opt_->zero_grad();
   sync(device_);
   st_.step++;
@@ -314,11 +347,18 @@ StepStats Trainer::step() {
 void Trainer::log_step(const StepStats& s) {
   if (s.timeline_written)
     log_ << fmt::format("memory timeline of step {} written to {}\n", s.step, o_.mem_timeline);
-  jsonl_ << nlohmann::json{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr},
-                           {"norm", s.norm}, {"ms", s.ms},     {"tok_per_s", s.tok_per_s},
-                           {"mfu", s.mfu}}
-                .dump()
-         << '\n';
+  nlohmann::json rec{{"step", s.step}, {"loss", s.loss},           {"lr", s.lr},  {"norm", s.norm},
+                     {"ms", s.ms},     {"tok_per_s", s.tok_per_s}, {"mfu", s.mfu}};
+  if (s.skipped) rec["skipped"] = true;
+  write_log_record(rec);
+  if (s.skipped) {
+    clear_progress();
+    log_ << fmt::format(
+        "step {}/{} | loss {} | norm {} | not finite: step skipped, no update ({} in a row, "
+        "stop at {})\n",
+        s.step, o_.steps, s.loss, s.norm, nonfinite_run_, o_.max_nonfinite_steps);
+    log_.flush();
+  }
   if (s.step % o_.log_interval == 0 || s.step == 1) {
     clear_progress();
     log_ << fmt::format(
@@ -337,9 +377,7 @@ double Trainer::evaluate() {
   clear_progress();
   log_ << fmt::format("step {}/{} | val loss {:.4f} | best {:.4f} | {:.1f} s\n", st_.step, o_.steps,
                       val, st_.best_val_loss, train_secs_);
-  jsonl_ << nlohmann::json{{"step", st_.step}, {"val_loss", val}, {"time_s", train_secs_}}.dump()
-         << '\n';
-  jsonl_.flush();
+  write_log_record({{"step", st_.step}, {"val_loss", val}, {"time_s", train_secs_}});
   return val;
 }
 
@@ -359,7 +397,15 @@ TrainResult Trainer::run() {
       log_ << fmt::format("time limit of {:.0f} s reached at step {}\n", o_.time_limit_s, st_.step);
       break;
     }
-    log_step(step());
+    StepStats s = step();
+    nonfinite_run_ = s.skipped ? nonfinite_run_ + 1 : 0;
+    log_step(s);
+    KILN_CHECK(nonfinite_run_ < o_.max_nonfinite_steps,
+               "[train] {} steps in a row (the last: step {}, loss {}, grad norm {}) had a "
+               "non-finite loss or gradient norm; stopped before writing any checkpoint ({} is "
+               "as it was). Lower --lr, check --beta1/--beta2/--weight-decay, or raise "
+               "--max-nonfinite-steps",
+               nonfinite_run_, s.step, s.loss, s.norm, ckpt_path_);
     if (o_.eval_interval > 0 && st_.step % o_.eval_interval == 0) evaluate();
     if (o_.ckpt_interval > 0 && st_.step % o_.ckpt_interval == 0) save();
   }
@@ -381,6 +427,38 @@ TrainResult Trainer::run() {
       model_flops_utilization(res_.tokens_per_second, res_.flops_per_token, res_.peak_tflops);
   res_.checkpoint = final_path_;
   return res_;
+}
+
+Trainer::~Trainer() {
+  if (jsonl_fd_ >= 0) ::close(jsonl_fd_);
+}
+
+// log.jsonl is opened O_APPEND and every record is one write() of a whole line, so a kill loses
+// at most the record being written and never glues two. On resume a torn last line (a kill in
+// the middle of a write) is cut off first, so the next record starts on a line of its own.
+void Trainer::open_log(bool append) {
+  const std::string path = (std::filesystem::path(o_.out_dir) / "log.jsonl").string();
+  int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC);
+  jsonl_fd_ = ::open(path.c_str(), flags, 0644);
+  KILN_CHECK(jsonl_fd_ >= 0, "[train] cannot open {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (append && ::fstat(jsonl_fd_, &st) == 0 && st.st_size > 0) {
+    std::string text = io::read_regular_file(path, "train");
+    const std::size_t keep = text.ends_with('\n') ? text.size() : text.rfind('\n') + 1;
+    if (keep != text.size() && ::ftruncate(jsonl_fd_, static_cast<off_t>(keep)) != 0)
+      fail("[train] cannot cut the torn last line of {}: {}", path, std::strerror(errno));
+  }
+}
+
+void Trainer::write_log_record(const nlohmann::json& record) {
+  const std::string line = record.dump() + "\n";
+  std::size_t done = 0;
+  while (done < line.size()) {
+    ssize_t w = ::write(jsonl_fd_, line.data() + done, line.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    KILN_CHECK(w > 0, "[train] cannot write log.jsonl in {}: {}", o_.out_dir, std::strerror(errno));
+    done += static_cast<std::size_t>(w);
+  }
 }
 
 // Erases the progress bar before a log line, so that the two do not share a terminal row.

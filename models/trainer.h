@@ -51,7 +51,11 @@ struct TrainOptions {
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.99;
+  double eps = 1e-8;
   double clip = 1.0;
+  // A step whose loss or gradient norm is not finite is skipped (no update); this many in a row
+  // stop the run with an error before any checkpoint is written.
+  std::int64_t max_nonfinite_steps = 5;
   std::int64_t eval_interval = 250;
   std::int64_t eval_batches = 20;
   std::int64_t log_interval = 10;
@@ -92,8 +96,9 @@ struct StepStats {
   std::int64_t step = 0;  // steps done after it: the number the log shows
   double loss = 0;        // the batch's loss, before the update
   double lr = 0;
-  double norm = 0;  // the global gradient norm, before clipping
-  double ms = 0;    // wall time, the device's work included
+  double norm = 0;       // the global gradient norm, before clipping
+  double ms = 0;         // wall time, the device's work included
+  bool skipped = false;  // loss or norm not finite: no update was made
   double tok_per_s = 0;
   double mfu = 0;                 // 0 when the peak is unknown
   bool timeline_written = false;  // its allocations went to TrainOptions::mem_timeline
@@ -107,6 +112,7 @@ class Trainer {
   Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream& log);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
+  ~Trainer();
 
   // One optimizer step on the next batch: forward, backward, clip, AdamW, timed from an idle
   // device to an idle device. Logs nothing.
@@ -131,6 +137,8 @@ class Trainer {
  private:
   void resume_from(const CheckpointMeta& meta);
   void clear_progress();
+  void open_log(bool append);
+  void write_log_record(const nlohmann::json& record);
 
   TrainOptions o_;
   Device device_;
@@ -145,14 +153,15 @@ class Trainer {
   // held it in a local: an evaluation between steps still adds to it in the Inputs peak, so the
   // memory summary keeps its figures.
   std::pair<Tensor, Tensor> batch_;
-  TrainResult res_;  // the run's constants (device, peak, ...); run() adds the outcome
-  std::ofstream jsonl_;
+  TrainResult res_;    // the run's constants (device, peak, ...); run() adds the outcome
+  int jsonl_fd_ = -1;  // log.jsonl, O_APPEND: one write() per whole record line
   bool progress_ = false;
   MemoryTracker& tracker_;
   std::int64_t first_step_ = 0;  // the step this run started at: the one --mem-timeline records
   double train_secs_ = 0;
   double last_loss_ = 0;
   std::int64_t tokens_done_ = 0;
+  std::int64_t nonfinite_run_ = 0;  // consecutive skipped steps
 };
 
 // Trainer(o, device, dtype, log).run().

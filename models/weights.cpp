@@ -13,7 +13,7 @@ namespace kiln::models {
 namespace fs = std::filesystem;
 
 Tensor tensor_from_bytes(std::string_view st_dtype, const Shape& shape, const void* data,
-                         std::size_t nbytes) {
+                         std::size_t nbytes, std::string_view source) {
   DType dt = dtype_from_safetensors(st_dtype);
   KILN_CHECK(io::dtype_size(st_dtype) == dtype_size(dt), "[weights] dtype {} cannot be held as {}",
              st_dtype, dtype_name(dt));
@@ -24,7 +24,7 @@ Tensor tensor_from_bytes(std::string_view st_dtype, const Shape& shape, const vo
              "[weights] {} bytes do not hold a {} tensor of shape {}", nbytes, st_dtype,
              shape_str(shape));
   Tensor t = Tensor::empty(shape, dt, Device::cpu());
-  if (nbytes) std::memcpy(t.raw_data(), data, nbytes);
+  io::copy_from_mapping(t.raw_data(), data, nbytes, source);
   return t;
 }
 
@@ -86,6 +86,15 @@ struct Source {
   }
 };
 
+// At most the first 12 names, then how many more: a config with a thousand layers too many
+// must not print ten thousand names.
+std::string name_list(const std::vector<std::string>& names) {
+  constexpr std::size_t kShown = 12;
+  if (names.size() <= kShown) return fmt::format("{}", fmt::join(names, ", "));
+  return fmt::format("{}, ... and {} more", fmt::join(names.begin(), names.begin() + kShown, ", "),
+                     names.size() - kShown);
+}
+
 bool is_float_file_dtype(const std::string& d) {
   return d == "F32" || d == "F16" || d == "BF16" || d == "F64";
 }
@@ -124,12 +133,11 @@ void load_safetensors(nn::Module& m, const std::string& path_or_dir, const LoadO
     if (!known.count(name) && !ignored.count(name)) unexpected.push_back(name);
   if (!missing.empty() || !unexpected.empty() || !mis_shaped.empty() || !bad_dtype.empty()) {
     std::string msg = fmt::format("[load_safetensors] {} does not match the model:", path_or_dir);
-    if (!missing.empty()) msg += fmt::format("\n  missing: {}", fmt::join(missing, ", "));
-    if (!unexpected.empty()) msg += fmt::format("\n  unexpected: {}", fmt::join(unexpected, ", "));
-    if (!mis_shaped.empty()) msg += fmt::format("\n  wrong shape: {}", fmt::join(mis_shaped, ", "));
+    if (!missing.empty()) msg += fmt::format("\n  missing: {}", name_list(missing));
+    if (!unexpected.empty()) msg += fmt::format("\n  unexpected: {}", name_list(unexpected));
+    if (!mis_shaped.empty()) msg += fmt::format("\n  wrong shape: {}", name_list(mis_shaped));
     if (!bad_dtype.empty())
-      msg +=
-          fmt::format("\n  not a float dtype (F32/F16/BF16/F64): {}", fmt::join(bad_dtype, ", "));
+      msg += fmt::format("\n  not a float dtype (F32/F16/BF16/F64): {}", name_list(bad_dtype));
     fail("{}", msg);
   }
 
@@ -140,7 +148,8 @@ void load_safetensors(nn::Module& m, const std::string& path_or_dir, const LoadO
     // The mapped bytes may be unaligned for their type: copy into an aligned
     // scratch tensor first, then convert into the parameter in place.
     MemoryScope scope(MemCategory::Temporaries);
-    Tensor t = tensor_from_bytes(e.dtype, e.shape, f->second, e.nbytes());
+    Tensor t = tensor_from_bytes(e.dtype, e.shape, f->second, e.nbytes(),
+                                 fmt::format("{} (tensor {})", path_or_dir, name));
     Tensor dst = p.detach();
     if (p.device().is_cpu())
       dst.copy_(t);
@@ -201,7 +210,8 @@ std::unique_ptr<DecoderModel> load_llama2c_model(const std::string& bin_path) {
   for (auto& [name, p] : params) {
     const io::Llama2cTensor& src = ck.tensors.at(name);
     MemoryScope scope(MemCategory::Temporaries);
-    Tensor t = tensor_from_bytes("F32", src.shape, src.data, src.numel() * sizeof(float));
+    Tensor t = tensor_from_bytes("F32", src.shape, src.data, src.numel() * sizeof(float),
+                                 fmt::format("{} (tensor {})", bin_path, name));
     Tensor dst = p.detach();
     dst.copy_(t);
   }

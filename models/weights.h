@@ -20,9 +20,10 @@ namespace kiln::models {
 
 // A CPU tensor of the given safetensors dtype ("F32", "BF16", ...) and shape,
 // holding a copy of `nbytes` bytes at `data` (nbytes must equal
-// numel * element size). Charged to the current MemoryScope category.
+// numel * element size). Charged to the current MemoryScope category. `data` may point into a
+// file mapping: a file truncated under it fails naming `source` (io::copy_from_mapping).
 Tensor tensor_from_bytes(std::string_view st_dtype, const Shape& shape, const void* data,
-                         std::size_t nbytes);
+                         std::size_t nbytes, std::string_view source = "mapped weights");
 
 // Writes every named parameter, converted to `dtype` (F32, BF16, F16 or F64),
 // contiguous, on the CPU. Metadata gets "format": "pt" unless given.

@@ -177,11 +177,12 @@ void BlockPool::out_of_memory(std::size_t rounded, const std::string& why) {
                                format_bytes(static_cast<std::int64_t>(total_b)))
                  : std::string("free ? of ?");
   auto b = [](std::size_t n) { return format_bytes(static_cast<std::int64_t>(n)); };
-  fail(
+  const std::string& cause = current_mem_cause();
+  throw OutOfMemory(fmt::format(
       "[allocator] {}: out of memory: requested {}, reserved {}, allocated {} ({}); a new {} "
-      "segment was refused after releasing the cache{}{}",
+      "segment was refused after releasing the cache{}{}{}",
       name_, b(rounded), b(s_.reserved), b(s_.allocated), device, b(caching::segment_size(rounded)),
-      why.empty() ? "" : ": ", why);
+      why.empty() ? "" : ": ", why, cause.empty() ? "" : "; asked for by " + cause));
 }
 
 std::size_t BlockPool::release_free_segments() {

@@ -66,6 +66,36 @@ MemCategory current_mem_category() { return t_category; }
 Phase current_phase() { return t_phase; }
 const char* current_mem_label() { return t_label; }
 
+namespace {
+thread_local std::string t_cause;
+}  // namespace
+const std::string& current_mem_cause() { return t_cause; }
+MemCauseScope::MemCauseScope(std::string cause) : prev_(std::move(t_cause)) {
+  t_cause = std::move(cause);
+}
+MemCauseScope::~MemCauseScope() { t_cause = std::move(prev_); }
+
+void throw_out_of_memory(DeviceType d, std::size_t bytes, MemCategory c, std::string_view detail) {
+  const MemStats s = MemoryTracker::get(d).stats();
+  std::string so_far;
+  for (int i = 0; i < kNumMemCategories; ++i)
+    if (s.current[i] > 0)
+      so_far +=
+          fmt::format("{}{} {}", so_far.empty() ? "" : ", ",
+                      mem_category_name(static_cast<MemCategory>(i)), format_bytes(s.current[i]));
+  const char* label = current_mem_label();
+  const std::string& cause = current_mem_cause();
+  throw OutOfMemory(fmt::format(
+      "[allocator] {}: out of memory: {} ({} bytes) for {}{}{}; allocated so far {}{}{}{}",
+      d == DeviceType::CPU    ? "cpu"
+      : d == DeviceType::CUDA ? "cuda"
+                              : "meta",
+      format_bytes(static_cast<std::int64_t>(bytes)), bytes, mem_category_name(c),
+      label && *label ? fmt::format(" in {}", label) : "",
+      cause.empty() ? "" : fmt::format(", asked for by {}", cause), format_bytes(s.total),
+      so_far.empty() ? "" : " (" + so_far + ")", detail.empty() ? "" : "; ", detail));
+}
+
 MemoryScope::MemoryScope(MemCategory c) : prev_(t_category) { t_category = c; }
 MemoryScope::~MemoryScope() { t_category = prev_; }
 PhaseScope::PhaseScope(Phase p) : prev_(t_phase) { t_phase = p; }

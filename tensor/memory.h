@@ -80,6 +80,21 @@ class MemLabelScope {
   const char* prev_;
 };
 
+// What asked for the allocations in this scope, in the user's words: the config field or flag
+// ("max_position_embeddings 100000000000 x head_dim 128 (RoPE table)"). Only out-of-memory
+// errors show it. Scopes nest and restore.
+class MemCauseScope {
+ public:
+  explicit MemCauseScope(std::string cause);
+  ~MemCauseScope();
+  MemCauseScope(const MemCauseScope&) = delete;
+  MemCauseScope& operator=(const MemCauseScope&) = delete;
+
+ private:
+  std::string prev_;
+};
+const std::string& current_mem_cause();
+
 using CategoryBytes = std::array<std::int64_t, kNumMemCategories>;
 
 struct MemEvent {
@@ -157,5 +172,10 @@ std::string format_memory_summary(const MemStats& s, std::string_view title,
 // The device rows alone, a few indented lines.
 std::string format_device_memory(const DeviceMemoryRows& d);
 std::string format_bytes(std::int64_t bytes);
+
+// Throws OutOfMemory: "[allocator] <device>: out of memory: <bytes> for <category> ...", with the
+// label and cause in scope and the tracker's figures so far. `detail` adds the allocator's view.
+[[noreturn]] void throw_out_of_memory(DeviceType d, std::size_t bytes, MemCategory c,
+                                      std::string_view detail);
 
 }  // namespace kiln

@@ -1,5 +1,7 @@
 #include "tensor/storage.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -22,6 +24,12 @@ std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 constexpr std::size_t kCacheMinBytes = 64 * 1024;
 constexpr std::size_t kCacheMaxBytes = std::size_t{1} << 30;
 
+std::size_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page)
+                               : 0;
+}
+
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(std::size_t nbytes, MemCategory c) override {
@@ -37,12 +45,19 @@ class CpuAllocator final : public Allocator {
       }
     }
     if (!p) {
+      // A request beyond the machine's RAM is refused before malloc: with overcommit it might
+      // "succeed" and be killed later, far from the cause.
+      static const std::size_t ram = physical_memory();
+      if (ram > 0 && sz > ram)
+        throw_out_of_memory(
+            DeviceType::CPU, sz, c,
+            fmt::format("the machine has {} of RAM", format_bytes(static_cast<std::int64_t>(ram))));
       p = std::aligned_alloc(kCpuAlign, sz == 0 ? kCpuAlign : sz);
       if (!p) {
         empty();
         p = std::aligned_alloc(kCpuAlign, sz == 0 ? kCpuAlign : sz);
       }
-      if (!p) fail("[allocator] cpu: out of memory allocating {} bytes", sz);
+      if (!p) throw_out_of_memory(DeviceType::CPU, sz, c, "malloc failed");
       MemoryTracker::get(DeviceType::CPU).on_reserve(static_cast<std::int64_t>(sz));
     }
     MemoryTracker::get(DeviceType::CPU).on_alloc(c, static_cast<std::int64_t>(sz));
@@ -126,8 +141,10 @@ void empty_cpu_cache() { cpu_allocator().empty(); }
 Allocator& allocator_for(Device d) {
   static MetaAllocator meta;
   switch (d.type) {
-    case DeviceType::CPU: return cpu_allocator();
-    case DeviceType::Meta: return meta;
+    case DeviceType::CPU:
+      return cpu_allocator();
+    case DeviceType::Meta:
+      return meta;
     case DeviceType::CUDA: {
       static const int num_devices = cuda::device_count();  // 0 without CUDA or a GPU
       if (num_devices > 0) return cuda_caching_allocator(d.index);
@@ -135,8 +152,7 @@ Allocator& allocator_for(Device d) {
     }
   }
   if (!cuda::compiled_with_cuda())
-    fail("[allocator] {}: kiln was built without CUDA (-DKILN_CUDA=ON); use --device cpu",
-         d.str());
+    fail("[allocator] {}: kiln was built without CUDA (-DKILN_CUDA=ON); use --device cpu", d.str());
   fail("[allocator] {}: no CUDA device found; use --device cpu", d.str());
 }
 

@@ -2,6 +2,7 @@
 #include "models/io/checkpoint_h5.h"
 
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <hdf5.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -353,6 +354,17 @@ OpenTensor open_tensor(hid_t file, const std::string& path) {
   // For the contiguous layout we write, the stored bytes must be exactly the tensor and lie
   // inside the file (catches an inconsistent header before we read anything).
   Id dcpl = checked(H5Dget_create_plist(t.dset), H5Pclose, "tensor '{}' properties", path);
+  // kiln writes contiguous datasets with no filters, so a tensor never holds more bytes than the
+  // file. A chunked or compact dataset may declare any shape; refuse one larger than the file
+  // before anything is allocated for it (a 3 MB file must not ask for 16 GiB).
+  if (H5Pget_layout(dcpl) != H5D_CONTIGUOUS) {
+    hsize_t fsize = 0;
+    check(H5Fget_filesize(file, &fsize), "file size");
+    KILN_CHECK(t.info.nbytes <= fsize,
+               "[checkpoint] tensor '{}' declares shape {} ({} bytes), more than the whole file "
+               "({} bytes): corrupt",
+               path, fmt::join(t.info.shape, "x"), t.info.nbytes, fsize);
+  }
   if (H5Pget_layout(dcpl) == H5D_CONTIGUOUS && t.info.nbytes > 0) {
     hsize_t stored = H5Dget_storage_size(t.dset);
     KILN_CHECK(stored == t.info.nbytes,

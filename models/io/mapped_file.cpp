@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csetjmp>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 
@@ -13,20 +16,67 @@
 
 namespace kiln::io {
 
-MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("[mmap] {}: cannot open: {}", path_, std::strerror(errno));
+namespace {
+
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+int open_regular_file(const std::string& path, std::string_view who, std::uint64_t* size) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait forever for a writer. It has no
+  // effect on the regular files that pass the check below.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail("[{}] {}: cannot open: {}", who, path, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int e = errno;
     ::close(fd);
-    fail("[mmap] {}: cannot stat: {}", path_, std::strerror(e));
+    fail("[{}] {}: cannot stat: {}", who, path, std::strerror(e));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail("[mmap] {}: not a regular file", path_);
+    fail("[{}] {}: is {}, not a regular file (kiln reads regular files only)", who, path,
+         file_kind(st.st_mode));
   }
-  size_ = static_cast<uint64_t>(st.st_size);
+  *size = static_cast<std::uint64_t>(st.st_size);
+  return fd;
+}
+
+std::string read_regular_file(const std::string& path, std::string_view who,
+                              std::uint64_t max_bytes) {
+  std::uint64_t size = 0;
+  int fd = open_regular_file(path, who, &size);
+  if (size > max_bytes) {
+    ::close(fd);
+    fail("[{}] {}: is {} bytes, more than the {} this reader accepts", who, path, size, max_bytes);
+  }
+  std::string out(size, '\0');
+  std::size_t done = 0;
+  while (done < out.size()) {
+    ssize_t r = ::read(fd, out.data() + done, out.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int e = errno;
+      ::close(fd);
+      fail("[{}] {}: read failed: {}", who, path, std::strerror(e));
+    }
+    if (r == 0) break;  // shrank while we read: keep what is there
+    done += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
+}
+
+MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
+  int fd = open_regular_file(path_, "mmap", &size_);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -63,6 +113,55 @@ void MappedFile::release() noexcept {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+// ---- reads of a mapping whose file may shrink ------------------------------------------
+// A mapped page past the end of a file that was truncated after mmap raises SIGBUS on access.
+// Checking the size before copying leaves a window (the file can shrink during the copy), so
+// the copy itself runs under a SIGBUS handler: when the fault happens inside a guarded copy on
+// this thread, the handler jumps back out of memcpy and the copy fails with the file's name.
+// Any other SIGBUS keeps its default action (the handler re-raises it).
+namespace {
+
+// volatile, with signal fences around the copy: memcpy does not read it, so the compiler would
+// otherwise drop the store before the copy as dead.
+thread_local sigjmp_buf* volatile t_bus_jump = nullptr;
+
+void on_sigbus(int sig, siginfo_t*, void*) {
+  if (t_bus_jump) siglongjmp(*t_bus_jump, 1);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void install_sigbus_handler() {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    return ::sigaction(SIGBUS, &sa, nullptr) == 0;
+  }();
+  (void)installed;
+}
+
+}  // namespace
+
+void copy_from_mapping(void* dst, const void* src, std::size_t n, std::string_view what) {
+  if (n == 0) return;
+  install_sigbus_handler();
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 1) != 0) {
+    t_bus_jump = nullptr;
+    fail(
+        "[mmap] {}: the file shrank while kiln read it (SIGBUS): it was truncated or replaced "
+        "while mapped; nothing was loaded from it",
+        what);
+  }
+  t_bus_jump = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(dst, src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_bus_jump = nullptr;
 }
 
 bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace kiln::io {
 
@@ -30,6 +31,19 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
 };
+
+// Opens `path` read-only if it is a regular file, and returns the descriptor and its size. A FIFO,
+// a device (/dev/zero), a socket or a directory is refused with "[who] <path>: is a FIFO, not a
+// regular file ..." without blocking or reading: kiln never waits on, or reads without end
+// from, something that is not a file.
+int open_regular_file(const std::string& path, std::string_view who, std::uint64_t* size);
+// The whole of a regular file (open_regular_file's checks), refused when larger than max_bytes.
+std::string read_regular_file(const std::string& path, std::string_view who,
+                              std::uint64_t max_bytes = UINT64_MAX);
+
+// memcpy from a file mapping, failing with "[mmap] <what>: the file shrank ..." instead of
+// dying of SIGBUS when the file was truncated after it was mapped (see mapped_file.cpp).
+void copy_from_mapping(void* dst, const void* src, std::size_t n, std::string_view what);
 
 // Overflow-checked arithmetic for sizes read from files.
 bool checked_mul(uint64_t a, uint64_t b, uint64_t* out);

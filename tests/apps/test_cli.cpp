@@ -150,7 +150,7 @@ TEST(Cli, TrainPrintsThroughputAndMfu) {
       << r.output;
   EXPECT_NE(r.output.find("6N + 12 L H Dh T"), std::string::npos) << r.output;
   // With a peak, a percentage per log line and in the summary.
-  KilnRun p = run_kiln(base + " --peak-tflops 0.001");
+  KilnRun p = run_kiln(base + " --peak-tflops 0.001 --overwrite");
   ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_NE(p.output.find("% of 0.001 TFLOP/s"), std::string::npos) << p.output;
   EXPECT_EQ(p.output.find("MFU n/a"), std::string::npos) << p.output;

@@ -1,6 +1,5 @@
 // HDF5 checkpoints: round trips of every dtype, atomic writes, and corrupt / truncated / foreign
 // files, each of which must give a clear kiln::Error "[checkpoint] ...".
-#include "tests/test_python.h"
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 
 #include "kernels/common/error.h"
 #include "models/io/checkpoint_h5.h"
+#include "tests/test_python.h"
 
 namespace fs = std::filesystem;
 using kiln::io::CheckpointReader;
@@ -345,6 +345,38 @@ TEST_F(CheckpointH5, ReadableByH5py) {
   std::ofstream(sp) << script;
   std::string cmd = test_python() + " " + sp + " " + p;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// A chunked dataset may declare any shape; one larger than the whole file is refused before a
+// buffer is allocated for it (a 3 MB file once asked for 16 GiB).
+TEST_F(CheckpointH5, HugeDeclaredShapeRefusedBeforeAllocating) {
+  const std::string p = path("ck.h5");
+  write_small(p, 1.0f);
+  hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  hsize_t dims[2] = {hsize_t{1} << 20, hsize_t{1} << 12};  // 16 GiB of f32
+  hsize_t chunk[2] = {16, 16};
+  hid_t s = H5Screate_simple(2, dims, nullptr);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, 2, chunk);
+  hid_t d = H5Dcreate2(f, "model/huge", H5T_NATIVE_FLOAT, s, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(d, 0);
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, 3);
+  hid_t as = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(d, "dtype", t, as, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, t, "f32");
+  H5Aclose(a);
+  H5Sclose(as);
+  H5Tclose(t);
+  H5Dclose(d);
+  H5Pclose(dcpl);
+  H5Sclose(s);
+  H5Fclose(f);
+  CheckpointReader rd(p);
+  expect_error([&] { rd.read_tensor("model/huge"); },
+               "tensor 'model/huge' declares shape 1048576x4096 (17179869184 bytes), more than the "
+               "whole file");
 }
 
 TEST(CheckpointHash, Fnv1a64KnownValues) {

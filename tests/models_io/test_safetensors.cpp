@@ -1,6 +1,5 @@
 // Safetensors: round trip, every malformed-header case, sharded folders, and a
 // cross-check against an independent Python reader/writer.
-#include "tests/test_python.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 
 #include "kernels/common/error.h"
 #include "models/io/safetensors.h"
+#include "tests/test_python.h"
 
 namespace fs = std::filesystem;
 using kiln::io::Metadata;
@@ -392,4 +392,31 @@ TEST_F(SafetensorsTest, KilnReadsPythonFile) {
   EXPECT_EQ(d.shape, (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(f.data(d)[5], 1);
   EXPECT_EQ(f.data(d)[1], 0);
+}
+
+// A file truncated after it was mapped: reading the lost pages raises SIGBUS, which the guarded
+// copy turns into an error naming the file (issue 13, class 7).
+TEST(MappedFile, TruncatedWhileMappedIsAnErrorNotSigbus) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::temp_directory_path() / ("kiln_sigbus_" + std::to_string(::getpid()));
+  std::vector<char> bytes(1 << 16, 'x');
+  std::ofstream(p, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  kiln::io::MappedFile m(p.string());
+  ASSERT_EQ(m.size(), bytes.size());
+  std::vector<char> out(bytes.size());
+  kiln::io::copy_from_mapping(out.data(), m.data(), m.size(), p.string());  // intact: fine
+  EXPECT_EQ(out, bytes);
+  fs::resize_file(p, 0);
+  try {
+    kiln::io::copy_from_mapping(out.data(), m.data(), m.size(), p.string() + " (tensor w)");
+    ADD_FAILURE() << "no error";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[mmap] " + p.string() + " (tensor w): the file shrank"),
+              std::string::npos)
+        << e.what();
+  }
+  // And again: the handler stays installed and the thread is not left in a bad state.
+  EXPECT_THROW(kiln::io::copy_from_mapping(out.data(), m.data(), m.size(), "again"), kiln::Error);
+  fs::remove(p);
 }
