@@ -17,6 +17,6 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 # shakespeare-char (a 1.8M-parameter LLaMA, context 128) for 1500 steps of 16 x 128 tokens:
 # about 5 minutes on 2 cores. --time-limit stops training at 9.5 minutes on a slower machine.
 ./build/apps/kiln train --preset shakespeare-char --data data/text/tinyshakespeare.txt \
-  --tokenizer char --device cpu --out runs/shakespeare-char --time-limit 570
+  --tokenizer char --device cpu --out runs/shakespeare-char --overwrite --time-limit 570
 ./build/apps/kiln sample --ckpt runs/shakespeare-char/final.h5 --prompt "ROMEO:" \
   --temperature 0.8 --top-k 40 --seed 1 --max-new-tokens 300

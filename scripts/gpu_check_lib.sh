@@ -85,7 +85,7 @@ gpu_check_plan() {
     smoke)
       echo "smoke_probe|gtest|60|tests|$e|./test_kernels --gtest_filter=CudaProbe.*"
       echo "smoke_runtime|gtest|120|tests|$e|./test_kernels --gtest_filter=CudaErrors.*:CudaDevices.*:CudaDevice.*:CudaRuntime.*"
-      echo "smoke_train|cmd|120|run|$e|@kiln train --device cuda --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 --eval-batches 1 --progress 0 --log-interval 1 --out train_smoke"
+      echo "smoke_train|cmd|120|run|$e|@kiln train --device cuda --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 --eval-batches 1 --progress 0 --log-interval 1 --out train_smoke --overwrite"
       echo "smoke_generate|cmd|120|run|$e|@kiln generate --device cuda --dtype bf16 --random-weights --config config.json --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
       ;;
     cuda-tests)
@@ -108,7 +108,7 @@ gpu_check_plan() {
       echo "memcheck_runtime|sanitizer|180|tests|$e|%memcheck ./test_kernels --gtest_filter=CudaDevices.*:CudaDevice.*-CudaDevice.OutOfMemoryIsAClearErrorAndNotSticky"
       echo "memcheck_allocator|sanitizer|180|tests|$e|%memcheck ./test_tensor --gtest_filter=CudaCachingAllocator.*:DeviceMemoryRows.*-CudaCachingAllocator.GuardBytesCatchADeviceOverrun"
       echo "memcheck_backend_ops|sanitizer|300|tests|$e $m|%memcheck ./test_tensor --gtest_filter=*BackendOpsCuda*"
-      echo "memcheck_train_bf16|sanitizer|240|run|$e $m|%memcheck @kiln train --device cuda --dtype bf16 --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 --eval-batches 1 --progress 0 --log-interval 1 --out train_memcheck"
+      echo "memcheck_train_bf16|sanitizer|240|run|$e $m|%memcheck @kiln train --device cuda --dtype bf16 --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 --eval-batches 1 --progress 0 --log-interval 1 --out train_memcheck --overwrite"
       echo "memcheck_generate|sanitizer|180|run|$e $m|%memcheck @kiln generate --device cuda --dtype bf16 --random-weights --config config.json --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
       echo "memcheck_generate_cudnn|sanitizer|240|run|$e $m|%memcheck @kiln generate --device cuda --dtype bf16 --attention cudnn --random-weights --config config.json --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
       # racecheck: kiln's flash attention (shared memory, cp.async, ldmatrix), a few shapes.
