@@ -1,6 +1,7 @@
 #include "models/config.h"
 
 #include <fstream>
+#include <type_traits>
 
 namespace kiln::models {
 
@@ -16,6 +17,26 @@ E enum_field(const nlohmann::json& j, const char* field, E fallback,
   KILN_CHECK(e.has_value(), "[config] {} '{}' is not supported (kiln implements {})", field, s,
              known);
   return *e;
+}
+
+// An optional config.json field of JSON type T (bool, double or std::string): `fallback` when
+// absent or null. A value of another type is refused by name: nlohmann's j.value() would throw a
+// raw type_error that names neither the file nor the field.
+template <typename T>
+T hf_field(const nlohmann::json& j, const char* field, T fallback, const std::string& source) {
+  if (!j.contains(field) || j[field].is_null()) return fallback;
+  const nlohmann::json& v = j[field];
+  const char* want = "a number";
+  bool ok = v.is_number();
+  if constexpr (std::is_same_v<T, bool>) {
+    want = "true or false";
+    ok = v.is_boolean();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    want = "a string";
+    ok = v.is_string();
+  }
+  KILN_CHECK(ok, "[config] {}: field '{}' must be {}, got {}", source, field, want, v.dump());
+  return v.get<T>();
 }
 
 }  // namespace
@@ -225,7 +246,7 @@ ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source) {
     return j[field].get<std::int64_t>();
   };
   KILN_CHECK(j.is_object(), "[config] config.json must be a JSON object");
-  std::string type = j.value("model_type", std::string());
+  std::string type = hf_field(j, "model_type", std::string(), source);
   KILN_CHECK(
       type == "qwen3" || type == "qwen2" || type == "llama" || type == "mistral" || type == "gpt2",
       "[config] unknown model_type '{}' (supported: qwen3, qwen2, llama, mistral, gpt2)", type);
@@ -238,12 +259,12 @@ ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source) {
     if (j.contains("n_inner") && !j["n_inner"].is_null()) c.hidden_dim = get_int("n_inner");
     if (j.contains("layer_norm_epsilon") && j["layer_norm_epsilon"].is_number())
       c.norm_eps = j["layer_norm_epsilon"].get<double>();
-    std::string act = j.value("activation_function", std::string("gelu_new"));
+    std::string act = hf_field(j, "activation_function", std::string("gelu_new"), source);
     KILN_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh",
                "[config] GPT-2 activation_function '{}' is not supported (kiln's GELU is the "
                "tanh form, gelu_new)",
                act);
-    c.tie_embeddings = j.value("tie_word_embeddings", true);
+    c.tie_embeddings = hf_field(j, "tie_word_embeddings", true, source);
     c.validate();
     return c;
   }
@@ -265,18 +286,17 @@ ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source) {
     c.head_dim = c.dim / c.n_heads;
   }
   c.max_seq_len = j.contains("max_position_embeddings") ? get_int("max_position_embeddings") : 4096;
-  c.norm_eps = j.value("rms_norm_eps", 1e-6);
+  c.norm_eps = hf_field(j, "rms_norm_eps", 1e-6, source);
   double theta = 10000.0;
   if (j.contains("rope_theta") && j["rope_theta"].is_number())
     theta = j["rope_theta"].get<double>();
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
-      j["rope_parameters"].contains("rope_theta"))
-    theta = j["rope_parameters"]["rope_theta"].get<double>();
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
+    theta = hf_field(j["rope_parameters"], "rope_theta", theta, source);
   c.rope_theta = theta;
   c.rope_style = ops::RopeStyle::RotateHalf;
-  c.tie_embeddings = j.value("tie_word_embeddings", false);
+  c.tie_embeddings = hf_field(j, "tie_word_embeddings", false, source);
   c.qk_norm = type == "qwen3";
-  c.qkv_bias = type == "qwen2" ? true : j.value("attention_bias", false);
+  c.qkv_bias = type == "qwen2" ? true : hf_field(j, "attention_bias", false, source);
   // The gated MLP's activation (HF's default is silu). Anything else would be a different model.
   if (j.contains("hidden_act") && !j["hidden_act"].is_null()) {
     const std::string act =
