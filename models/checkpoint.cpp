@@ -108,11 +108,15 @@ void load_checkpoint(const std::string& path, DecoderModel& model, nn::Optimizer
     }
     // Low-precision parameter: read the f32 values, round them into it, and
     // keep them exactly in the optimizer's master copy if there is one.
+    // (No lambda here: clang 14, which builds the fuzz targets, cannot capture the binding p.)
     auto mit = masters.find(name);
-    Tensor f32 = mit != masters.end() ? mit->second : [&] {
+    Tensor f32;
+    if (mit != masters.end()) {
+      f32 = mit->second;
+    } else {
       MemoryScope scratch(MemCategory::Temporaries);
-      return Tensor::empty(p.shape(), DType::F32);
-    }();
+      f32 = Tensor::empty(p.shape(), DType::F32);
+    }
     read_into(r, "model/" + name, f32);
     p.copy_(f32);
   }

@@ -13,6 +13,9 @@ packages=(
   libhdf5-dev libopenblas-dev libopenblas-openmp-dev libpcre2-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   python3 python3-torch python3-numpy python3-h5py
+  # scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes, and clang's OpenMP runtime
+  # (gcc's -fsanitize=address,undefined for scripts/sanitize.sh comes with build-essential)
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 
 # dpkg-query prints "install ok installed" for each installed package; anything else is missing.

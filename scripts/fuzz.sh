@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/, one per loader) with clang, ASan and UBSan in build-fuzz/,
+# then runs each for SECONDS (default 30) from its seed corpus (fuzz/corpus/<target>/), and
+# prints per target the executions, the coverage (libFuzzer's cov/ft) and any crash. Exits non-zero
+# when any target crashed; the crashing input is in build-fuzz/artifacts/<target>/.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     e.g. scripts/fuzz.sh 600 safetensors hf_config
+#
+# KILN_FUZZ_JOBS=N runs N targets at once (default 1; each is one process, -jobs is not used).
+# New corpus entries go to build-fuzz/corpus/<target>/, never into the committed seeds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-30}
+shift || true
+all=(safetensors safetensors_index hf_config generation_config tokenizer_json vocab_merges
+     llama2c_bin llama2c_tokenizer checkpoint_h5)
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
+jobs=${KILN_FUZZ_JOBS:-1}
+
+cc=${KILN_FUZZ_CC:-clang-14}
+cxx=${KILN_FUZZ_CXX:-clang++-14}
+command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (scripts/setup.sh installs it)" >&2; exit 1; }
+
+# -O1 -g: the usual fuzzing trade-off (fast enough, readable stacks); asserts stay on.
+mkdir -p build-fuzz
+cmake -S . -B build-fuzz -DKILN_FUZZ=ON -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >build-fuzz/build.log 2>&1 ||
+  { cat build-fuzz/build.log; exit 1; }
+fuzz_bins=()
+for t in "${targets[@]}"; do fuzz_bins+=("fuzz_$t"); done
+cmake --build build-fuzz -j"$(nproc)" --target "${fuzz_bins[@]}" >>build-fuzz/build.log 2>&1 ||
+  { tail -50 build-fuzz/build.log; exit 1; }
+
+# The targets write each input to a file under KILN_FUZZ_SCRATCH (fuzz/fuzz_util.h): tmpfs when
+# there is one. The OpenMP pool is not used by the loaders; one thread leaves the cores to others.
+shm=/dev/shm
+[ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
+export KILN_FUZZ_SCRATCH="$shm/kiln_fuzz_$$"
+trap 'rm -rf "$KILN_FUZZ_SCRATCH"' EXIT
+export OMP_NUM_THREADS=1
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# allocator_may_return_null: a C malloc() of an absurd size returns NULL, as glibc's does, instead
+# of aborting under ASan. HDF5 mallocs sizes read from a corrupt file and reports NULL as an error,
+# which kiln turns into "[checkpoint] ..."; C++ new still aborts, so kiln's own runaway requests
+# are still crashes (as are any over -malloc_limit_mb). fuzz/lsan.supp: HDF5's error-path leaks.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/fuzz/lsan.supp:print_suppressions=0}
+
+run_one() {
+  local t=$1 dir=build-fuzz
+  rm -rf "$dir/artifacts/$t"
+  mkdir -p "$dir/corpus/$t" "$dir/artifacts/$t"
+  local log="$dir/fuzz_$t.log" rc=0
+  # -timeout: an input that takes 10 s is a hang; -rss_limit_mb/-malloc_limit_mb: a loader that
+  # asks for more than 2 GiB on a small input is a bug (memory before validation).
+  # checkpoint_h5: Debian 12's HDF5 1.10.8 has memory-safety bugs of its own on corrupt metadata
+  # (docs/fuzzing.md), which the fuzzer reaches within seconds. That target runs in fork mode,
+  # which goes on after a crash; a crash whose stack starts in libhdf5 is counted and reported
+  # as HDF5's, and any other crash fails the run as usual.
+  local mode=()
+  [ "$t" = checkpoint_h5 ] && mode=(-fork=1 -ignore_crashes=1)
+  "$dir/fuzz/fuzz_$t" "$dir/corpus/$t" "fuzz/corpus/$t" -max_total_time="$seconds" \
+    -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1 "${mode[@]}" \
+    -artifact_prefix="$dir/artifacts/$t/" >"$log" 2>&1 || rc=$?
+  local execs cov hdf5=0 other=0
+  execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || true)
+  [ -z "$execs" ] && execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#' || true)
+  cov=$(grep -E '^#[0-9]+' "$log" | grep -oE 'cov: [0-9]+ ft: [0-9]+' | tail -1 || true)
+  if [ ${#mode[@]} -gt 0 ]; then
+    # Fork mode logs only each crash's first line: replay every input it kept, one at a time, and
+    # look at the first frame that is not the sanitizer's, libFuzzer's, malloc or libc.
+    # (An RSS out-of-memory is replayed with -malloc_limit_mb, which gives the allocation's stack.)
+    local a frame
+    for a in "$dir/artifacts/$t"/crash-* "$dir/artifacts/$t"/oom-* "$dir/artifacts/$t"/leak-*; do
+      [ -e "$a" ] || continue
+      frame=$("$dir/fuzz/fuzz_$t" -rss_limit_mb=4096 -malloc_limit_mb=2048 "$a" 2>&1 |
+        sed -n '/^==[0-9]*==.*ERROR\|Direct leak/,$p' | grep -E '^ +#[0-9]+ ' |
+        grep -vE 'fuzzer::|__sanitizer|__asan|__interceptor|__lsan| in (malloc|calloc|realloc|operator new)|libc\.so|libc_start|sysdeps/' |
+        head -1 || true)
+      if [ -z "$frame" ]; then
+        echo "fuzz $t: $(basename "$a") did not crash again on replay (heap-state dependent)"
+      elif grep -q libhdf5 <<<"$frame"; then
+        hdf5=$((hdf5 + 1))
+      else
+        other=$((other + 1))
+        echo "fuzz $t: $(basename "$a") is not HDF5's own: $frame"
+      fi
+    done
+    # Fork mode exits 1 after any crash; the run is good when it ran its time and every crash
+    # it kept is HDF5's.
+    if [ "$other" -gt 0 ]; then
+      rc=1
+    elif grep -qE '^INFO: fuzzed for|DONE' "$log"; then
+      rc=0
+    fi
+    [ "$hdf5" -gt 0 ] && echo "fuzz $t: $hdf5 input(s) crash inside libhdf5 (HDF5's own bugs, docs/fuzzing.md)"
+  fi
+  if [ "$rc" -eq 0 ]; then
+    printf 'fuzz %-18s ok     %ss  execs %-10s %s  corpus %s\n' "$t" "$seconds" "${execs:-?}" \
+      "${cov:-?}" "$(ls "$dir/corpus/$t" | wc -l)"
+  else
+    printf 'fuzz %-18s CRASH  (exit %s) after %s execs; log %s\n' "$t" "$rc" "${execs:-?}" "$log"
+    grep -E '^==[0-9]+==ERROR|SUMMARY|runtime error|uncaught|what\(\)|^artifact_prefix|Test unit written' \
+      "$log" | head -8 | sed 's/^/    /'
+    return 1
+  fi
+}
+
+failed=0
+running=0
+for t in "${targets[@]}"; do
+  if [ "$jobs" -le 1 ]; then
+    run_one "$t" || failed=1
+  else
+    run_one "$t" &
+    running=$((running + 1))
+    if [ "$running" -ge "$jobs" ]; then
+      wait -n || failed=1
+      running=$((running - 1))
+    fi
+  fi
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || failed=1
+  running=$((running - 1))
+done
+if [ "$failed" -ne 0 ]; then
+  echo "fuzz.sh: a target crashed (inputs in build-fuzz/artifacts/<target>/)"
+  exit 1
+fi
+echo "fuzz.sh: ${#targets[@]} targets, ${seconds}s each, no crash"

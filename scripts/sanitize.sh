@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# CI's sanitizer job: a CPU-only AddressSanitizer + UndefinedBehaviorSanitizer build (gcc,
+# -DKILN_SANITIZE=ON, in build-asan/) of the unit tests of tensor, autograd, nn and models/io,
+# and a run of each. Any sanitizer report fails its test binary, and this script with it.
+#
+#   scripts/sanitize.sh            (docs/fuzzing.md)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tests=(test_tensor test_autograd test_nn test_models_io)
+mkdir -p build-asan
+# -O1 -g: sanitized tests at a usable speed, with stacks that name the line. Asserts stay on.
+cmake -S . -B build-asan -DKILN_SANITIZE=ON -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >build-asan/build.log 2>&1 ||
+  { cat build-asan/build.log; exit 1; }
+cmake --build build-asan -j"$(nproc)" --target "${tests[@]}" >>build-asan/build.log 2>&1 ||
+  { tail -50 build-asan/build.log; exit 1; }
+
+# halt_on_error / abort_on_error: the first report ends the binary with a non-zero status.
+# detect_leaks stays on and needs no suppressions: libgomp and OpenMP OpenBLAS, with 2 threads,
+# report no leaks (checked; docs/fuzzing.md). Two threads run the kernels' parallel paths.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+failed=()
+for t in "${tests[@]}"; do
+  start=$(date +%s)
+  if build-asan/tests/"$t" --gtest_brief=1 >"build-asan/$t.log" 2>&1; then
+    echo "sanitize: $t clean ($(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "build-asan/$t.log" | tail -1), $(($(date +%s) - start)) s)"
+  else
+    echo "sanitize: $t FAILED; build-asan/$t.log:"
+    grep -E '^==[0-9]+==ERROR|SUMMARY|runtime error|\[  FAILED  \]' "build-asan/$t.log" | head -20 | sed 's/^/    /'
+    failed+=("$t")
+  fi
+done
+if [ ${#failed[@]} -ne 0 ]; then
+  echo "sanitize: ${failed[*]} failed"
+  exit 1
+fi
+echo "sanitize: ${#tests[@]} test binaries clean under ASan + UBSan"
