@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "models/config.h"
@@ -58,18 +58,17 @@ TEST_F(FuzzRegression, HfConfigWrongTypedOptionalFieldIsRefusedByName) {
 })";
   std::string path = write("config.json", crash);
   EXPECT_EQ(error_of([&] { models::load_hf_config(path); }),
-            "[config] " + path + ": field 'rms_norm_eps' must be a number, got true");
+            "[config] " + path + ": rms_norm_eps must be a number, got true");
 
   const std::string base = R"({"model_type": "llama", "vocab_size": 32, "hidden_size": 16,
     "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2)";
   const std::pair<std::string, std::string> cases[] = {
       {R"("tie_word_embeddings": "yes")",
-       "field 'tie_word_embeddings' must be true or false, "
+       "tie_word_embeddings must be true or false, "
        "got \"yes\""},
-      {R"("attention_bias": 1)", "field 'attention_bias' must be true or false, got 1"},
-      {R"("rope_parameters": {"rope_theta": "1e6"})",
-       "field 'rope_theta' must be a number, got \"1e6\""},
-      {R"("model_type": 3)", "field 'model_type' must be a string, got 3"},
+      {R"("attention_bias": 1)", "attention_bias must be true or false, got 1"},
+      {R"("rope_parameters": {"rope_theta": "1e6"})", "rope_theta must be a number, got \"1e6\""},
+      {R"("model_type": 3)", "model_type must be a string, got 3"},
   };
   for (const auto& [field, want] : cases) {
     path = write("config.json", base + ", " + field + "}");
@@ -79,7 +78,7 @@ TEST_F(FuzzRegression, HfConfigWrongTypedOptionalFieldIsRefusedByName) {
   path = write("config.json", R"({"model_type": "gpt2", "vocab_size": 64, "n_embd": 16,
     "n_layer": 1, "n_head": 2, "n_positions": 32, "activation_function": ["gelu"]})");
   EXPECT_EQ(error_of([&] { models::load_hf_config(path); }),
-            "[config] " + path + ": field 'activation_function' must be a string, got [\"gelu\"]");
+            "[config] " + path + ": activation_function must be a string, got [\"gelu\"]");
 
   // Valid values read as before; null means "not given", like an absent field.
   path = write("config.json", base + R"(, "rms_norm_eps": null, "tie_word_embeddings": true,
