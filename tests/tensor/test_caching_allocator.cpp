@@ -46,7 +46,9 @@ class MallocBackend final : public PoolBackend {
         throw cuda::DeviceOutOfMemory(fmt::format("[test] backend refused {} bytes", bytes));
       return nullptr;
     }
-    void* p = std::aligned_alloc(4096, bytes);
+    // aligned_alloc wants a size that is a multiple of the alignment (the no-caching pool asks
+    // for 512-byte blocks; ASan refuses anything else).
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
     if (p) held_ += bytes, reserves++;
     return p;
   }
