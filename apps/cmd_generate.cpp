@@ -19,6 +19,7 @@
 
 #include "apps/commands.h"
 #include "apps/flags.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cuda/runtime.h"
 #include "models/generation_config.h"
 #include "models/io/qwen_tokenizer.h"
@@ -101,8 +102,10 @@ models::LoadedModel load(const CommonOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   models::LoadedModel m = models::load_model(src);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print(stderr, "loaded {} in {:.2f} s ({}, {}, {} layers, vocab {}{})\n", m.description, s,
-             dtype_name(src.dtype), o.device, m.model->cfg.n_layers, m.model->cfg.vocab_size,
+  fmt::print(stderr, "loaded {} in {:.2f} s ({}, {}{}, {} layers, vocab {}{})\n", m.description, s,
+             dtype_name(src.dtype), o.device,
+             src.device.is_cuda() ? "" : fmt::format(" (cpu isa {})", kiln::cpu::cpu_isa_summary()),
+             m.model->cfg.n_layers, m.model->cfg.vocab_size,
              m.tokenizer ? fmt::format(", tokenizer {} ({} ids)", m.tokenizer->name(),
                                        m.tokenizer->vocab_size())
                          : ", no tokenizer");

@@ -6,10 +6,27 @@
 
 #include "apps/commands.h"
 #include "kernels/common/error.h"
+#include "kernels/cpu/isa.h"
+
+#if KILN_CUDA
+#define KILN_BUILD_KIND "CUDA + CPU"
+#else
+#define KILN_BUILD_KIND "CPU-only"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln: a from-scratch C++/CUDA tensor and autograd framework for small LLMs"};
   app.require_subcommand(1);
+  // --version: what this binary was built with and what it will run on here.
+  app.set_version_flag("--version", [] {
+    std::string isa;
+    try {
+      isa = kiln::cpu::cpu_isa_summary();
+    } catch (const kiln::Error& e) {  // a bad KILN_CPU_ISA
+      isa = e.what();
+    }
+    return fmt::format("kiln ({} build)\ncpu isa: {}", KILN_BUILD_KIND, isa);
+  });
   std::map<CLI::App*, kiln::apps::Run> runs;
   auto add = [&](const char* name, const char* help, auto adder) {
     CLI::App* sub = app.add_subcommand(name, help);

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cuda/runtime.h"
 #include "models/data.h"
 #include "models/io/mapped_file.h"
@@ -263,7 +264,8 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
       device.is_cuda()
           ? fmt::format("{} ({}), {}{}", device.str(), res_.device_name, dtype_name(dtype),
                         dtype == DType::F32 ? "" : " (f32 masters and moments)")
-          : fmt::format("cpu, {}, {} threads", dtype_name(dtype), omp_get_max_threads()));
+          : fmt::format("cpu ({}), {}, {} threads", kiln::cpu::cpu_isa_summary(), dtype_name(dtype),
+                        omp_get_max_threads()));
   log_ << fmt::format(
       "MFU: {:.3g} GFLOP per token (6N + 12 L H Dh T, N = {} matmul params) over {}\n",
       res_.flops_per_token / 1e9, with_commas(static_cast<double>(matmul_params(cfg))),
