@@ -34,6 +34,7 @@
 
 #include "apps/flags.h"
 #include "autograd/engine.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
 #include "models/mfu.h"
@@ -159,6 +160,7 @@ nlohmann::json run(const Settings& st, std::int64_t batch) {
       {"peer", "kiln"},
       {"device", st.device.str()},
       {"dtype", std::string(dtype_name(st.dtype))},
+      {"cpu_isa", cuda_dev ? std::string("-") : kiln::cpu::cpu_isa_summary()},
       {"tok_per_s", round_to(tps, 10.0)},
       {"ms_per_step", round_to(1000.0 * dt / st.steps, 100.0)},
       {"config", st.preset},

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# CPU training-step benchmark, kiln against PyTorch in one run, quoted as a tokens/s ratio.
+# CPU training-step benchmark: kiln (f32 and bf16) against PyTorch 2.x from PyPI (fp32 eager,
+# bf16 autocast eager, bf16 autocast + torch.compile), all in one run, quoted as tokens/s ratios.
 #
 #   bench/run_cpu_bench.sh [THREADS=2]
 #
-# Builds kiln_bench_train_step if needed (in $BUILD_DIR, default build-bench next to the repo's
-# build/), then runs bench/torch_train_step.py and the kiln bench one after the other with the
-# same thread count, batch, sequence and step counts, prints both JSON lines and kiln/torch, and
-# writes bench/results/cpu_train_step_<date>.json (format: bench/results/README.md).
+# PyTorch 2.x comes from PyPI into a venv this script creates ($VENV, default bench/.venv, git-
+# ignored). The wheel pulls several GB of CUDA wheels; only this benchmark installs it, never
+# scripts/setup.sh or the tests. Set VENV to reuse one made elsewhere.
 #
-# Environment: PRESET (stories15M), BATCH (8), SEQ (256), WARMUP (2), STEPS (5),
-# PAIRS (1: torch+kiln pairs, run alternately; the ratio quoted is the median of the pairs'),
-# BUILD_DIR, OMP_WAIT_POLICY (passed to both peers unchanged).
+# Builds kiln_bench_train_step if needed (in $BUILD_DIR, default build-bench next to the repo's
+# build/), then runs each peer mode and each kiln dtype one after the other with the same thread
+# count, batch, sequence and step counts, PAIRS rounds in alternation. Writes
+# bench/results/cpu_train_step_<date>.json (format: bench/results/README.md) and prints
+#   kiln bf16 / best torch mode, kiln bf16 / kiln f32, kiln f32 / torch fp32.
+#
+# Environment: PRESET (stories15M), BATCH (8), SEQ (256), WARMUP (2), STEPS (5), PAIRS (1; the
+# ratios quoted are medians over rounds), TORCH_MODES ("fp32 bf16 bf16-compile"), KILN_DTYPES
+# ("f32 bf16"), TORCH_VERSION (2.15.0), VENV, BUILD_DIR, OMP_WAIT_POLICY (passed to both peers).
 set -euo pipefail
 
 THREADS="${1:-2}"
@@ -20,9 +26,19 @@ SEQ="${SEQ:-256}"
 WARMUP="${WARMUP:-2}"
 STEPS="${STEPS:-5}"
 PAIRS="${PAIRS:-1}"
+TORCH_MODES="${TORCH_MODES:-fp32 bf16 bf16-compile}"
+KILN_DTYPES="${KILN_DTYPES:-f32 bf16}"
+TORCH_VERSION="${TORCH_VERSION:-2.15.0}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build-bench}"
-PY=/usr/bin/python3
+VENV="${VENV:-$ROOT/bench/.venv}"
+
+if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "bench: creating $VENV with torch==$TORCH_VERSION from PyPI (several GB, once)" >&2
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy
+fi
+PY="$VENV/bin/python"
 
 BIN="$BUILD_DIR/bench/kiln_bench_train_step"
 if [[ ! -d "$BUILD_DIR" ]]; then
@@ -36,15 +52,15 @@ fi
 rm -f "$LOG"
 
 common=(--threads "$THREADS" --batch "$BATCH" --seq "$SEQ" --warmup "$WARMUP" --steps "$STEPS")
-torch_lines=()
-kiln_lines=()
+LINES="$(mktemp)"
 for ((i = 0; i < PAIRS; i++)); do
-  t=$("$PY" "$ROOT/bench/torch_train_step.py" --config "$PRESET" "${common[@]}" | tail -n 1)
-  k=$("$BIN" --preset "$PRESET" "${common[@]}" | tail -n 1)
-  echo "$t"
-  echo "$k"
-  torch_lines+=("$t")
-  kiln_lines+=("$k")
+  for m in $TORCH_MODES; do
+    "$PY" "$ROOT/bench/torch_train_step.py" --config "$PRESET" --mode "$m" "${common[@]}" \
+      2>/dev/null | tail -n 1 | tee -a "$LINES"
+  done
+  for d in $KILN_DTYPES; do
+    "$BIN" --preset "$PRESET" --dtype "$d" "${common[@]}" | tail -n 1 | tee -a "$LINES"
+  done
 done
 
 mkdir -p "$ROOT/bench/results"
@@ -52,32 +68,43 @@ OUT="$ROOT/bench/results/cpu_train_step_$(date +%Y%m%d_%H%M%S).json"
 COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 CPU="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
-NCPU="$(nproc)"
 
-"$PY" - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$NCPU" "$THREADS" \
-  "$(printf '%s\n' "${torch_lines[@]}")" "$(printf '%s\n' "${kiln_lines[@]}")" <<'EOF'
-import json, statistics, sys, datetime
-out, commit, dirty, cpu, ncpu, threads, tl, kl = sys.argv[1:9]
-torch_runs = [json.loads(l) for l in tl.splitlines() if l.strip()]
-kiln_runs = [json.loads(l) for l in kl.splitlines() if l.strip()]
-ratios = [k["tok_per_s"] / t["tok_per_s"] for t, k in zip(torch_runs, kiln_runs)]
-ratio = statistics.median(ratios)
+python3 - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$(nproc)" "$THREADS" "$PAIRS" "$LINES" <<'PYEOF'
+import collections, json, statistics, sys, datetime
+out, commit, dirty, cpu, ncpu, threads, pairs, lines = sys.argv[1:9]
+runs = [json.loads(l) for l in open(lines) if l.strip().startswith("{")]
+by = collections.defaultdict(list)  # "torch fp32", "kiln bf16", ... -> tok/s per round
+for r in runs:
+    key = f"torch {r['mode']}" if r["peer"] == "pytorch" else f"kiln {r['dtype']}"
+    by[key].append(r["tok_per_s"])
+med = {k: statistics.median(v) for k, v in by.items()}
+torch_modes = {k: v for k, v in med.items() if k.startswith("torch")}
+ratios = {}
+if torch_modes:
+    best = max(torch_modes, key=torch_modes.get)
+    for d in ("bf16", "f32"):
+        if f"kiln {d}" in med:
+            ratios[f"kiln {d} / {best} (best torch mode)"] = med[f"kiln {d}"] / torch_modes[best]
+if "kiln bf16" in med and "kiln f32" in med:
+    ratios["kiln bf16 / kiln f32"] = med["kiln bf16"] / med["kiln f32"]
+if "kiln f32" in med and "torch fp32" in med:
+    ratios["kiln f32 / torch fp32"] = med["kiln f32"] / med["torch fp32"]
 res = {
     "benchmark": "cpu_train_step",
     "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    "commit": commit,
-    "dirty_tracked_files": int(dirty),
-    "cpu": cpu,
-    "nproc": int(ncpu),
-    "threads": int(threads),
-    "torch": torch_runs[-1] if len(torch_runs) == 1 else torch_runs,
-    "kiln": kiln_runs[-1] if len(kiln_runs) == 1 else kiln_runs,
-    "pair_ratios": [round(r, 3) for r in ratios],
-    "ratio_kiln_over_torch": round(ratio, 3),
+    "commit": commit, "dirty_tracked_files": int(dirty), "cpu": cpu, "nproc": int(ncpu),
+    "threads": int(threads), "rounds": int(pairs),
+    "median_tok_per_s": {k: round(v, 1) for k, v in med.items()},
+    "ratios": {k: round(v, 3) for k, v in ratios.items()},
+    "runs": runs,
 }
 with open(out, "w") as f:
     json.dump(res, f, indent=2)
     f.write("\n")
-print(f"kiln/torch tokens/s ratio: {ratio:.3f}  (pairs: {', '.join(f'{r:.3f}' for r in ratios)})")
+for k, v in sorted(med.items()):
+    print(f"{k:20s} {v:10.1f} tok/s")
+for k, v in ratios.items():
+    print(f"{k}: {v:.3f}")
 print(f"wrote {out}")
-EOF
+PYEOF
+rm -f "$LINES"

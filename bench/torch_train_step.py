@@ -1,10 +1,14 @@
 #!/usr/bin/python3
-"""PyTorch peer for the CPU training benchmark: full train steps of a tiny LLaMA in fp32.
+"""PyTorch peer for the CPU training benchmark: full train steps of a tiny LLaMA.
 
 One step = forward, cross-entropy, backward, AdamW step, zero_grad, on a fixed batch of random
 token ids. The model is the golden reference's (tests/golden/reference_llama.py), so kiln and
-this peer run the same math. Prints one JSON line:
-  {"peer":"pytorch","torch":...,"threads":N,"tok_per_s":...,"ms_per_step":...}
+this peer run the same math. --mode picks how PyTorch runs it:
+  fp32          fp32 eager
+  bf16          bf16 autocast, eager (f32 weights and AdamW state; matmuls in bf16)
+  bf16-compile  bf16 autocast with the forward + loss under torch.compile (inductor)
+Prints one JSON line:
+  {"peer":"pytorch","mode":...,"torch":...,"threads":N,"tok_per_s":...,"ms_per_step":...}
 Example: /usr/bin/python3 bench/torch_train_step.py --threads 2 --config stories15M
 """
 import argparse
@@ -31,6 +35,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
+    ap.add_argument("--mode", default="fp32", choices=["fp32", "bf16", "bf16-compile"],
+                    help="fp32 eager, bf16 autocast eager, or bf16 autocast + torch.compile")
     for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, dest=k,
                         help="override the preset's " + k)
@@ -69,8 +75,18 @@ def main():
     ids = torch.randint(0, cfg["vocab_size"], (args.batch, seq), generator=g)
     targets = torch.randint(0, cfg["vocab_size"], (args.batch, seq), generator=g)
 
+    def forward_loss():
+        return ref.loss_fn(ref.forward(cfg, P, ids), targets)
+
+    if args.mode == "bf16-compile":
+        forward_loss = torch.compile(forward_loss)
+
     def step():
-        loss = ref.loss_fn(ref.forward(cfg, P, ids), targets)
+        if args.mode == "fp32":
+            loss = forward_loss()
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = forward_loss()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -86,7 +102,7 @@ def main():
     cpu = time.process_time() - c0  # all threads: under load, closer to the work than dt
     n_params = sum(t.numel() for t in P.values())
     print(json.dumps({
-        "peer": "pytorch", "torch": torch.__version__, "threads": args.threads,
+        "peer": "pytorch", "mode": args.mode, "torch": torch.__version__, "threads": args.threads,
         "tok_per_s": round(args.batch * seq * args.steps / dt, 1),
         "ms_per_step": round(1000.0 * dt / args.steps, 2),
         "cpu_ms_per_step": round(1000.0 * cpu / args.steps, 2),
