@@ -37,8 +37,11 @@ Run add_budget_command(CLI::App &app) {
       ->required();
   app.add_option("--mode", o->mode, "train | infer | both (side by side)")
       ->check(CLI::IsMember({"train", "infer", "both"}));
-  app.add_option("--batch", o->batch, "Batch size (with --nproc: the global batch, split evenly)")
-      ->check(int_in(1, 1 << 20));
+  CLI::Option *batch =
+      app.add_option("--batch", o->batch,
+                     "Batch size (default 1). With --nproc N: the global batch, split evenly over "
+                     "the ranks (default N, one row per rank)")
+          ->check(int_in(1, 1 << 20));
   app.add_option("--nproc", o->nproc,
                  "Training: data-parallel ranks (mpirun -np N); figures are per rank, on "
                  "batch / N rows each, and rank 0's (the largest shards: the max over ranks)")
@@ -62,8 +65,10 @@ Run add_budget_command(CLI::App &app) {
   app.add_option("--optimizer", o->optimizer, "adamw | sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_flag("--recompute", o->recompute, "Per-layer activation recomputation (training)");
-  app.add_option("--gpu-mem", o->gpu_mem,
-                 "Memory to fit, e.g. 80GiB, 24GB: largest batch and context");
+  app.add_option(
+      "--gpu-mem", o->gpu_mem,
+      "Memory to fit (per rank with --nproc), e.g. 80GiB, 24GB: largest batch (global, a "
+      "multiple of --nproc) and seq or context");
   app.add_option("--simulate", o->simulate,
                  "Allocator the dry run charges like: cpu (64-byte blocks) | cuda (512-byte "
                  "blocks); default: cuda with --device cuda, else cpu")
@@ -75,7 +80,7 @@ Run add_budget_command(CLI::App &app) {
       ->capture_default_str();
   app.add_flag("--json", o->json, "Print JSON instead of the table");
   app.add_option("--svg", o->svg, "Write two charts (by category; training-step timeline) to FILE");
-  return [o] {
+  return [o, batch] {
     // Measuring needs the device; without --measure, --device cuda only picks the simulated
     // allocator, which needs no GPU.
     const Device device = o->measure ? resolve_device(o->device, "budget") : [&] {
@@ -96,7 +101,7 @@ Run add_budget_command(CLI::App &app) {
                o->nproc, std::min<std::int64_t>(o->zero, 1));
     models::BudgetSpec base;
     base.cfg = models::resolve_model_config(o->model);
-    base.batch = o->batch;
+    base.batch = batch->count() == 0 ? o->nproc : o->batch;
     base.seq = o->seq;
     base.context = o->context;
     base.decode_steps = o->decode;

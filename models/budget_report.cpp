@@ -183,10 +183,11 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
       const FitResult& f = *r.fit;
       bool fits = r.dry.total_peak <= f.limit;
       out += fmt::format(
-          "  in {}: {} by {}; largest batch {} at {} {}; largest {} {} at batch {}\n",
-          format_bytes(f.limit), fits ? "fits, spare" : "does NOT fit, short",
-          format_bytes(std::abs(f.limit - r.dry.total_peak)), f.max_batch,
-          r.spec.mode == BudgetMode::Train ? "seq" : "context",
+          "  in {}{}: {} by {}; largest {}batch {} at {} {}; largest {} {} at batch {}\n",
+          format_bytes(f.limit), per_rank(r.spec) ? " per rank" : "",
+          fits ? "fits, spare" : "does NOT fit, short",
+          format_bytes(std::abs(f.limit - r.dry.total_peak)), per_rank(r.spec) ? "global " : "",
+          f.max_batch, r.spec.mode == BudgetMode::Train ? "seq" : "context",
           r.spec.mode == BudgetMode::Train ? r.spec.seq : r.spec.kv_capacity(),
           r.spec.mode == BudgetMode::Train ? "seq" : "context", f.max_seq, r.spec.batch);
     }

@@ -289,8 +289,18 @@ TEST(BudgetZero, CommandLine) {
     opt[zero] = j[0]["dry_run"]["at_peak"]["optimizer state"].get<std::int64_t>();
   }
   EXPECT_EQ(opt[0], 2 * opt[1]);
-  KilnRun text = run_kiln("budget --model stories15M --mode train --batch 4 --nproc 2 --zero 3");
+  // Without --batch, one row per rank: the issue's `--nproc 8 --zero 1` works as written.
+  KilnRun dflt = run_kiln("budget --model stories15M --mode train --nproc 8 --zero 1 --json",
+                          /*with_stderr=*/false);
+  ASSERT_EQ(dflt.exit_code, 0) << dflt.output;
+  const auto jd = nlohmann::json::parse(dflt.output);
+  EXPECT_EQ(jd[0]["batch"], 8);
+  EXPECT_EQ(jd[0]["local_batch"], 1);
+  KilnRun text = run_kiln(
+      "budget --model stories15M --mode train --batch 4 --nproc 2 --zero 3 --gpu-mem 1GiB");
   ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("in 1.00 GiB per rank"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("largest global batch"), std::string::npos) << text.output;
   EXPECT_NE(text.output.find("rank 0 of 2"), std::string::npos) << text.output;
   EXPECT_NE(text.output.find("mpirun -np 2 kiln train"), std::string::npos) << text.output;
   EXPECT_NE(text.output.find("what-if"), std::string::npos) << text.output;
