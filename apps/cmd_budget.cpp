@@ -1,9 +1,11 @@
 // kiln budget: memory for training and inference, per category, three columns
 // (analytic formula, meta-device dry run, optionally a measured run) with
 // deltas, the breakdown at the global peak, what fits in --gpu-mem, and
-// --json / --svg output (models/budget.h).
+// --json / --svg output (models/budget.h). Training on --nproc ranks under
+// --zero 0..3 reports one rank's figures (rank 0, the largest shards).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 
@@ -20,7 +22,7 @@ struct BudgetOptions {
   std::string model, mode = "both", dtype = "fp32", optimizer = "adamw", gpu_mem, svg;
   std::string simulate;  // "": cuda when measuring on cuda, else cpu
   std::string device = "cpu";
-  std::int64_t batch = 1, seq = 256, context = 0, decode = 32;
+  std::int64_t batch = 1, seq = 256, context = 0, decode = 32, nproc = 1, zero = 0;
   bool recompute = false, json = false, measure = false;
 };
 
@@ -35,7 +37,21 @@ Run add_budget_command(CLI::App &app) {
       ->required();
   app.add_option("--mode", o->mode, "train | infer | both (side by side)")
       ->check(CLI::IsMember({"train", "infer", "both"}));
-  app.add_option("--batch", o->batch, "Batch size")->check(int_in(1, 1 << 20));
+  CLI::Option *batch =
+      app.add_option("--batch", o->batch,
+                     "Batch size (default 1). With --nproc N: the global batch, split evenly over "
+                     "the ranks (default N, one row per rank)")
+          ->check(int_in(1, 1 << 20));
+  app.add_option("--nproc", o->nproc,
+                 "Training: data-parallel ranks (mpirun -np N); figures are per rank, on "
+                 "batch / N rows each, and rank 0's (the largest shards: the max over ranks)")
+      ->check(int_in(1, models::kMaxBudgetRanks));
+  app.add_option("--zero", o->zero,
+                 "Training: ZeRO stage, what each rank shards with dist::shard_range. 0: nothing; "
+                 "1: AdamW state and f32 masters; 2: also gradients (+ one full bucket, the "
+                 "largest parameter's); 3: also weights (+ one gathered layer or other "
+                 "parameter). 2 and 3 are what-ifs: the trainer runs 0 and 1")
+      ->check(int_in(0, models::kMaxZeroStage));
   app.add_option("--seq", o->seq, "Training: tokens per row; inference: prompt tokens (prefill)")
       ->check(int_in(1, models::kMaxPositions));
   app.add_option("--context", o->context,
@@ -49,8 +65,10 @@ Run add_budget_command(CLI::App &app) {
   app.add_option("--optimizer", o->optimizer, "adamw | sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_flag("--recompute", o->recompute, "Per-layer activation recomputation (training)");
-  app.add_option("--gpu-mem", o->gpu_mem,
-                 "Memory to fit, e.g. 80GiB, 24GB: largest batch and context");
+  app.add_option(
+      "--gpu-mem", o->gpu_mem,
+      "Memory to fit (per rank with --nproc), e.g. 80GiB, 24GB: largest batch (global, a "
+      "multiple of --nproc) and seq or context");
   app.add_option("--simulate", o->simulate,
                  "Allocator the dry run charges like: cpu (64-byte blocks) | cuda (512-byte "
                  "blocks); default: cuda with --device cuda, else cpu")
@@ -62,7 +80,7 @@ Run add_budget_command(CLI::App &app) {
       ->capture_default_str();
   app.add_flag("--json", o->json, "Print JSON instead of the table");
   app.add_option("--svg", o->svg, "Write two charts (by category; training-step timeline) to FILE");
-  return [o] {
+  return [o, batch] {
     // Measuring needs the device; without --measure, --device cuda only picks the simulated
     // allocator, which needs no GPU.
     const Device device = o->measure ? resolve_device(o->device, "budget") : [&] {
@@ -76,9 +94,14 @@ Run add_budget_command(CLI::App &app) {
                "[budget] --device {} measures the CUDA allocator: the dry run must simulate it "
                "too (drop --simulate cpu)",
                device.str());
+    // BudgetSpec::validate checks --nproc and --zero against the mode and the batch.
+    KILN_CHECK(!(o->nproc > 1 || o->zero > 0) || !o->measure,
+               "[budget] --measure runs one process: per-rank figures under --nproc/--zero are "
+               "measured by `mpirun -np {} kiln train ... --zero {}` (its memory summary)",
+               o->nproc, std::min<std::int64_t>(o->zero, 1));
     models::BudgetSpec base;
     base.cfg = models::resolve_model_config(o->model);
-    base.batch = o->batch;
+    base.batch = batch->count() == 0 ? o->nproc : o->batch;
     base.seq = o->seq;
     base.context = o->context;
     base.decode_steps = o->decode;
@@ -87,6 +110,8 @@ Run add_budget_command(CLI::App &app) {
                                                              : DType::F32;
     base.adamw = o->optimizer == "adamw";
     base.recompute = o->recompute;
+    base.nproc = static_cast<int>(o->nproc);
+    base.zero = static_cast<int>(o->zero);
     base.simulate = o->simulate == "cuda" || (o->simulate.empty() && device.is_cuda())
                         ? DeviceType::CUDA
                         : DeviceType::CPU;

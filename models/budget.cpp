@@ -10,11 +10,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <optional>
 
 #include "autograd/engine.h"
+#include "dist/shard.h"
 #include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
+#include "models/param_count.h"
 #include "nn/optim.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/op_args.h"
@@ -97,6 +101,18 @@ void BudgetSpec::validate() const {
   KILN_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
              "[budget] dtype must be f32, bf16 or f16, got {}", dtype_name(dtype));
   KILN_CHECK(simulate != DeviceType::Meta, "[budget] cannot simulate the meta device");
+  KILN_CHECK(nproc >= 1 && nproc <= kMaxBudgetRanks, "[budget] --nproc {} is out of range [1, {}]",
+             nproc, kMaxBudgetRanks);
+  KILN_CHECK(zero >= 0 && zero <= kMaxZeroStage, "[budget] --zero {} is not a ZeRO stage (0 to {})",
+             zero, kMaxZeroStage);
+  KILN_CHECK(rank >= 0 && rank < nproc, "[budget] rank {} is not in [0, {})", rank, nproc);
+  KILN_CHECK(mode == BudgetMode::Train || (nproc == 1 && zero == 0),
+             "[budget] --nproc and --zero budget a training step (data parallel, ZeRO): use --mode "
+             "train");
+  KILN_CHECK(batch % nproc == 0,
+             "[budget] global --batch {} is not divisible by --nproc {}: every rank runs batch / "
+             "nproc rows",
+             batch, nproc);
   if (mode == BudgetMode::Train) {
     KILN_CHECK(seq <= cfg.max_seq_len, "[budget] --seq {} exceeds the model's context of {}", seq,
                cfg.max_seq_len);
@@ -143,22 +159,123 @@ Tensor token_ids(std::int64_t b, std::int64_t t, Device device) {
   return ops::zeros({b, t}, DType::I32, device);
 }
 
-void train_step(const BudgetSpec& s, Device device) {
-  DecoderModel model(s.cfg, 1234, s.dtype, device);
+// The gather unit of a parameter under ZeRO-3: its decoder layer ("model.layers.3."), or the
+// parameter itself outside the layers.
+std::string gather_unit(const std::string& name) {
+  if (param_row_key(name) == name) return name;
+  const std::size_t at = name.find("layers.");
+  return name.substr(0, name.find('.', at + 7) + 1);
+}
+
+// One steady-state training step of rank s.rank of s.nproc under ZeRO stage s.zero, as
+// models/trainer.cpp runs it, on its local batch. Under ZeRO-3 no rank holds the full weights:
+// the model is built before the measured window (the constructor) and run() points every
+// parameter at one gathered unit instead, restoring them at the end.
+class TrainStep {
+ public:
+  TrainStep(const BudgetSpec& s, Device device) : s_(s), device_(device) {
+    if (s.zero < 3) return;
+    // Charged one reserve per tensor on the meta device, so the simulated CUDA pool of the
+    // window starts empty, as a rank's that never allocates the full model.
+    std::optional<SimulateScope> sim;
+    if (device.is_meta()) sim.emplace(DeviceType::CPU);
+    prebuilt_ = std::make_unique<DecoderModel>(s.cfg, 1234, s.dtype, device);
+  }
+  void run();
+
+ private:
+  const BudgetSpec& s_;
+  Device device_;
+  std::unique_ptr<DecoderModel> prebuilt_;
+};
+
+void TrainStep::run() {
+  const BudgetSpec& s = s_;
+  const Device device = device_;
+  std::unique_ptr<DecoderModel> built;
+  if (!prebuilt_) built = std::make_unique<DecoderModel>(s.cfg, 1234, s.dtype, device);
+  DecoderModel& model = prebuilt_ ? *prebuilt_ : *built;
   model.recompute = s.recompute;
   model.train();
+  auto named = model.named_parameters();
+
+  // ZeRO-3: one flat buffer for the largest unit; each unit's parameters are consecutive views
+  // of it (units overlap: the meta device holds no values). The full tensors stay alive outside
+  // the window in `full`.
+  std::vector<Tensor> full;
+  std::unique_ptr<nn::Rope> outside_rope;
+  if (s.zero == 3) {
+    // The RoPE tables are the rank's own: made again inside the window.
+    if (model.rope) {
+      outside_rope = std::move(model.rope);
+      model.rope =
+          std::make_unique<nn::Rope>(model.cfg.max_seq_len, model.cfg.head_dim,
+                                     model.cfg.rope_theta, model.cfg.rope_style, s.dtype, device);
+    }
+    std::map<std::string, std::int64_t> unit_numel;
+    for (const auto& [name, p] : named) unit_numel[gather_unit(name)] += p.numel();
+    std::int64_t largest = 0;
+    for (const auto& [u, n] : unit_numel) largest = std::max(largest, n);
+    Tensor gathered;
+    {
+      MemoryScope scope(MemCategory::Weights);
+      gathered = Tensor::empty({largest}, s.dtype, device);
+    }
+    std::map<std::string, std::int64_t> unit_offset;
+    for (auto& [name, p] : named) {
+      full.push_back(p.detach());
+      std::int64_t& off = unit_offset[gather_unit(name)];
+      nn::assign_data(p, gathered.narrow(0, off, p.numel()).view(p.shape()));
+      off += p.numel();
+    }
+  }
+  // What the optimizer updates: each parameter's shard (dist::shard_range) from ZeRO-1 on, as a
+  // view of the full parameter, or under ZeRO-3 the rank's own weight shard.
+  std::vector<dist::ShardRange> ranges;
+  std::vector<std::pair<std::string, Tensor>> updated;
+  for (const auto& [name, p] : named) {
+    if (s.zero == 0) {
+      updated.emplace_back(name, p);
+      continue;
+    }
+    ranges.push_back(dist::shard_range(p.numel(), s.rank, s.nproc));
+    Tensor shard;
+    if (s.zero == 3) {
+      MemoryScope scope(MemCategory::Weights);
+      shard = Tensor::empty({ranges.back().size()}, s.dtype, device);
+    } else {
+      shard = p.detach().flatten().narrow(0, ranges.back().begin, ranges.back().size());
+    }
+    updated.emplace_back(name, shard);
+  }
   std::unique_ptr<nn::Optimizer> opt;
   if (s.adamw)
-    opt = std::make_unique<nn::AdamW>(model.named_parameters(), nn::AdamWOptions{});
+    opt = std::make_unique<nn::AdamW>(updated, nn::AdamWOptions{});
   else
-    opt = std::make_unique<nn::Sgd>(model.named_parameters(), nn::SgdOptions{1e-2, 0.9});
-  // Steady state: the previous step left every gradient allocated (zero_grad
-  // zeroes them, it does not free them).
+    opt = std::make_unique<nn::Sgd>(updated, nn::SgdOptions{1e-2, 0.9});
+  // Steady state: the previous step left every gradient allocated (zero_grad zeroes them, it
+  // does not free them). From ZeRO-2 on a rank keeps gradient shards, and backward writes each
+  // full gradient into one bucket the size of the largest parameter (every parameter's .grad is
+  // a view of it) before it is reduce-scattered into the shards.
   {
     MemoryScope scope(MemCategory::Gradients);
-    for (auto& p : model.parameters()) p.set_grad(ops::zeros_like(p));
+    if (s.zero < 2) {
+      for (auto& [name, p] : named) p.set_grad(ops::zeros_like(p));
+    } else {
+      std::int64_t largest = 0;
+      for (const auto& [name, p] : named) largest = std::max(largest, p.numel());
+      Tensor bucket = ops::zeros({largest}, s.dtype, device);
+      for (auto& [name, p] : named) p.set_grad(bucket.narrow(0, 0, p.numel()).view(p.shape()));
+    }
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      Tensor g = s.zero == 1
+                     ? named[i].second.grad().flatten().narrow(0, ranges[i].begin, ranges[i].size())
+                     : ops::zeros({ranges[i].size()}, s.dtype, device);
+      updated[i].second.set_grad(g);
+    }
   }
-  Tensor x = token_ids(s.batch, s.seq, device), y = token_ids(s.batch, s.seq, device);
+  Tensor x = token_ids(s.local_batch(), s.seq, device),
+         y = token_ids(s.local_batch(), s.seq, device);
   Tensor loss;
   {
     MemoryScope scope(MemCategory::Activations);
@@ -168,9 +285,16 @@ void train_step(const BudgetSpec& s, Device device) {
   if (!device.is_meta()) (void)loss.item();
   backward(loss);
   loss = Tensor();
-  nn::clip_grad_norm(model.parameters(), 1.0);
+  // Clipping reads the gradients a rank holds (from ZeRO-2 on, its shards; the trainer sums
+  // their squares across ranks).
+  std::vector<Tensor> clipped;
+  for (const auto& [name, t] : updated) clipped.push_back(t);
+  nn::clip_grad_norm(s.zero >= 2 ? clipped : model.parameters(), 1.0);
   opt->step();
   opt->zero_grad();
+  for (auto& [name, p] : named) p.set_grad(Tensor());
+  for (std::size_t i = 0; i < full.size(); ++i) nn::assign_data(named[i].second, full[i]);
+  if (outside_rope) model.rope = std::move(outside_rope);
 }
 
 // The allocation pattern of generate_tokens (models/sampling.cpp), batched:
@@ -229,6 +353,9 @@ BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
   if (device.is_cpu()) empty_cpu_cache();
   if (device.is_meta()) empty_meta_cuda_cache();
   if (device.is_cuda()) cuda_caching_allocator(device.index).empty_cache();
+  // Made before the baseline and freed after the figures: what a rank does not hold.
+  std::optional<TrainStep> train;
+  if (s.mode == BudgetMode::Train) train.emplace(s, device);
   auto& tracker = MemoryTracker::get(device.type);
   tracker.reset_peaks();
   const MemStats base = tracker.stats();
@@ -236,8 +363,8 @@ BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
   std::vector<MemEvent> events;
   {
     TimelineScope tl(tracker, timeline);
-    if (s.mode == BudgetMode::Train)
-      train_step(s, device);
+    if (train)
+      train->run();
     else
       infer_run(s, device);
     if (timeline) events = tracker.timeline();  // cleared when the timeline is switched off
@@ -314,12 +441,14 @@ FitResult fit_budget(const BudgetSpec& s, std::int64_t limit) {
   auto fits = [&](const BudgetSpec& t) {
     return run_budget(t, Device::meta()).total_peak <= limit;
   };
+  // Training on several ranks searches the local batch: the global batch is a multiple of it.
+  const std::int64_t ranks = s.mode == BudgetMode::Train ? s.nproc : 1;
   const std::int64_t kMaxBatch = std::int64_t{1} << 20;
-  fr.max_batch = largest(1, kMaxBatch, [&](std::int64_t b) {
-    BudgetSpec t = s;
-    t.batch = b;
-    return fits(t);
-  });
+  fr.max_batch = ranks * largest(1, kMaxBatch / ranks, [&](std::int64_t b) {
+                   BudgetSpec t = s;
+                   t.batch = b * ranks;
+                   return fits(t);
+                 });
   if (s.mode == BudgetMode::Train) {
     fr.max_seq = largest(1, s.cfg.max_seq_len, [&](std::int64_t n) {
       BudgetSpec t = s;

@@ -44,6 +44,10 @@ enum class BudgetRow : int {
   Count
 };
 inline constexpr std::size_t kNumBudgetRows = static_cast<std::size_t>(BudgetRow::Count);
+// Largest --nproc the budget accepts (a sanity bound: shards of small tensors are empty long
+// before it).
+inline constexpr int kMaxBudgetRanks = 1 << 16;
+inline constexpr int kMaxZeroStage = 3;
 std::string_view budget_row_name(BudgetRow r);
 // The row a tracker category is reported in.
 BudgetRow budget_row_of(MemCategory c);
@@ -64,6 +68,22 @@ struct BudgetSpec {
   // Whose allocator the dry run and the analytic model charge for: CPU rounds
   // every block up to 64 bytes, the CUDA caching allocator to 512.
   DeviceType simulate = DeviceType::CPU;
+  // Training on `nproc` data-parallel ranks: `batch` is the global batch and each rank runs
+  // batch / nproc rows. ZeRO shards each parameter's flat elements with dist::shard_range:
+  //   0  every rank holds everything (plain data parallel);
+  //   1  AdamW m, v (SGD momentum) and the f32 masters: shards;
+  //   2  also the gradients: shards, plus one full-gradient bucket of the largest parameter,
+  //      modelled as held through the whole step;
+  //   3  also the weights: shards, plus one gathered unit (a decoder layer, or one parameter
+  //      outside the layers, whichever is largest) as one flat buffer held through the step.
+  // The figures are rank `rank`'s; shard_range gives rank 0 the largest shard of every
+  // parameter, so rank 0's are the max over ranks. ZeRO-2 and 3 are what-ifs: the trainer
+  // implements 0 and 1.
+  int nproc = 1;
+  int zero = 0;
+  int rank = 0;
+
+  std::int64_t local_batch() const { return mode == BudgetMode::Train ? batch / nproc : batch; }
 
   std::int64_t kv_capacity() const {
     return context > 0 ? context : std::min(seq + decode_steps, std::max(cfg.max_seq_len, seq));
@@ -103,7 +123,10 @@ bool simulates_native_dtype(const BudgetSpec& s);
 // from a baseline taken before the model is built (everything is created and
 // freed inside). Training: one steady-state step as models/trainer.cpp does it
 // (gradients already exist from the previous step): forward + loss, backward,
-// clip_grad_norm, optimizer step, zero_grad. Inference: KV cache of
+// clip_grad_norm, optimizer step, zero_grad; on rank s.rank's local batch, with its ZeRO shards
+// (the optimizer updates each parameter's dist::shard_range shard; ZeRO-2's gradients alias one
+// bucket, ZeRO-3's weights one gathered unit, and the full weights ZeRO-3 never holds are built
+// before the baseline). Inference: KV cache of
 // kv_capacity() positions, prefill of `seq` tokens, then decodes() one-token
 // steps, each under Prefill/Decode phases as models/sampling.cpp does.
 // Device::meta() is the dry run (rounding as s.simulate); a CPU or a CUDA

@@ -18,6 +18,7 @@
 //              decode step's attention over the full cache.
 #include <algorithm>
 
+#include "dist/shard.h"
 #include "models/budget.h"
 #include "models/param_count.h"
 
@@ -59,23 +60,36 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
   const std::int64_t e = dtype_size(s.dtype), f = 4;
   const std::int64_t C = c.dim, L = c.n_layers, Hq = c.n_heads, Hk = c.n_kv_heads;
   const std::int64_t D = c.head_dim > 0 ? c.head_dim : c.dim / c.n_heads, F = c.hidden_dim;
-  const std::int64_t V = c.vocab_size, B = s.batch;
+  const std::int64_t V = c.vocab_size, B = s.local_batch();
   const bool train = s.mode == BudgetMode::Train;
   const bool lowp = s.dtype != DType::F32;  // bf16/f16: f32 master weights when training
   const bool plain_mlp = c.mlp_kind == MlpKind::Plain;
   // A gated MLP is fused SwiGLU with silu; with another activation it is act(gate) * up.
   const bool swiglu = !plain_mlp && c.hidden_act == MlpActivation::Silu;
 
-  // ---- static rows: one allocation per parameter tensor ----
+  // ---- static rows: one allocation per parameter tensor, or per shard under ZeRO ----
+  // n: the parameter's elements; k: rank s.rank's shard of them (dist/shard.h).
   Moment base;
+  std::int64_t largest_param = 0, layer_unit = 0, largest_unit = 0;
   for (const ParamRow& p : count_params(c).rows) {
     if (p.tied || p.per_layer == 0) continue;
-    base[BudgetRow::Weights] += p.layers * r(p.per_layer, e);
+    const std::int64_t n = p.per_layer, k = dist::shard_range(n, s.rank, s.nproc).size();
+    largest_param = std::max(largest_param, n);
+    if (p.key.starts_with("layers.*."))
+      layer_unit += n;
+    else
+      largest_unit = std::max(largest_unit, n);
+    base[BudgetRow::Weights] += p.layers * r(s.zero >= 3 ? k : n, e);
     if (!train) continue;
-    base[BudgetRow::Gradients] += p.layers * r(p.per_layer, e);
-    if (lowp) base[BudgetRow::MasterWeights] += p.layers * r(p.per_layer, 4);
-    base[BudgetRow::OptimizerState] += p.layers * r(p.per_layer, 4) * (s.adamw ? 2 : 1);
+    base[BudgetRow::Gradients] += p.layers * r(s.zero >= 2 ? k : n, e);
+    const std::int64_t state = s.zero >= 1 ? k : n;
+    if (lowp) base[BudgetRow::MasterWeights] += p.layers * r(state, 4);
+    base[BudgetRow::OptimizerState] += p.layers * r(state, 4) * (s.adamw ? 2 : 1);
   }
+  // ZeRO-2: one full-gradient bucket, the largest parameter's; ZeRO-3: one gathered unit, the
+  // largest of a decoder layer and each parameter outside the layers, as one flat buffer.
+  if (train && s.zero >= 2) base[BudgetRow::Gradients] += r(largest_param, e);
+  if (train && s.zero >= 3) base[BudgetRow::Weights] += r(std::max(layer_unit, largest_unit), e);
   // RoPE cos and sin tables: (max_seq_len, D/2) in the compute dtype. A learned
   // position table (GPT-2) is a parameter instead, in the rows above.
   base[BudgetRow::Runtime] = c.uses_rope() ? 2 * r(c.max_seq_len * (D / 2), f) : 0;

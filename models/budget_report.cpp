@@ -11,12 +11,20 @@ namespace kiln::models {
 
 namespace {
 
+bool per_rank(const BudgetSpec& s) {
+  return s.mode == BudgetMode::Train && (s.nproc > 1 || s.zero > 0);
+}
+
 std::string spec_line(const BudgetSpec& s) {
-  std::string line =
-      fmt::format("{} | {} | batch {} | ", budget_mode_name(s.mode), dtype_name(s.dtype), s.batch);
+  std::string line = fmt::format("{} | {} | ", budget_mode_name(s.mode), dtype_name(s.dtype));
+  line += per_rank(s) ? fmt::format("global batch {} ({} per rank) | ", s.batch, s.local_batch())
+                      : fmt::format("batch {} | ", s.batch);
   if (s.mode == BudgetMode::Train)
     line += fmt::format("seq {} | {}{}", s.seq, s.adamw ? "AdamW" : "SGD (momentum)",
                         s.recompute ? " | recompute" : "");
+  if (per_rank(s))
+    line += fmt::format(" | {} rank{}, ZeRO-{} | rank {}", s.nproc, s.nproc > 1 ? "s" : "", s.zero,
+                        s.rank);
   else
     line += fmt::format("prefill {} + {} decode steps | context {}", s.seq, s.decodes(),
                         s.kv_capacity());
@@ -83,6 +91,32 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
   for (const auto& r : reports) out += "  " + spec_line(r.spec) + "\n";
   out += fmt::format("  bytes at the global peak; the dry run allocates like the {} allocator\n",
                      reports.front().spec.simulate == DeviceType::CUDA ? "CUDA" : "CPU");
+  for (const auto& r : reports) {
+    const BudgetSpec& s = r.spec;
+    if (!per_rank(s)) continue;
+    out += fmt::format(
+        "  per rank: rank {} of {}; dist::shard_range gives rank 0 the largest shard of every "
+        "parameter, so rank 0's figures are the max over ranks\n",
+        s.rank, s.nproc);
+    if (s.zero >= 1)
+      out += fmt::format("  ZeRO-{}: sharded {}{}\n", s.zero,
+                         s.dtype == DType::F32 ? "optimizer state" : "optimizer state, f32 masters",
+                         s.zero == 1   ? ""
+                         : s.zero == 2 ? ", gradients"
+                                       : ", gradients, weights");
+    if (s.zero >= 2)
+      out += fmt::format(
+          "  ZeRO-{} is a what-if (the trainer implements 0 and 1): {}held through the step\n",
+          s.zero,
+          s.zero == 2 ? "one full-gradient bucket (the largest parameter's) is "
+                      : "one full-gradient bucket (the largest parameter's) and one gathered unit "
+                        "of full weights (the largest of a decoder layer and each parameter "
+                        "outside the layers; no prefetch) are ");
+    out += fmt::format(
+        "  measured per-rank figures come from `mpirun -np {} kiln train ... --zero {}` (its "
+        "memory summary; the trainer runs ZeRO 0 and 1); --measure runs one process\n",
+        s.nproc, std::min(s.zero, 1));
+  }
   if (!simulates_native_dtype(reports.front().spec))
     out += fmt::format(
         "  the CPU has no {} kernels yet: the dry run (and a CPU run) makes f32 copies that the "
@@ -149,10 +183,11 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
       const FitResult& f = *r.fit;
       bool fits = r.dry.total_peak <= f.limit;
       out += fmt::format(
-          "  in {}: {} by {}; largest batch {} at {} {}; largest {} {} at batch {}\n",
-          format_bytes(f.limit), fits ? "fits, spare" : "does NOT fit, short",
-          format_bytes(std::abs(f.limit - r.dry.total_peak)), f.max_batch,
-          r.spec.mode == BudgetMode::Train ? "seq" : "context",
+          "  in {}{}: {} by {}; largest {}batch {} at {} {}; largest {} {} at batch {}\n",
+          format_bytes(f.limit), per_rank(r.spec) ? " per rank" : "",
+          fits ? "fits, spare" : "does NOT fit, short",
+          format_bytes(std::abs(f.limit - r.dry.total_peak)), per_rank(r.spec) ? "global " : "",
+          f.max_batch, r.spec.mode == BudgetMode::Train ? "seq" : "context",
           r.spec.mode == BudgetMode::Train ? r.spec.seq : r.spec.kv_capacity(),
           r.spec.mode == BudgetMode::Train ? "seq" : "context", f.max_seq, r.spec.batch);
     }
@@ -167,6 +202,10 @@ nlohmann::json budget_report_json(const std::vector<BudgetReport>& reports) {
     nlohmann::json j = {{"mode", std::string(budget_mode_name(s.mode))},
                         {"model", s.cfg.to_json()},
                         {"batch", s.batch},
+                        {"nproc", s.nproc},
+                        {"zero", s.zero},
+                        {"rank", s.rank},
+                        {"local_batch", s.local_batch()},
                         {"seq", s.seq},
                         {"dtype", std::string(dtype_name(s.dtype))},
                         {"optimizer", s.adamw ? "adamw" : "sgd"},
