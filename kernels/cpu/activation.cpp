@@ -10,6 +10,7 @@
 
 #include "kernels/common/activation_math.h"
 #include "kernels/common/error.h"
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 namespace {
@@ -52,20 +53,23 @@ void for_chunks(int64_t n, F&& body) {
 template <Op O, typename T>
 KILN_SIMD_CLONES void activation_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) y[i] = act::Math<O>::template forward<CpuMath>(x[i]);
+  for (int64_t i = i0; i < i1; ++i)
+    y[i] = from_compute<T>(act::Math<O>::template forward<CpuMath>(to_compute(x[i])));
 }
 
 template <Op O, typename T>
 KILN_SIMD_CLONES void activation_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) dx[i] = act::Math<O>::template grad<CpuMath>(x[i], dy[i]);
+  for (int64_t i = i0; i < i1; ++i)
+    dx[i] =
+        from_compute<T>(act::Math<O>::template grad<CpuMath>(to_compute(x[i]), to_compute(dy[i])));
 }
 
 template <typename T>
 KILN_SIMD_CLONES void swiglu_fwd_range(int64_t i0, int64_t i1, const T* gate, const T* up, T* out) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    out[i] = act::swiglu<CpuMath>(gate[i], up[i]);
+    out[i] = from_compute<T>(act::swiglu<CpuMath>(to_compute(gate[i]), to_compute(up[i])));
   }
 }
 
@@ -74,10 +78,10 @@ KILN_SIMD_CLONES void swiglu_bwd_range(int64_t i0, int64_t i1, const T* gate, co
                                        const T* dout, T* dgate, T* dup) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    T dg, du;  // all inputs are read before either output is written (outputs may alias)
-    act::swiglu_grad<CpuMath>(gate[i], up[i], dout[i], dg, du);
-    dgate[i] = dg;
-    dup[i] = du;
+    compute_t<T> dg, du;  // all inputs are read before either output is written (may alias)
+    act::swiglu_grad<CpuMath>(to_compute(gate[i]), to_compute(up[i]), to_compute(dout[i]), dg, du);
+    dgate[i] = from_compute<T>(dg);
+    dup[i] = from_compute<T>(du);
   }
 }
 
@@ -123,6 +127,8 @@ void swiglu_backward(int64_t n, const T* gate, const T* up, const T* dout, T* dg
   template void swiglu_backward<T>(int64_t, const T*, const T*, const T*, T*, T*);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(double)
+KILN_INSTANTIATE(bf16)
+KILN_INSTANTIATE(f16)
 #undef KILN_INSTANTIATE
 
 }  // namespace kiln::cpu
