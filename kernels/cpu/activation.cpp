@@ -53,8 +53,7 @@ void for_chunks(int64_t n, F&& body) {
 template <Op O, typename T>
 KILN_SIMD_CLONES void activation_fwd_range(int64_t i0, int64_t i1, const T* x, T* y) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; ++i)
-    y[i] = from_compute<T>(act::Math<O>::template forward<CpuMath>(to_compute(x[i])));
+  for (int64_t i = i0; i < i1; ++i) y[i] = act::Math<O>::template forward<CpuMath>(x[i]);
 }
 
 template <Op O, typename T>
@@ -69,7 +68,7 @@ template <typename T>
 KILN_SIMD_CLONES void swiglu_fwd_range(int64_t i0, int64_t i1, const T* gate, const T* up, T* out) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    out[i] = from_compute<T>(act::swiglu<CpuMath>(to_compute(gate[i]), to_compute(up[i])));
+    out[i] = act::swiglu<CpuMath>(gate[i], up[i]);
   }
 }
 
@@ -78,10 +77,38 @@ KILN_SIMD_CLONES void swiglu_bwd_range(int64_t i0, int64_t i1, const T* gate, co
                                        const T* dout, T* dgate, T* dup) {
 #pragma omp simd
   for (int64_t i = i0; i < i1; ++i) {
-    compute_t<T> dg, du;  // all inputs are read before either output is written (may alias)
-    act::swiglu_grad<CpuMath>(to_compute(gate[i]), to_compute(up[i]), to_compute(dout[i]), dg, du);
-    dgate[i] = from_compute<T>(dg);
-    dup[i] = from_compute<T>(du);
+    T dg, du;  // all inputs are read before either output is written (outputs may alias)
+    act::swiglu_grad<CpuMath>(gate[i], up[i], dout[i], dg, du);
+    dgate[i] = dg;
+    dup[i] = du;
+  }
+}
+
+// Runs body(j0, len, in..., out...) of the f32/f64 range kernels over [i0, i1). For 16-bit
+// storage the range goes through f32 blocks: `ins` are widened into stack blocks, the f32
+// (cloned, vectorized) loop runs on them, and the `outs` blocks are rounded back once.
+constexpr int64_t kBlock = 512;
+
+template <typename T, int NIn, int NOut, typename Body>
+void through_compute(int64_t i0, int64_t i1, const T* const (&ins)[NIn], T* const (&outs)[NOut],
+                     Body&& body) {
+  if constexpr (is_half_v<T>) {
+    float in_buf[NIn][kBlock], out_buf[NOut][kBlock];
+    for (int64_t j0 = i0; j0 < i1; j0 += kBlock) {
+      const int64_t len = std::min(kBlock, i1 - j0);
+      const float* in_ptr[NIn];
+      float* out_ptr[NOut];
+      for (int k = 0; k < NIn; ++k) in_ptr[k] = widen(len, ins[k] + j0, in_buf[k]);
+      for (int k = 0; k < NOut; ++k) out_ptr[k] = out_buf[k];
+      body(len, in_ptr, out_ptr);
+      for (int k = 0; k < NOut; ++k) narrow(len, out_ptr[k], outs[k] + j0);
+    }
+  } else {
+    const T* in_ptr[NIn];
+    T* out_ptr[NOut];
+    for (int k = 0; k < NIn; ++k) in_ptr[k] = ins[k] + i0;
+    for (int k = 0; k < NOut; ++k) out_ptr[k] = outs[k] + i0;
+    body(i1 - i0, in_ptr, out_ptr);
   }
 }
 
@@ -93,7 +120,11 @@ void activation_forward(Op op, int64_t n, const T* x, T* y) {
   for_each_activation([&]<Op O>() {
     if (op != O) return;
     found = true;
-    for_chunks(n, [&](int64_t i0, int64_t i1) { activation_fwd_range<O>(i0, i1, x, y); });
+    for_chunks(n, [&](int64_t i0, int64_t i1) {
+      through_compute<T, 1, 1>(i0, i1, {x}, {y}, [](int64_t len, auto in, auto out) {
+        activation_fwd_range<O>(0, len, in[0], out[0]);
+      });
+    });
   });
   KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
@@ -104,20 +135,32 @@ void activation_backward(Op op, int64_t n, const T* x, const T* dy, T* dx) {
   for_each_activation([&]<Op O>() {
     if (op != O) return;
     found = true;
-    for_chunks(n, [&](int64_t i0, int64_t i1) { activation_bwd_range<O>(i0, i1, x, dy, dx); });
+    for_chunks(n, [&](int64_t i0, int64_t i1) {
+      through_compute<T, 2, 1>(i0, i1, {x, dy}, {dx}, [](int64_t len, auto in, auto out) {
+        activation_bwd_range<O>(0, len, in[0], in[1], out[0]);
+      });
+    });
   });
   KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
 
 template <typename T>
 void swiglu_forward(int64_t n, const T* gate, const T* up, T* out) {
-  for_chunks(n, [&](int64_t i0, int64_t i1) { swiglu_fwd_range(i0, i1, gate, up, out); });
+  for_chunks(n, [&](int64_t i0, int64_t i1) {
+    through_compute<T, 2, 1>(i0, i1, {gate, up}, {out}, [](int64_t len, auto in, auto o) {
+      swiglu_fwd_range(0, len, in[0], in[1], o[0]);
+    });
+  });
 }
 
 template <typename T>
 void swiglu_backward(int64_t n, const T* gate, const T* up, const T* dout, T* dgate, T* dup) {
-  for_chunks(n,
-             [&](int64_t i0, int64_t i1) { swiglu_bwd_range(i0, i1, gate, up, dout, dgate, dup); });
+  for_chunks(n, [&](int64_t i0, int64_t i1) {
+    through_compute<T, 3, 2>(i0, i1, {gate, up, dout}, {dgate, dup},
+                             [](int64_t len, auto in, auto o) {
+                               swiglu_bwd_range(0, len, in[0], in[1], in[2], o[0], o[1]);
+                             });
+  });
 }
 
 #define KILN_INSTANTIATE(T)                                                  \

@@ -56,9 +56,27 @@ struct MinF {
   }
 };
 
-// Elements are read in compute type and each result rounded once to T.
+// Elements are read in compute type and each result rounded once to T. 16-bit runs that are
+// contiguous or broadcast go through f32 blocks (the vectorized conversions of bf16_util.h
+// around the plain f32 loop).
+constexpr int64_t kBlock = 512;
+
 template <typename T, typename F>
 inline void binary_run(int64_t n, const T* a, int64_t sa, const T* b, int64_t sb, T* out, F f) {
+  if constexpr (is_half_v<T>) {
+    if (sa <= 1 && sb <= 1) {
+      float ab[kBlock], bb[kBlock], ob[kBlock];
+      const float a0 = to_compute(a[0]), b0 = to_compute(b[0]);
+      for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+        const int64_t len = std::min(kBlock, n - i0);
+        const float* ap = sa == 1 ? widen(len, a + i0, ab) : &a0;
+        const float* bp = sb == 1 ? widen(len, b + i0, bb) : &b0;
+        binary_run(len, ap, sa, bp, sb, ob, f);
+        narrow(len, ob, out + i0);
+      }
+      return;
+    }
+  }
   if (sa == 1 && sb == 1) {
     for (int64_t i = 0; i < n; ++i) out[i] = from_compute<T>(f(to_compute(a[i]), to_compute(b[i])));
   } else if (sa == 1 && sb == 0) {
@@ -153,11 +171,24 @@ void binary_impl(int ndim, const int64_t* shape, const T* a, const int64_t* a_st
   }
 }
 
-// out[i] = f(x[i]) over n elements (f on compute_t<T>), in parallel for large n.
+// out[i] = f(x[i]) over n elements (f on compute_t<T>), in parallel for large n; 16-bit storage
+// in f32 blocks, as binary_run.
 template <typename T, typename F>
 inline void map1(int64_t n, const T* x, T* out, F f) {
+  if constexpr (is_half_v<T>) {
+    const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = from_compute<T>(f(to_compute(x[i])));
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+      const int64_t i0 = blk * kBlock, len = std::min(kBlock, n - i0);
+      float xb[kBlock], ob[kBlock];
+      const float* xp = widen(len, x + i0, xb);
+      for (int64_t i = 0; i < len; ++i) ob[i] = f(xp[i]);
+      narrow(len, ob, out + i0);
+    }
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/common/error.h"
 
@@ -33,29 +34,26 @@ void softmax_forward(int64_t rows, int64_t cols, const T* x, T* y) {
   check("softmax", rows, cols);
   if (cols == 0) return;
   using C = compute_t<T>;
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * cols;
-    T* yr = y + r * cols;
-    const C m = row_max(cols, xr);
-    double s = 0;
-    if constexpr (std::is_same_v<T, C>) {
+#pragma omp parallel if (rows * cols > kParallelMin)
+  {
+    // 16-bit storage: the unnormalized exponentials go to a per-thread f32 row (y could only
+    // hold them rounded), and the row is rounded once at the end. f32/f64 use y itself.
+    std::vector<C> row(is_half_v<T> ? static_cast<size_t>(cols) : 0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
+      C* er = out_row(yr, row.data());
+      const C m = row_max(cols, xr);
+      double s = 0;
       for (int64_t c = 0; c < cols; ++c) {
-        const C e = std::exp(xr[c] - m);
-        yr[c] = e;
+        const C e = std::exp(to_compute(xr[c]) - m);
+        er[c] = e;
         s += static_cast<double>(e);
       }
-    } else {
-      // 16-bit storage: y cannot hold the unnormalized exponentials without a second rounding,
-      // so they are recomputed in the write pass.
-      for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(std::exp(to_compute(xr[c]) - m));
-    }
-    const C inv = static_cast<C>(1.0 / s);
-    if constexpr (std::is_same_v<T, C>) {
-      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
-    } else {
-      for (int64_t c = 0; c < cols; ++c)
-        yr[c] = from_compute<T>(std::exp(to_compute(xr[c]) - m) * inv);
+      const C inv = static_cast<C>(1.0 / s);
+      for (int64_t c = 0; c < cols; ++c) er[c] *= inv;
+      narrow(cols, er, yr);
     }
   }
 }
