@@ -275,9 +275,22 @@ void affine(int64_t n, const T* x, compute_t<T> alpha, compute_t<T> beta, T* out
 template <typename T>
 void axpy(int64_t n, compute_t<T> alpha, const T* x, T* y) {
   KILN_CHECK(n >= 0, "[axpy] negative size {}", n);
+  if constexpr (is_half_v<T>) {  // f32 blocks, as map1
+    const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i)
-    y[i] = from_compute<T>(to_compute(y[i]) + alpha * to_compute(x[i]));
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+      const int64_t i0 = blk * kBlock, len = std::min(kBlock, n - i0);
+      float xb[kBlock], yb[kBlock];
+      const float* xp = widen(len, x + i0, xb);
+      float* yp = yb;
+      to_compute_n(len, y + i0, yp);
+      for (int64_t i = 0; i < len; ++i) yp[i] += alpha * xp[i];
+      narrow(len, yp, y + i0);
+    }
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
 }
 
 #define KILN_ELEMENTWISE_INST(T)                                                             \
