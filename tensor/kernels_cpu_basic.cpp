@@ -1,7 +1,7 @@
 // CPU kernels of the basic families (copy, fill, random, elementwise, reductions, matmul):
 // the glue from op arguments (tensor/op_args.h) to kernels/cpu/, and their registrations.
-// Each glue runs on tensors in its compute type T, as the dispatcher delivered them: contiguous
-// unless registered Layout::Strided.
+// Each glue runs on tensors of its storage type T (f32, f64, or bf16/f16 computed in f32 by the
+// kernels; GEMMs: f32/f64 only so far), contiguous unless registered Layout::Strided.
 #include <algorithm>
 
 #include "kernels/cpu/copy.h"
@@ -69,17 +69,17 @@ struct UnaryCpu {
 template <class T>
 struct AffineCpu {
   static void run(AffineArgs& a) {
-    T* out = a.out.template data<T>();
-    kiln::cpu::mul_scalar<T>(a.x.numel(), a.x.template data<T>(), static_cast<T>(a.alpha), out);
-    if (a.beta != 0.0) kiln::cpu::add_scalar<T>(a.x.numel(), out, static_cast<T>(a.beta), out);
+    using C = kiln::cpu::compute_t<T>;
+    kiln::cpu::affine<T>(a.x.numel(), a.x.template data<T>(), static_cast<C>(a.alpha),
+                         static_cast<C>(a.beta), a.out.template data<T>());
   }
 };
 
 template <class T>
 struct AxpyCpu {
   static void run(AxpyArgs& a) {
-    kiln::cpu::axpy<T>(a.y.numel(), static_cast<T>(a.alpha), a.x.template data<T>(),
-                       a.y.template data<T>());
+    kiln::cpu::axpy<T>(a.y.numel(), static_cast<kiln::cpu::compute_t<T>>(a.alpha),
+                       a.x.template data<T>(), a.y.template data<T>());
   }
 };
 
@@ -87,7 +87,7 @@ template <class T>
 struct ScaleCpu {
   static void run(ScaleArgs& a) {
     T* y = a.y.template data<T>();
-    kiln::cpu::mul_scalar<T>(a.y.numel(), y, static_cast<T>(a.alpha), y);
+    kiln::cpu::mul_scalar<T>(a.y.numel(), y, static_cast<kiln::cpu::compute_t<T>>(a.alpha), y);
   }
 };
 
@@ -167,17 +167,17 @@ struct LinearCpu {
 void register_basic() {
   register_all_dtypes<CopyArgs, CopyCpu>({.layout = Layout::Strided});
   register_all_dtypes<FillArgs, FillCpu>();
-  register_float<RandomArgs, RandomCpu>();
+  register_float_storage<RandomArgs, RandomCpu>();
   // Strided: the kernel walks a and b through their (broadcast) strides.
-  register_float<BinaryArgs, BinaryCpu>({.layout = Layout::Strided});
-  register_float<UnaryArgs, UnaryCpu>();
-  register_float<AffineArgs, AffineCpu>();
-  register_float<AxpyArgs, AxpyCpu>();
-  register_float<ScaleArgs, ScaleCpu>();
-  register_float<ReduceArgs, ReduceCpu>();
-  register_float<ArgmaxArgs, ArgmaxCpu>();
-  register_float<SumAllArgs, SumAllCpu>();
-  register_float<SumSquaresArgs, SumSquaresCpu>();
+  register_float_storage<BinaryArgs, BinaryCpu>({.layout = Layout::Strided});
+  register_float_storage<UnaryArgs, UnaryCpu>();
+  register_float_storage<AffineArgs, AffineCpu>();
+  register_float_storage<AxpyArgs, AxpyCpu>();
+  register_float_storage<ScaleArgs, ScaleCpu>();
+  register_float_storage<ReduceArgs, ReduceCpu>();
+  register_float_storage<ArgmaxArgs, ArgmaxCpu>();
+  register_float_storage<SumAllArgs, SumAllCpu>();
+  register_float_storage<SumSquaresArgs, SumSquaresCpu>();
   register_float<GemmArgs, GemmCpu>();
   register_float<MatmulArgs, MatmulCpu>();
   register_float<LinearArgs, LinearCpu>();

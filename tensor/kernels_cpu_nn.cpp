@@ -1,7 +1,8 @@
 // CPU kernels of the nn families (softmax, embedding, norms, RoPE, activations, attention,
 // cross-entropy, dropout, optimizers): the glue from op arguments (tensor/op_args.h) to
-// kernels/cpu/, and their registrations. Tensors arrive in the compute type T, contiguous unless
-// registered otherwise; scratch a glue allocates itself is declared to the table, so the dry
+// kernels/cpu/, and their registrations. Tensors arrive in the kernel's storage type T (bf16/f16
+// computed in f32 by the kernels; statistics in compute_dtype), contiguous unless registered
+// otherwise; scratch a glue allocates itself is declared to the table, so the dry
 // run charges it too.
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
@@ -68,33 +69,34 @@ struct RmsNormCpu {
   static void run(RmsNormArgs& a) {
     kc::rmsnorm_forward<T>(rows_of(a.x), a.w.size(0), a.eps, a.x.template data<T>(),
                            a.w.template data<T>(), a.y.template data<T>(),
-                           a.rstd.template data<T>());
+                           a.rstd.template data<kc::compute_t<T>>());
   }
 };
 
-// The kernel accumulates dw in T: straight into dw when it has that dtype, else into a zeroed
-// T buffer added to dw after (or dropped when no dw is wanted).
+// The kernel accumulates dw in its compute dtype (f32 for bf16/f16): straight into dw when it
+// has that dtype, else into a zeroed buffer added to dw after (or dropped when no dw is wanted).
 bool rmsnorm_dw_direct(const RmsNormBackwardArgs& a, DType t) {
-  return a.dw.defined() && a.dw.dtype() == t;
+  return a.dw.defined() && a.dw.dtype() == compute_dtype(t);
 }
 ScratchList rmsnorm_backward_scratch(const RmsNormBackwardArgs& a, DType t) {
   if (rmsnorm_dw_direct(a, t)) return {};
-  return {a.w.size(0) * static_cast<std::int64_t>(dtype_size(t))};
+  return {a.w.size(0) * static_cast<std::int64_t>(dtype_size(compute_dtype(t)))};
 }
 
 template <class T>
 struct RmsNormBackwardCpu {
   static void run(RmsNormBackwardArgs& a) {
+    using C = kc::compute_t<T>;
     const DType t = a.dx.dtype();
     Tensor dw = a.dw;
     if (!rmsnorm_dw_direct(a, t)) {
       MemoryScope scratch(MemCategory::Temporaries);
-      dw = zeros(a.w.shape(), t, a.w.device());
+      dw = zeros(a.w.shape(), compute_dtype(t), a.w.device());
     }
     kc::rmsnorm_backward<T>(rows_of(a.x), a.w.size(0), a.x.template data<T>(),
-                            a.w.template data<T>(), a.rstd.template data<T>(),
+                            a.w.template data<T>(), a.rstd.template data<C>(),
                             a.dy.template data<T>(), a.dx.template data<T>(),
-                            dw.template data<T>());
+                            dw.template data<C>());
     if (a.dw.defined() && dw.impl() != a.dw.impl()) axpy_(a.dw, 1.0, dw);
   }
 };
@@ -105,26 +107,28 @@ struct LayerNormCpu {
     kc::layernorm_forward<T>(
         rows_of(a.x), a.w.size(0), a.eps, a.x.template data<T>(), a.w.template data<T>(),
         a.b.defined() ? a.b.template data<T>() : nullptr, a.y.template data<T>(),
-        a.mean.template data<T>(), a.rstd.template data<T>());
+        a.mean.template data<kc::compute_t<T>>(), a.rstd.template data<kc::compute_t<T>>());
   }
 };
 
-// The kernel writes dw and db into zeroed T buffers, added to dw/db after when wanted.
+// The kernel writes dw and db into zeroed buffers of its compute dtype, added to dw/db after when
+// wanted.
 ScratchList layernorm_backward_scratch(const LayerNormBackwardArgs& a, DType t) {
-  const std::int64_t n = a.w.size(0) * static_cast<std::int64_t>(dtype_size(t));
+  const std::int64_t n = a.w.size(0) * static_cast<std::int64_t>(dtype_size(compute_dtype(t)));
   return {n, n};
 }
 
 template <class T>
 struct LayerNormBackwardCpu {
   static void run(LayerNormBackwardArgs& a) {
+    using C = kc::compute_t<T>;
     MemoryScope scratch(MemCategory::Temporaries);
-    Tensor dw = zeros(a.w.shape(), a.dx.dtype(), a.w.device());
-    Tensor db = zeros(a.w.shape(), a.dx.dtype(), a.w.device());
+    Tensor dw = zeros(a.w.shape(), compute_dtype(a.dx.dtype()), a.w.device());
+    Tensor db = zeros(a.w.shape(), compute_dtype(a.dx.dtype()), a.w.device());
     kc::layernorm_backward<T>(
         rows_of(a.x), a.w.size(0), a.x.template data<T>(), a.w.template data<T>(),
-        a.mean.template data<T>(), a.rstd.template data<T>(), a.dy.template data<T>(),
-        a.dx.template data<T>(), dw.template data<T>(), db.template data<T>());
+        a.mean.template data<C>(), a.rstd.template data<C>(), a.dy.template data<T>(),
+        a.dx.template data<T>(), dw.template data<C>(), db.template data<C>());
     if (a.dw.defined()) axpy_(a.dw, 1.0, dw);
     if (a.db.defined()) axpy_(a.db, 1.0, db);
   }
@@ -141,15 +145,17 @@ struct RopeTablesCpu {
 template <class T>
 struct RopeCpu {
   static void run(RopeArgs& a) {
-    KILN_CHECK(a.cos.dtype() == a.out.dtype(), "[rope] table dtype {} vs compute dtype {}",
-               dtype_name(a.cos.dtype()), dtype_name(a.out.dtype()));
+    using C = kc::compute_t<T>;
+    KILN_CHECK(a.cos.dtype() == compute_dtype(a.out.dtype()) && a.sin.dtype() == a.cos.dtype(),
+               "[rope] table dtype {} vs compute dtype {}", dtype_name(a.cos.dtype()),
+               dtype_name(compute_dtype(a.out.dtype())));
     const auto s = static_cast<kc::RopeStyle>(a.style);
     const std::int64_t B = a.x.size(0), Tn = a.x.size(1), H = a.x.size(2), D = a.x.size(3);
     if (a.backward)
-      kc::rope_backward<T>(s, B, Tn, H, D, a.cos.template data<T>(), a.sin.template data<T>(),
+      kc::rope_backward<T>(s, B, Tn, H, D, a.cos.template data<C>(), a.sin.template data<C>(),
                            nullptr, a.pos_offset, a.x.template data<T>(), a.out.template data<T>());
     else
-      kc::rope_forward<T>(s, B, Tn, H, D, a.cos.template data<T>(), a.sin.template data<T>(),
+      kc::rope_forward<T>(s, B, Tn, H, D, a.cos.template data<C>(), a.sin.template data<C>(),
                           nullptr, a.pos_offset, a.x.template data<T>(), a.out.template data<T>());
   }
 };
@@ -303,29 +309,30 @@ void sgd_cpu(SgdArgs& a) {
 }  // namespace
 
 void register_nn() {
-  register_float<SoftmaxArgs, SoftmaxCpu>();
-  register_float<SoftmaxBackwardArgs, SoftmaxBackwardCpu>();
-  register_float<EmbeddingArgs, EmbeddingCpu>();
-  register_float<EmbeddingBackwardArgs, EmbeddingBackwardCpu>();
-  register_float<RmsNormArgs, RmsNormCpu>();
-  register_float<RmsNormBackwardArgs, RmsNormBackwardCpu>({.scratch = &rmsnorm_backward_scratch});
-  register_float<LayerNormArgs, LayerNormCpu>();
-  register_float<LayerNormBackwardArgs, LayerNormBackwardCpu>(
+  register_float_storage<SoftmaxArgs, SoftmaxCpu>();
+  register_float_storage<SoftmaxBackwardArgs, SoftmaxBackwardCpu>();
+  register_float_storage<EmbeddingArgs, EmbeddingCpu>();
+  register_float_storage<EmbeddingBackwardArgs, EmbeddingBackwardCpu>();
+  register_float_storage<RmsNormArgs, RmsNormCpu>();
+  register_float_storage<RmsNormBackwardArgs, RmsNormBackwardCpu>(
+      {.scratch = &rmsnorm_backward_scratch});
+  register_float_storage<LayerNormArgs, LayerNormCpu>();
+  register_float_storage<LayerNormBackwardArgs, LayerNormBackwardCpu>(
       {.scratch = &layernorm_backward_scratch});
   register_float<RopeTablesArgs, RopeTablesCpu>();
-  register_float<RopeArgs, RopeCpu>();
+  register_float_storage<RopeArgs, RopeCpu>();
   for_each_activation([&]<Op O>() {
-    register_float<ActivationArgs<O>, ActivationCpu<O>::template Forward>();
-    register_float<ActivationBackwardArgs<O>, ActivationCpu<O>::template Backward>();
+    register_float_storage<ActivationArgs<O>, ActivationCpu<O>::template Forward>();
+    register_float_storage<ActivationBackwardArgs<O>, ActivationCpu<O>::template Backward>();
   });
-  register_float<SwiGluArgs, SwiGluCpu>();
-  register_float<SwiGluBackwardArgs, SwiGluBackwardCpu>();
+  register_float_storage<SwiGluArgs, SwiGluCpu>();
+  register_float_storage<SwiGluBackwardArgs, SwiGluBackwardCpu>();
   register_float<AttentionArgs, AttentionCpu>({.accepts = &attention_accepts});
   register_float<AttentionBackwardArgs, AttentionBackwardCpu>();
   register_float<CrossEntropyArgs, CrossEntropyCpu>();
   register_float<CrossEntropyBackwardArgs, CrossEntropyBackwardCpu>();
-  register_float<DropoutArgs, DropoutCpu>();
-  register_float<DropoutBackwardArgs, DropoutBackwardCpu>();
+  register_float_storage<DropoutArgs, DropoutCpu>();
+  register_float_storage<DropoutBackwardArgs, DropoutBackwardCpu>();
   register_kernel<AdamWArgs>(DeviceType::CPU, DType::F32, {.run = &adamw_cpu});
   register_kernel<AdamWMultiArgs>(DeviceType::CPU, DType::F32,
                                   {.run = &adamw_multi_cpu, .scratch = &adamw_multi_scratch});

@@ -10,6 +10,7 @@
 
 #include "kernels/common/activation_math.h"
 #include "kernels/common/error.h"
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 namespace {
@@ -58,7 +59,9 @@ KILN_SIMD_CLONES void activation_fwd_range(int64_t i0, int64_t i1, const T* x, T
 template <Op O, typename T>
 KILN_SIMD_CLONES void activation_bwd_range(int64_t i0, int64_t i1, const T* x, const T* dy, T* dx) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) dx[i] = act::Math<O>::template grad<CpuMath>(x[i], dy[i]);
+  for (int64_t i = i0; i < i1; ++i)
+    dx[i] =
+        from_compute<T>(act::Math<O>::template grad<CpuMath>(to_compute(x[i]), to_compute(dy[i])));
 }
 
 template <typename T>
@@ -81,6 +84,34 @@ KILN_SIMD_CLONES void swiglu_bwd_range(int64_t i0, int64_t i1, const T* gate, co
   }
 }
 
+// Runs body(j0, len, in..., out...) of the f32/f64 range kernels over [i0, i1). For 16-bit
+// storage the range goes through f32 blocks: `ins` are widened into stack blocks, the f32
+// (cloned, vectorized) loop runs on them, and the `outs` blocks are rounded back once.
+constexpr int64_t kBlock = 512;
+
+template <typename T, int NIn, int NOut, typename Body>
+void through_compute(int64_t i0, int64_t i1, const T* const (&ins)[NIn], T* const (&outs)[NOut],
+                     Body&& body) {
+  if constexpr (is_half_v<T>) {
+    float in_buf[NIn][kBlock], out_buf[NOut][kBlock];
+    for (int64_t j0 = i0; j0 < i1; j0 += kBlock) {
+      const int64_t len = std::min(kBlock, i1 - j0);
+      const float* in_ptr[NIn];
+      float* out_ptr[NOut];
+      for (int k = 0; k < NIn; ++k) in_ptr[k] = widen(len, ins[k] + j0, in_buf[k]);
+      for (int k = 0; k < NOut; ++k) out_ptr[k] = out_buf[k];
+      body(len, in_ptr, out_ptr);
+      for (int k = 0; k < NOut; ++k) narrow(len, out_ptr[k], outs[k] + j0);
+    }
+  } else {
+    const T* in_ptr[NIn];
+    T* out_ptr[NOut];
+    for (int k = 0; k < NIn; ++k) in_ptr[k] = ins[k] + i0;
+    for (int k = 0; k < NOut; ++k) out_ptr[k] = outs[k] + i0;
+    body(i1 - i0, in_ptr, out_ptr);
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -89,7 +120,11 @@ void activation_forward(Op op, int64_t n, const T* x, T* y) {
   for_each_activation([&]<Op O>() {
     if (op != O) return;
     found = true;
-    for_chunks(n, [&](int64_t i0, int64_t i1) { activation_fwd_range<O>(i0, i1, x, y); });
+    for_chunks(n, [&](int64_t i0, int64_t i1) {
+      through_compute<T, 1, 1>(i0, i1, {x}, {y}, [](int64_t len, auto in, auto out) {
+        activation_fwd_range<O>(0, len, in[0], out[0]);
+      });
+    });
   });
   KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
@@ -100,20 +135,32 @@ void activation_backward(Op op, int64_t n, const T* x, const T* dy, T* dx) {
   for_each_activation([&]<Op O>() {
     if (op != O) return;
     found = true;
-    for_chunks(n, [&](int64_t i0, int64_t i1) { activation_bwd_range<O>(i0, i1, x, dy, dx); });
+    for_chunks(n, [&](int64_t i0, int64_t i1) {
+      through_compute<T, 2, 1>(i0, i1, {x, dy}, {dx}, [](int64_t len, auto in, auto out) {
+        activation_bwd_range<O>(0, len, in[0], in[1], out[0]);
+      });
+    });
   });
   KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
 
 template <typename T>
 void swiglu_forward(int64_t n, const T* gate, const T* up, T* out) {
-  for_chunks(n, [&](int64_t i0, int64_t i1) { swiglu_fwd_range(i0, i1, gate, up, out); });
+  for_chunks(n, [&](int64_t i0, int64_t i1) {
+    through_compute<T, 2, 1>(i0, i1, {gate, up}, {out}, [](int64_t len, auto in, auto o) {
+      swiglu_fwd_range(0, len, in[0], in[1], o[0]);
+    });
+  });
 }
 
 template <typename T>
 void swiglu_backward(int64_t n, const T* gate, const T* up, const T* dout, T* dgate, T* dup) {
-  for_chunks(n,
-             [&](int64_t i0, int64_t i1) { swiglu_bwd_range(i0, i1, gate, up, dout, dgate, dup); });
+  for_chunks(n, [&](int64_t i0, int64_t i1) {
+    through_compute<T, 3, 2>(i0, i1, {gate, up, dout}, {dgate, dup},
+                             [](int64_t len, auto in, auto o) {
+                               swiglu_bwd_range(0, len, in[0], in[1], in[2], o[0], o[1]);
+                             });
+  });
 }
 
 #define KILN_INSTANTIATE(T)                                                  \
@@ -123,6 +170,8 @@ void swiglu_backward(int64_t n, const T* gate, const T* up, const T* dout, T* dg
   template void swiglu_backward<T>(int64_t, const T*, const T*, const T*, T*, T*);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(double)
+KILN_INSTANTIATE(bf16)
+KILN_INSTANTIATE(f16)
 #undef KILN_INSTANTIATE
 
 }  // namespace kiln::cpu

@@ -1,6 +1,7 @@
 // Pointwise activations, CPU: the activations of kernels/op_list.h (kActivations) and SwiGLU,
 // with the math of kernels/common/activation_math.h. All arrays contiguous, n elements;
-// outputs may alias inputs.
+// outputs may alias inputs. T is the storage type (float, double, bf16, f16); the math runs in
+// compute_t<T> (f32 for the 16-bit types, kernels/cpu/bf16_util.h), each output rounded once.
 //
 // Every kernel writes (=) its outputs; none accumulates.
 //

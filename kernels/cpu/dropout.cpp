@@ -8,6 +8,7 @@
 
 #include "kernels/common/error.h"
 #include "kernels/common/philox.h"
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 namespace {
@@ -21,8 +22,9 @@ void check_p(int64_t n, float p) {
 
 // 1 / (1 - p) as the GPU computes it (float), then in T; 0 when everything is dropped.
 template <typename T>
-T keep_scale(float p) {
-  return p >= 1.0f ? T(0) : T(1.0f / (1.0f - p));
+compute_t<T> keep_scale(float p) {
+  using C = compute_t<T>;
+  return p >= 1.0f ? C(0) : C(1.0f / (1.0f - p));
 }
 
 }  // namespace
@@ -40,7 +42,7 @@ void dropout_forward(int64_t n, float p, uint64_t seed, uint64_t offset, const T
     return;
   }
   KILN_CHECK(mask != nullptr, "[dropout] mask is required when p > 0");
-  const T scale = keep_scale<T>(p);
+  const compute_t<T> scale = keep_scale<T>(p);
   const int64_t nblocks = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t blk = 0; blk < nblocks; ++blk) {
@@ -51,7 +53,7 @@ void dropout_forward(int64_t n, float p, uint64_t seed, uint64_t offset, const T
       const bool keep = uniform01(r.v[l]) >= p;
       const int64_t i = i0 + l;
       mask[i] = keep ? 1 : 0;
-      y[i] = keep ? x[i] * scale : T(0);
+      y[i] = from_compute<T>(keep ? to_compute(x[i]) * scale : compute_t<T>(0));
     }
   }
 }
@@ -67,16 +69,19 @@ void dropout_backward(int64_t n, float p, const uint8_t* mask, const T* dy, T* d
     return;
   }
   KILN_CHECK(mask != nullptr, "[dropout] mask is required when p > 0");
-  const T scale = keep_scale<T>(p);
+  const compute_t<T> scale = keep_scale<T>(p);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) dx[i] = mask[i] ? dy[i] * scale : T(0);
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = from_compute<T>(mask[i] ? to_compute(dy[i]) * scale : compute_t<T>(0));
 }
 
-template void dropout_forward<float>(int64_t, float, uint64_t, uint64_t, const float*, float*,
-                                     uint8_t*);
-template void dropout_forward<double>(int64_t, float, uint64_t, uint64_t, const double*, double*,
-                                      uint8_t*);
-template void dropout_backward<float>(int64_t, float, const uint8_t*, const float*, float*);
-template void dropout_backward<double>(int64_t, float, const uint8_t*, const double*, double*);
+#define KILN_DROPOUT_INST(T)                                                                    \
+  template void dropout_forward<T>(int64_t, float, uint64_t, uint64_t, const T*, T*, uint8_t*); \
+  template void dropout_backward<T>(int64_t, float, const uint8_t*, const T*, T*);
+KILN_DROPOUT_INST(float)
+KILN_DROPOUT_INST(double)
+KILN_DROPOUT_INST(bf16)
+KILN_DROPOUT_INST(f16)
+#undef KILN_DROPOUT_INST
 
 }  // namespace kiln::cpu

@@ -19,43 +19,75 @@ constexpr int kMaxDims = 16;
 constexpr int64_t kParallelMin = 32768;
 constexpr int64_t kChunk = 8192;
 
-template <typename T>
 struct AddF {
-  T operator()(T a, T b) const { return a + b; }
+  template <typename C>
+  C operator()(C a, C b) const {
+    return a + b;
+  }
 };
-template <typename T>
 struct SubF {
-  T operator()(T a, T b) const { return a - b; }
+  template <typename C>
+  C operator()(C a, C b) const {
+    return a - b;
+  }
 };
-template <typename T>
 struct MulF {
-  T operator()(T a, T b) const { return a * b; }
+  template <typename C>
+  C operator()(C a, C b) const {
+    return a * b;
+  }
 };
-template <typename T>
 struct DivF {
-  T operator()(T a, T b) const { return a / b; }
+  template <typename C>
+  C operator()(C a, C b) const {
+    return a / b;
+  }
 };
-template <typename T>
 struct MaxF {  // NaN in either operand gives NaN
-  T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+  template <typename C>
+  C operator()(C a, C b) const {
+    return (a != a || a > b) ? a : b;
+  }
 };
-template <typename T>
 struct MinF {
-  T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
+  template <typename C>
+  C operator()(C a, C b) const {
+    return (a != a || a < b) ? a : b;
+  }
 };
+
+// Elements are read in compute type and each result rounded once to T. 16-bit runs that are
+// contiguous or broadcast go through f32 blocks (the vectorized conversions of bf16_util.h
+// around the plain f32 loop).
+constexpr int64_t kBlock = 512;
 
 template <typename T, typename F>
 inline void binary_run(int64_t n, const T* a, int64_t sa, const T* b, int64_t sb, T* out, F f) {
+  if constexpr (is_half_v<T>) {
+    if (sa <= 1 && sb <= 1) {
+      float ab[kBlock], bb[kBlock], ob[kBlock];
+      const float a0 = to_compute(a[0]), b0 = to_compute(b[0]);
+      for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+        const int64_t len = std::min(kBlock, n - i0);
+        const float* ap = sa == 1 ? widen(len, a + i0, ab) : &a0;
+        const float* bp = sb == 1 ? widen(len, b + i0, bb) : &b0;
+        binary_run(len, ap, sa, bp, sb, ob, f);
+        narrow(len, ob, out + i0);
+      }
+      return;
+    }
+  }
   if (sa == 1 && sb == 1) {
-    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = from_compute<T>(f(to_compute(a[i]), to_compute(b[i])));
   } else if (sa == 1 && sb == 0) {
-    const T bv = b[0];
-    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], bv);
+    const compute_t<T> bv = to_compute(b[0]);
+    for (int64_t i = 0; i < n; ++i) out[i] = from_compute<T>(f(to_compute(a[i]), bv));
   } else if (sa == 0 && sb == 1) {
-    const T av = a[0];
-    for (int64_t i = 0; i < n; ++i) out[i] = f(av, b[i]);
+    const compute_t<T> av = to_compute(a[0]);
+    for (int64_t i = 0; i < n; ++i) out[i] = from_compute<T>(f(av, to_compute(b[i])));
   } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i * sa], b[i * sb]);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = from_compute<T>(f(to_compute(a[i * sa]), to_compute(b[i * sb])));
   }
 }
 
@@ -83,7 +115,7 @@ void binary_impl(int ndim, const int64_t* shape, const T* a, const int64_t* a_st
   }
   if (total == 0) return;
   if (nd == 0) {
-    out[0] = f(a[0], b[0]);
+    out[0] = from_compute<T>(f(to_compute(a[0]), to_compute(b[0])));
     return;
   }
   if (nd == 1) {
@@ -107,7 +139,7 @@ void binary_impl(int ndim, const int64_t* shape, const T* a, const int64_t* a_st
       const T* ar = a + r * ra;
       const T* br = b + r * rb;
       T* orow = out + r * inner;
-      for (int64_t j = 0; j < inner; ++j) orow[j] = f(ar[j], br[j]);
+      binary_run(inner, ar, 1, br, 1, orow, f);
     }
     return;
   }
@@ -139,11 +171,24 @@ void binary_impl(int ndim, const int64_t* shape, const T* a, const int64_t* a_st
   }
 }
 
-// out[i] = f(x[i]) over n elements, in parallel for large n.
+// out[i] = f(x[i]) over n elements (f on compute_t<T>), in parallel for large n; 16-bit storage
+// in f32 blocks, as binary_run.
 template <typename T, typename F>
 inline void map1(int64_t n, const T* x, T* out, F f) {
+  if constexpr (is_half_v<T>) {
+    const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+      const int64_t i0 = blk * kBlock, len = std::min(kBlock, n - i0);
+      float xb[kBlock], ob[kBlock];
+      const float* xp = widen(len, x + i0, xb);
+      for (int64_t i = 0; i < len; ++i) ob[i] = f(xp[i]);
+      narrow(len, ob, out + i0);
+    }
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
+  }
 }
 
 }  // namespace
@@ -155,17 +200,17 @@ void binary(BinaryOp op, int ndim, const int64_t* out_shape, const T* a, const i
              kMaxDims);
   switch (op) {
     case BinaryOp::Add:
-      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, AddF<T>{});
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, AddF{});
     case BinaryOp::Sub:
-      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, SubF<T>{});
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, SubF{});
     case BinaryOp::Mul:
-      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MulF<T>{});
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MulF{});
     case BinaryOp::Div:
-      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, DivF<T>{});
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, DivF{});
     case BinaryOp::Max:
-      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MaxF<T>{});
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MaxF{});
     case BinaryOp::Min:
-      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MinF<T>{});
+      return binary_impl(ndim, out_shape, a, a_strides, b, b_strides, out, MinF{});
   }
   fail("[binary] unknown op {}", static_cast<int>(op));
 }
@@ -173,67 +218,94 @@ void binary(BinaryOp op, int ndim, const int64_t* out_shape, const T* a, const i
 template <typename T>
 void unary(UnaryOp op, int64_t n, const T* x, T* out) {
   KILN_CHECK(n >= 0, "[unary] negative size {}", n);
+  using C = compute_t<T>;
   switch (op) {
     case UnaryOp::Neg:
-      return map1(n, x, out, [](T v) { return -v; });
+      return map1(n, x, out, [](C v) { return -v; });
     case UnaryOp::Exp:
-      return map1(n, x, out, [](T v) { return std::exp(v); });
+      return map1(n, x, out, [](C v) { return std::exp(v); });
     case UnaryOp::Log:
-      return map1(n, x, out, [](T v) { return std::log(v); });
+      return map1(n, x, out, [](C v) { return std::log(v); });
     case UnaryOp::Sqrt:
-      return map1(n, x, out, [](T v) { return std::sqrt(v); });
+      return map1(n, x, out, [](C v) { return std::sqrt(v); });
     case UnaryOp::Rsqrt:
-      return map1(n, x, out, [](T v) { return T(1) / std::sqrt(v); });
+      return map1(n, x, out, [](C v) { return C(1) / std::sqrt(v); });
     case UnaryOp::Abs:
-      return map1(n, x, out, [](T v) { return std::abs(v); });
+      return map1(n, x, out, [](C v) { return std::abs(v); });
     case UnaryOp::Square:
-      return map1(n, x, out, [](T v) { return v * v; });
+      return map1(n, x, out, [](C v) { return v * v; });
     case UnaryOp::Reciprocal:
-      return map1(n, x, out, [](T v) { return T(1) / v; });
+      return map1(n, x, out, [](C v) { return C(1) / v; });
     case UnaryOp::Tanh:
-      return map1(n, x, out, [](T v) { return std::tanh(v); });
+      return map1(n, x, out, [](C v) { return std::tanh(v); });
     case UnaryOp::Sigmoid:
-      return map1(n, x, out, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+      return map1(n, x, out, [](C v) { return C(1) / (C(1) + std::exp(-v)); });
   }
   fail("[unary] unknown op {}", static_cast<int>(op));
 }
 
 template <typename T>
-void scale_add(int64_t n, T alpha, const T* x, T beta, const T* y, T* out) {
+void scale_add(int64_t n, compute_t<T> alpha, const T* x, compute_t<T> beta, const T* y, T* out) {
   KILN_CHECK(n >= 0, "[scale_add] negative size {}", n);
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = alpha * x[i] + beta * y[i];
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = from_compute<T>(alpha * to_compute(x[i]) + beta * to_compute(y[i]));
 }
 
 template <typename T>
-void add_scalar(int64_t n, const T* x, T s, T* out) {
+void add_scalar(int64_t n, const T* x, compute_t<T> s, T* out) {
   KILN_CHECK(n >= 0, "[add_scalar] negative size {}", n);
-  map1(n, x, out, [s](T v) { return v + s; });
+  map1(n, x, out, [s](compute_t<T> v) { return v + s; });
 }
 
 template <typename T>
-void mul_scalar(int64_t n, const T* x, T s, T* out) {
+void mul_scalar(int64_t n, const T* x, compute_t<T> s, T* out) {
   KILN_CHECK(n >= 0, "[mul_scalar] negative size {}", n);
-  map1(n, x, out, [s](T v) { return v * s; });
+  map1(n, x, out, [s](compute_t<T> v) { return v * s; });
 }
 
 template <typename T>
-void axpy(int64_t n, T alpha, const T* x, T* y) {
+void affine(int64_t n, const T* x, compute_t<T> alpha, compute_t<T> beta, T* out) {
+  KILN_CHECK(n >= 0, "[affine] negative size {}", n);
+  // beta == 0 adds nothing, so -0 results stay -0 (as mul_scalar alone).
+  if (beta == compute_t<T>(0)) return mul_scalar(n, x, alpha, out);
+  map1(n, x, out, [alpha, beta](compute_t<T> v) { return v * alpha + beta; });
+}
+
+template <typename T>
+void axpy(int64_t n, compute_t<T> alpha, const T* x, T* y) {
   KILN_CHECK(n >= 0, "[axpy] negative size {}", n);
+  if constexpr (is_half_v<T>) {  // f32 blocks, as map1
+    const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+      const int64_t i0 = blk * kBlock, len = std::min(kBlock, n - i0);
+      float xb[kBlock], yb[kBlock];
+      const float* xp = widen(len, x + i0, xb);
+      float* yp = yb;
+      to_compute_n(len, y + i0, yp);
+      for (int64_t i = 0; i < len; ++i) yp[i] += alpha * xp[i];
+      narrow(len, yp, y + i0);
+    }
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
 }
 
 #define KILN_ELEMENTWISE_INST(T)                                                             \
   template void binary<T>(BinaryOp, int, const int64_t*, const T*, const int64_t*, const T*, \
                           const int64_t*, T*);                                               \
   template void unary<T>(UnaryOp, int64_t, const T*, T*);                                    \
-  template void scale_add<T>(int64_t, T, const T*, T, const T*, T*);                         \
-  template void add_scalar<T>(int64_t, const T*, T, T*);                                     \
-  template void mul_scalar<T>(int64_t, const T*, T, T*);                                     \
-  template void axpy<T>(int64_t, T, const T*, T*);
+  template void scale_add<T>(int64_t, compute_t<T>, const T*, compute_t<T>, const T*, T*);   \
+  template void add_scalar<T>(int64_t, const T*, compute_t<T>, T*);                          \
+  template void mul_scalar<T>(int64_t, const T*, compute_t<T>, T*);                          \
+  template void affine<T>(int64_t, const T*, compute_t<T>, compute_t<T>, T*);                \
+  template void axpy<T>(int64_t, compute_t<T>, const T*, T*);
 KILN_ELEMENTWISE_INST(float)
 KILN_ELEMENTWISE_INST(double)
+KILN_ELEMENTWISE_INST(bf16)
+KILN_ELEMENTWISE_INST(f16)
 #undef KILN_ELEMENTWISE_INST
 
 }  // namespace kiln::cpu

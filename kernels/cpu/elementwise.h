@@ -3,12 +3,18 @@
 //   unary:      out[i] = f(x[i])
 //   scale_add:  out[i] = alpha * x[i] + beta * y[i]
 //   add_scalar: out[i] = x[i] + s;   mul_scalar: out[i] = x[i] * s
+//   affine:     out[i] = alpha * x[i] + beta
 //   axpy:       y[i] += alpha * x[i]
 // Max/Min propagate NaN (as torch.maximum/minimum). In-place use (out == a, out == x, ...) is
 // fine as long as out aliases an input exactly, element for element.
+// T is the storage type (float, double, bf16, f16); the math runs in compute_t<T> (f32 for the
+// 16-bit types, kernels/cpu/bf16_util.h) and each output is rounded once. Scalars are given in
+// compute_t<T>.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 
@@ -25,15 +31,19 @@ template <typename T>
 void unary(UnaryOp op, int64_t n, const T* x, T* out);
 
 template <typename T>
-void scale_add(int64_t n, T alpha, const T* x, T beta, const T* y, T* out);
+void scale_add(int64_t n, compute_t<T> alpha, const T* x, compute_t<T> beta, const T* y, T* out);
 
 template <typename T>
-void add_scalar(int64_t n, const T* x, T s, T* out);
+void add_scalar(int64_t n, const T* x, compute_t<T> s, T* out);
 
 template <typename T>
-void mul_scalar(int64_t n, const T* x, T s, T* out);
+void mul_scalar(int64_t n, const T* x, compute_t<T> s, T* out);
+
+// out[i] = alpha * x[i] + beta (one rounding for 16-bit storage).
+template <typename T>
+void affine(int64_t n, const T* x, compute_t<T> alpha, compute_t<T> beta, T* out);
 
 template <typename T>
-void axpy(int64_t n, T alpha, const T* x, T* y);
+void axpy(int64_t n, compute_t<T> alpha, const T* x, T* y);
 
 }  // namespace kiln::cpu

@@ -42,51 +42,80 @@ void reduce_chunks(int64_t nchunks, int64_t dim, const std::vector<T>& part, T* 
   }
 }
 
+// Per-thread row buffers in compute type for 16-bit storage (empty for f32/f64, whose rows are
+// used in place): one row of dim values each, a few KiB for model widths.
+template <typename T>
+struct RowBuffers {
+  std::vector<compute_t<T>> a, b, c;
+  explicit RowBuffers(int64_t dim) {
+    if constexpr (is_half_v<T>) {
+      a.resize(static_cast<size_t>(dim));
+      b.resize(static_cast<size_t>(dim));
+      c.resize(static_cast<size_t>(dim));
+    }
+  }
+};
+
 }  // namespace
 
+// Each row is read through a compute buffer (widen: in place for f32/f64, a per-thread row of
+// compute values for 16-bit storage), so the loops below run on C only.
 template <typename T>
 void rmsnorm_forward(int64_t rows, int64_t dim, double eps, const T* x, const T* w, T* y,
-                     T* rstd) {
+                     compute_t<T>* rstd) {
+  using C = compute_t<T>;
   check_sizes("rmsnorm", rows, dim);
-#pragma omp parallel for schedule(static) if (rows * dim >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * dim;
-    T* yr = y + r * dim;
-    double ss = 0;
+  RowBuffers<T> wb(dim);
+  const C* wc = widen(dim, w, wb.a.data());
+#pragma omp parallel if (rows * dim >= kParallelMin)
+  {
+    RowBuffers<T> buf(dim);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const C* xr = widen(dim, x + r * dim, buf.a.data());
+      C* yr = out_row(y + r * dim, buf.b.data());
+      double ss = 0;
 #pragma omp simd reduction(+ : ss)
-    for (int64_t j = 0; j < dim; ++j) ss += double(xr[j]) * double(xr[j]);
-    const T rs = T(1.0 / std::sqrt(ss / double(dim) + eps));
-    rstd[r] = rs;
+      for (int64_t j = 0; j < dim; ++j) ss += double(xr[j]) * double(xr[j]);
+      const C rs = C(1.0 / std::sqrt(ss / double(dim) + eps));
+      rstd[r] = rs;
 #pragma omp simd
-    for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * rs * w[j];
+      for (int64_t j = 0; j < dim; ++j) yr[j] = xr[j] * rs * wc[j];
+      narrow(dim, yr, y + r * dim);
+    }
   }
 }
 
 template <typename T>
-void rmsnorm_backward(int64_t rows, int64_t dim, const T* x, const T* w, const T* rstd,
-                      const T* dy, T* dx, T* dw) {
+void rmsnorm_backward(int64_t rows, int64_t dim, const T* x, const T* w, const compute_t<T>* rstd,
+                      const T* dy, T* dx, compute_t<T>* dw) {
+  using C = compute_t<T>;
   check_sizes("rmsnorm", rows, dim);
   const Chunks ch = row_chunks(rows);
-  std::vector<T> part(static_cast<size_t>(ch.count * dim), T(0));
+  std::vector<C> part(static_cast<size_t>(ch.count * dim), C(0));
+  RowBuffers<T> wb(dim);
+  const C* wc = widen(dim, w, wb.a.data());
 #pragma omp parallel for schedule(static) if (rows * dim >= kParallelMin)
   for (int64_t c = 0; c < ch.count; ++c) {
-    T* pw = part.data() + c * dim;
+    C* pw = part.data() + c * dim;
+    RowBuffers<T> buf(dim);
     const int64_t r1 = std::min(rows, (c + 1) * ch.rows_per);
     for (int64_t r = c * ch.rows_per; r < r1; ++r) {
-      const T* xr = x + r * dim;
-      const T* dyr = dy + r * dim;
-      T* dxr = dx + r * dim;
-      const T rs = rstd[r];
+      const C* xr = widen(dim, x + r * dim, buf.a.data());
+      const C* dyr = widen(dim, dy + r * dim, buf.b.data());
+      C* dxr = out_row(dx + r * dim, buf.c.data());
+      const C rs = rstd[r];
       double dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < dim; ++j) dot += double(w[j]) * double(dyr[j]) * double(xr[j]);
-      const T coef = T(double(rs) * double(rs) * double(rs) * dot / double(dim));
+      for (int64_t j = 0; j < dim; ++j) dot += double(wc[j]) * double(dyr[j]) * double(xr[j]);
+      const C coef = C(double(rs) * double(rs) * double(rs) * dot / double(dim));
 #pragma omp simd
       for (int64_t j = 0; j < dim; ++j) {
-        const T xj = xr[j], dyj = dyr[j];  // read before writing: dx may alias dy
+        const C xj = xr[j], dyj = dyr[j];  // read before writing: dx may alias dy
         pw[j] += dyj * xj * rs;
-        dxr[j] = rs * w[j] * dyj - xj * coef;
+        dxr[j] = rs * wc[j] * dyj - xj * coef;
       }
+      narrow(dim, dxr, dx + r * dim);
     }
   }
   reduce_chunks(ch.count, dim, part, dw);
@@ -94,87 +123,106 @@ void rmsnorm_backward(int64_t rows, int64_t dim, const T* x, const T* w, const T
 
 template <typename T>
 void layernorm_forward(int64_t rows, int64_t dim, double eps, const T* x, const T* w, const T* b,
-                       T* y, T* mean, T* rstd) {
+                       T* y, compute_t<T>* mean, compute_t<T>* rstd) {
+  using C = compute_t<T>;
   check_sizes("layernorm", rows, dim);
-#pragma omp parallel for schedule(static) if (rows * dim >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * dim;
-    T* yr = y + r * dim;
-    double s = 0;
+  RowBuffers<T> wb(dim);
+  const C* wc = widen(dim, w, wb.a.data());
+  const C* bc = b ? widen(dim, b, wb.b.data()) : nullptr;
+#pragma omp parallel if (rows * dim >= kParallelMin)
+  {
+    RowBuffers<T> buf(dim);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const C* xr = widen(dim, x + r * dim, buf.a.data());
+      C* yr = out_row(y + r * dim, buf.b.data());
+      double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < dim; ++j) s += double(xr[j]);
-    const double mu = s / double(dim);
-    double ss = 0;  // two-pass variance: no cancellation for rows with a large mean
+      for (int64_t j = 0; j < dim; ++j) s += double(xr[j]);
+      const double mu = s / double(dim);
+      double ss = 0;  // two-pass variance: no cancellation for rows with a large mean
 #pragma omp simd reduction(+ : ss)
-    for (int64_t j = 0; j < dim; ++j) ss += (double(xr[j]) - mu) * (double(xr[j]) - mu);
-    const T rs = T(1.0 / std::sqrt(ss / double(dim) + eps));
-    const T m = T(mu);
-    mean[r] = m;
-    rstd[r] = rs;
-    if (b) {
+      for (int64_t j = 0; j < dim; ++j) ss += (double(xr[j]) - mu) * (double(xr[j]) - mu);
+      const C rs = C(1.0 / std::sqrt(ss / double(dim) + eps));
+      const C m = C(mu);
+      mean[r] = m;
+      rstd[r] = rs;
+      if (bc) {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
-    } else {
+        for (int64_t j = 0; j < dim; ++j) yr[j] = (xr[j] - m) * rs * wc[j] + bc[j];
+      } else {
 #pragma omp simd
-      for (int64_t j = 0; j < dim; ++j) yr[j] = (xr[j] - m) * rs * w[j];
+        for (int64_t j = 0; j < dim; ++j) yr[j] = (xr[j] - m) * rs * wc[j];
+      }
+      narrow(dim, yr, y + r * dim);
     }
   }
 }
 
 template <typename T>
-void layernorm_backward(int64_t rows, int64_t dim, const T* x, const T* w, const T* mean,
-                        const T* rstd, const T* dy, T* dx, T* dw, T* db) {
+void layernorm_backward(int64_t rows, int64_t dim, const T* x, const T* w, const compute_t<T>* mean,
+                        const compute_t<T>* rstd, const T* dy, T* dx, compute_t<T>* dw,
+                        compute_t<T>* db) {
+  using C = compute_t<T>;
   check_sizes("layernorm", rows, dim);
   const Chunks ch = row_chunks(rows);
   const bool with_db = db != nullptr;
-  std::vector<T> part(static_cast<size_t>(ch.count * dim * (with_db ? 2 : 1)), T(0));
+  std::vector<C> part(static_cast<size_t>(ch.count * dim * (with_db ? 2 : 1)), C(0));
+  RowBuffers<T> wb(dim);
+  const C* wc = widen(dim, w, wb.a.data());
 #pragma omp parallel for schedule(static) if (rows * dim >= kParallelMin)
   for (int64_t c = 0; c < ch.count; ++c) {
-    T* pw = part.data() + c * dim;
-    T* pb = with_db ? part.data() + (ch.count + c) * dim : nullptr;
+    C* pw = part.data() + c * dim;
+    C* pb = with_db ? part.data() + (ch.count + c) * dim : nullptr;
+    RowBuffers<T> buf(dim);
     const int64_t r1 = std::min(rows, (c + 1) * ch.rows_per);
     for (int64_t r = c * ch.rows_per; r < r1; ++r) {
-      const T* xr = x + r * dim;
-      const T* dyr = dy + r * dim;
-      T* dxr = dx + r * dim;
-      const T m = mean[r], rs = rstd[r];
+      const C* xr = widen(dim, x + r * dim, buf.a.data());
+      const C* dyr = widen(dim, dy + r * dim, buf.b.data());
+      C* dxr = out_row(dx + r * dim, buf.c.data());
+      const C m = mean[r], rs = rstd[r];
       double sg = 0, sgx = 0;  // sum_j g_j, sum_j g_j xhat_j with g = w dy
 #pragma omp simd reduction(+ : sg, sgx)
       for (int64_t j = 0; j < dim; ++j) {
-        const double g = double(w[j]) * double(dyr[j]);
+        const double g = double(wc[j]) * double(dyr[j]);
         sg += g;
         sgx += g * (double(xr[j]) - double(m)) * double(rs);
       }
-      const T mg = T(sg / double(dim)), mgx = T(sgx / double(dim));
+      const C mg = C(sg / double(dim)), mgx = C(sgx / double(dim));
       if (pb) {
 #pragma omp simd
         for (int64_t j = 0; j < dim; ++j) pb[j] += dyr[j];
       }
 #pragma omp simd
       for (int64_t j = 0; j < dim; ++j) {
-        const T xhat = (xr[j] - m) * rs, dyj = dyr[j];  // read before writing (dx may alias dy)
+        const C xhat = (xr[j] - m) * rs, dyj = dyr[j];  // read before writing (dx may alias dy)
         pw[j] += dyj * xhat;
-        dxr[j] = rs * (w[j] * dyj - mg - xhat * mgx);
+        dxr[j] = rs * (wc[j] * dyj - mg - xhat * mgx);
       }
+      narrow(dim, dxr, dx + r * dim);
     }
   }
   reduce_chunks(ch.count, dim, part, dw);
   if (with_db) {
-    std::vector<T> pb(part.begin() + ch.count * dim, part.end());
+    std::vector<C> pb(part.begin() + ch.count * dim, part.end());
     reduce_chunks(ch.count, dim, pb, db);
   }
 }
 
-#define KILN_INSTANTIATE(T)                                                                   \
-  template void rmsnorm_forward<T>(int64_t, int64_t, double, const T*, const T*, T*, T*);     \
-  template void rmsnorm_backward<T>(int64_t, int64_t, const T*, const T*, const T*, const T*, \
-                                    T*, T*);                                                  \
-  template void layernorm_forward<T>(int64_t, int64_t, double, const T*, const T*, const T*,  \
-                                     T*, T*, T*);                                             \
-  template void layernorm_backward<T>(int64_t, int64_t, const T*, const T*, const T*,         \
-                                      const T*, const T*, T*, T*, T*);
+#define KILN_INSTANTIATE(T)                                                                      \
+  template void rmsnorm_forward<T>(int64_t, int64_t, double, const T*, const T*, T*,             \
+                                   compute_t<T>*);                                               \
+  template void rmsnorm_backward<T>(int64_t, int64_t, const T*, const T*, const compute_t<T>*,   \
+                                    const T*, T*, compute_t<T>*);                                \
+  template void layernorm_forward<T>(int64_t, int64_t, double, const T*, const T*, const T*, T*, \
+                                     compute_t<T>*, compute_t<T>*);                              \
+  template void layernorm_backward<T>(int64_t, int64_t, const T*, const T*, const compute_t<T>*, \
+                                      const compute_t<T>*, const T*, T*, compute_t<T>*,          \
+                                      compute_t<T>*);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(double)
+KILN_INSTANTIATE(bf16)
+KILN_INSTANTIATE(f16)
 #undef KILN_INSTANTIATE
 
 }  // namespace kiln::cpu

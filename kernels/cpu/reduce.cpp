@@ -38,20 +38,20 @@ template <typename T>
 inline double run_sum(int64_t n, const T* __restrict x) {
   double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(to_compute(x[i]));
   return s;
 }
 
 template <typename T>
-inline T run_max(int64_t n, const T* __restrict x) {
-  T m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = max_nan(m, x[i]);
+inline compute_t<T> run_max(int64_t n, const T* __restrict x) {
+  compute_t<T> m = to_compute(x[0]);
+  for (int64_t i = 1; i < n; ++i) m = max_nan(m, to_compute(x[i]));
   return m;
 }
 template <typename T>
-inline T run_min(int64_t n, const T* __restrict x) {
-  T m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = min_nan(m, x[i]);
+inline compute_t<T> run_min(int64_t n, const T* __restrict x) {
+  compute_t<T> m = to_compute(x[0]);
+  for (int64_t i = 1; i < n; ++i) m = min_nan(m, to_compute(x[i]));
   return m;
 }
 
@@ -62,7 +62,7 @@ inline void tile_sum(int64_t d0, int64_t d1, int64_t inner, int64_t w, const T* 
   for (int64_t j = 0; j < w; ++j) acc[j] = 0;
   for (int64_t d = d0; d < d1; ++d) {
     const T* __restrict row = x + d * inner;
-    for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(row[j]);
+    for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(to_compute(row[j]));
   }
 }
 
@@ -88,7 +88,7 @@ void reduce_inner(ReduceOp op, int64_t outer, int64_t dim, int64_t inner, const 
       for (int64_t j = 0; j < inner; ++j) {
         double s = 0;
         for (int64_t c = 0; c < nchunks; ++c) s += partial[c * inner + j];
-        out[o * inner + j] = static_cast<T>(s * scale);
+        out[o * inner + j] = from_compute<T>(s * scale);
       }
     }
     return;
@@ -102,18 +102,18 @@ void reduce_inner(ReduceOp op, int64_t outer, int64_t dim, int64_t inner, const 
       if (is_sum) {
         double acc[kTile];
         tile_sum<T>(0, dim, inner, w, xo, acc);
-        for (int64_t j = 0; j < w; ++j) oo[j] = static_cast<T>(acc[j] * scale);
+        for (int64_t j = 0; j < w; ++j) oo[j] = from_compute<T>(acc[j] * scale);
       } else {
-        T acc[kTile];
-        for (int64_t j = 0; j < w; ++j) acc[j] = xo[j];
+        compute_t<T> acc[kTile];
+        for (int64_t j = 0; j < w; ++j) acc[j] = to_compute(xo[j]);
         for (int64_t d = 1; d < dim; ++d) {
           const T* row = xo + d * inner;
           if (op == ReduceOp::Max)
-            for (int64_t j = 0; j < w; ++j) acc[j] = max_nan(acc[j], row[j]);
+            for (int64_t j = 0; j < w; ++j) acc[j] = max_nan(acc[j], to_compute(row[j]));
           else
-            for (int64_t j = 0; j < w; ++j) acc[j] = min_nan(acc[j], row[j]);
+            for (int64_t j = 0; j < w; ++j) acc[j] = min_nan(acc[j], to_compute(row[j]));
         }
-        for (int64_t j = 0; j < w; ++j) oo[j] = acc[j];
+        for (int64_t j = 0; j < w; ++j) oo[j] = from_compute<T>(acc[j]);
       }
     }
 }
@@ -143,14 +143,15 @@ void reduce(ReduceOp op, int64_t outer, int64_t dim, int64_t inner, const T* x, 
   if (outer == 0 || inner == 0) return;
   if (dim == 0) {
     KILN_CHECK(op == ReduceOp::Sum || op == ReduceOp::Mean, "[reduce] max/min over an empty dim");
-    const T v = op == ReduceOp::Sum ? T(0) : std::numeric_limits<T>::quiet_NaN();
+    const T v = from_compute<T>(
+        op == ReduceOp::Sum ? compute_t<T>(0) : std::numeric_limits<compute_t<T>>::quiet_NaN());
     for (int64_t i = 0; i < outer * inner; ++i) out[i] = v;
     return;
   }
   if (inner > 1) return reduce_inner(op, outer, dim, inner, x, out);
   if (outer == 1 && (op == ReduceOp::Sum || op == ReduceOp::Mean)) {
     const double s = chunked_sum(dim, x, [](int64_t n, const T* p) { return run_sum(n, p); });
-    out[0] = static_cast<T>(op == ReduceOp::Mean ? s / double(dim) : s);
+    out[0] = from_compute<T>(op == ReduceOp::Mean ? s / double(dim) : s);
     return;
   }
   // Row reductions.
@@ -159,16 +160,16 @@ void reduce(ReduceOp op, int64_t outer, int64_t dim, int64_t inner, const T* x, 
     const T* row = x + o * dim;
     switch (op) {
       case ReduceOp::Sum:
-        out[o] = static_cast<T>(run_sum(dim, row));
+        out[o] = from_compute<T>(run_sum(dim, row));
         break;
       case ReduceOp::Mean:
-        out[o] = static_cast<T>(run_sum(dim, row) / double(dim));
+        out[o] = from_compute<T>(run_sum(dim, row) / double(dim));
         break;
       case ReduceOp::Max:
-        out[o] = run_max(dim, row);
+        out[o] = from_compute<T>(run_max(dim, row));
         break;
       case ReduceOp::Min:
-        out[o] = run_min(dim, row);
+        out[o] = from_compute<T>(run_min(dim, row));
         break;
     }
   }
@@ -184,11 +185,11 @@ void argmax(int64_t outer, int64_t dim, int64_t inner, const T* x, int64_t* out)
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
       const T* p = x + o * dim * inner + i;
-      T best = p[0];
+      compute_t<T> best = to_compute(p[0]);
       int64_t bi = 0;
       if (best == best) {  // stop at the first NaN: it is the maximum
         for (int64_t d = 1; d < dim; ++d) {
-          const T v = p[d * inner];
+          const compute_t<T> v = to_compute(p[d * inner]);
           if (v != v) {
             bi = d;
             break;
@@ -203,7 +204,7 @@ void argmax(int64_t outer, int64_t dim, int64_t inner, const T* x, int64_t* out)
 template <typename T>
 void sum_all(int64_t n, const T* x, T* out) {
   KILN_CHECK(n >= 0, "[sum_all] negative size {}", n);
-  out[0] = static_cast<T>(chunked_sum(n, x, [](int64_t m, const T* p) { return run_sum(m, p); }));
+  out[0] = from_compute<T>(chunked_sum(n, x, [](int64_t m, const T* p) { return run_sum(m, p); }));
 }
 
 template <typename T>
@@ -212,7 +213,10 @@ double sum_squares(int64_t n, const T* x) {
   return chunked_sum(n, x, [](int64_t m, const T* __restrict p) {
     double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < m; ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+    for (int64_t i = 0; i < m; ++i) {
+      const double v = static_cast<double>(to_compute(p[i]));
+      s += v * v;
+    }
     return s;
   });
 }
@@ -224,6 +228,8 @@ double sum_squares(int64_t n, const T* x) {
   template double sum_squares<T>(int64_t, const T*);
 KILN_REDUCE_INST(float)
 KILN_REDUCE_INST(double)
+KILN_REDUCE_INST(bf16)
+KILN_REDUCE_INST(f16)
 #undef KILN_REDUCE_INST
 
 }  // namespace kiln::cpu

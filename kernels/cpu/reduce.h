@@ -4,12 +4,15 @@
 //   argmax:      out[o, i] = first d with x[o, d, i] maximal (a NaN counts as the maximum).
 //   sum_all:     out[0] = sum of x[0..n)
 //   sum_squares: returns sum of x[i]^2 in double (gradient-norm clipping).
-// Sums of floats accumulate in double. Results do not depend on the number of threads: partial
-// sums are taken over fixed-size chunks and combined in order.
-// Max/min propagate NaN. dim == 0: sum -> 0, mean -> NaN; max/min/argmax fail.
+// T is the storage type (float, double, bf16, f16); values are read in compute_t<T>
+// (kernels/cpu/bf16_util.h) and each output rounded once. Sums accumulate in double. Results do not
+// depend on the number of threads: partial sums are taken over fixed-size chunks and combined in
+// order. Max/min propagate NaN. dim == 0: sum -> 0, mean -> NaN; max/min/argmax fail.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 

@@ -14,9 +14,9 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 14;  // elements
 
 // sign = +1 rotates by +theta (forward), -1 by -theta (backward).
-template <typename T>
+template <typename T, typename C = compute_t<T>>
 void rope_apply(const char* op, RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D,
-                const T* cos, const T* sin, const int64_t* pos, int64_t pos_offset, T sign,
+                const C* cos, const C* sin, const int64_t* pos, int64_t pos_offset, C sign,
                 const T* x, T* y) {
   KILN_CHECK(B >= 0 && T_ >= 0 && H >= 0 && D > 0 && D % 2 == 0,
              "[{}] bad sizes B={} T={} H={} D={} (D must be even)", op, B, T_, H, D);
@@ -30,24 +30,24 @@ void rope_apply(const char* op, RopeStyle style, int64_t B, int64_t T_, int64_t 
 #pragma omp parallel for schedule(static) if (rows * H * D >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t p = pos ? pos[r] : pos_offset + r % T_;
-    const T* c = cos + p * half;
-    const T* s = sin + p * half;
+    const C* c = cos + p * half;
+    const C* s = sin + p * half;
     for (int64_t h = 0; h < H; ++h) {
       const T* xr = x + (r * H + h) * D;
       T* yr = y + (r * H + h) * D;
       if (style == RopeStyle::Interleaved) {
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
-          const T a = xr[2 * i], b = xr[2 * i + 1], si = sign * s[i];
-          yr[2 * i] = a * c[i] - b * si;
-          yr[2 * i + 1] = a * si + b * c[i];
+          const C a = to_compute(xr[2 * i]), b = to_compute(xr[2 * i + 1]), si = sign * s[i];
+          yr[2 * i] = from_compute<T>(a * c[i] - b * si);
+          yr[2 * i + 1] = from_compute<T>(a * si + b * c[i]);
         }
       } else {
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
-          const T a = xr[i], b = xr[i + half], si = sign * s[i];
-          yr[i] = a * c[i] - b * si;
-          yr[i + half] = a * si + b * c[i];
+          const C a = to_compute(xr[i]), b = to_compute(xr[i + half]), si = sign * s[i];
+          yr[i] = from_compute<T>(a * c[i] - b * si);
+          yr[i + half] = from_compute<T>(a * si + b * c[i]);
         }
       }
     }
@@ -57,21 +57,23 @@ void rope_apply(const char* op, RopeStyle style, int64_t B, int64_t T_, int64_t 
 }  // namespace
 
 template <typename T>
-void rope_forward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D, const T* cos,
-                  const T* sin, const int64_t* pos, int64_t pos_offset, const T* x, T* y) {
-  rope_apply("rope", style, B, T_, H, D, cos, sin, pos, pos_offset, T(1), x, y);
+void rope_forward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D,
+                  const compute_t<T>* cos, const compute_t<T>* sin, const int64_t* pos,
+                  int64_t pos_offset, const T* x, T* y) {
+  rope_apply<T>("rope", style, B, T_, H, D, cos, sin, pos, pos_offset, compute_t<T>(1), x, y);
 }
 
 template <typename T>
-void rope_backward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D, const T* cos,
-                   const T* sin, const int64_t* pos, int64_t pos_offset, const T* dy, T* dx) {
-  rope_apply("rope", style, B, T_, H, D, cos, sin, pos, pos_offset, T(-1), dy, dx);
+void rope_backward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D,
+                   const compute_t<T>* cos, const compute_t<T>* sin, const int64_t* pos,
+                   int64_t pos_offset, const T* dy, T* dx) {
+  rope_apply<T>("rope", style, B, T_, H, D, cos, sin, pos, pos_offset, compute_t<T>(-1), dy, dx);
 }
 
 template <typename T>
 void rope_tables(int64_t max_pos, int64_t D, double theta, T* cos, T* sin) {
-  KILN_CHECK(max_pos >= 0 && D > 0 && D % 2 == 0, "[rope] bad table sizes max_pos={} D={}",
-             max_pos, D);
+  KILN_CHECK(max_pos >= 0 && D > 0 && D % 2 == 0, "[rope] bad table sizes max_pos={} D={}", max_pos,
+             D);
   KILN_CHECK(theta > 0 && std::isfinite(theta), "[rope] bad theta {}", theta);
   const int64_t half = D / 2;
   for (int64_t p = 0; p < max_pos; ++p) {
@@ -86,14 +88,19 @@ void rope_tables(int64_t max_pos, int64_t D, double theta, T* cos, T* sin) {
   }
 }
 
-#define KILN_INSTANTIATE(T)                                                                 \
-  template void rope_forward<T>(RopeStyle, int64_t, int64_t, int64_t, int64_t, const T*,    \
-                                const T*, const int64_t*, int64_t, const T*, T*);           \
-  template void rope_backward<T>(RopeStyle, int64_t, int64_t, int64_t, int64_t, const T*,   \
-                                 const T*, const int64_t*, int64_t, const T*, T*);          \
-  template void rope_tables<T>(int64_t, int64_t, double, T*, T*);
-KILN_INSTANTIATE(float)
-KILN_INSTANTIATE(double)
-#undef KILN_INSTANTIATE
+#define KILN_INSTANTIATE_APPLY(T)                                                                  \
+  template void rope_forward<T>(RopeStyle, int64_t, int64_t, int64_t, int64_t,                     \
+                                const compute_t<T>*, const compute_t<T>*, const int64_t*, int64_t, \
+                                const T*, T*);                                                     \
+  template void rope_backward<T>(RopeStyle, int64_t, int64_t, int64_t, int64_t,                    \
+                                 const compute_t<T>*, const compute_t<T>*, const int64_t*,         \
+                                 int64_t, const T*, T*);
+KILN_INSTANTIATE_APPLY(float)
+KILN_INSTANTIATE_APPLY(double)
+KILN_INSTANTIATE_APPLY(bf16)
+KILN_INSTANTIATE_APPLY(f16)
+#undef KILN_INSTANTIATE_APPLY
+template void rope_tables<float>(int64_t, int64_t, double, float*, float*);
+template void rope_tables<double>(int64_t, int64_t, double, double*, double*);
 
 }  // namespace kiln::cpu

@@ -17,9 +17,14 @@
 //   llama2.c takes the same float steps (1.0f / powf(theta, 2i/(float)D), cosf(p * freq)); the
 //   only differences are in the last ulp of cos/sin (libm cosf versus torch's vectorized cos).
 //   T = double computes every step in double.
+//
+// T is the storage type of x/y (float, double, bf16, f16); the tables and the math are
+// compute_t<T> (f32 tables for bf16, as rope_tables makes them; kernels/cpu/bf16_util.h).
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 
@@ -29,11 +34,13 @@ enum class RopeStyle {
 };
 
 template <typename T>
-void rope_forward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D, const T* cos,
-                  const T* sin, const int64_t* pos, int64_t pos_offset, const T* x, T* y);
+void rope_forward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D,
+                  const compute_t<T>* cos, const compute_t<T>* sin, const int64_t* pos,
+                  int64_t pos_offset, const T* x, T* y);
 template <typename T>
-void rope_backward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D, const T* cos,
-                   const T* sin, const int64_t* pos, int64_t pos_offset, const T* dy, T* dx);
+void rope_backward(RopeStyle style, int64_t B, int64_t T_, int64_t H, int64_t D,
+                   const compute_t<T>* cos, const compute_t<T>* sin, const int64_t* pos,
+                   int64_t pos_offset, const T* dy, T* dx);
 
 // cos, sin: (max_pos, D/2), written (=).
 template <typename T>

@@ -3,11 +3,15 @@
 //   softmax_backward:     dx = y * (dy - sum(dy * y))           (y: the forward output)
 //   log_softmax_forward:  y = x - max - log(sum(exp(x - max)))
 //   log_softmax_backward: dx = dy - exp(y) * sum(dy)            (y: the forward output)
+// T is the storage type (float, double, bf16, f16): math in compute_t<T> (f32 for the 16-bit
+// types, kernels/cpu/bf16_util.h), max and sums in compute/double, each output rounded once.
 // Row sums accumulate in double for float inputs. Outputs may alias inputs exactly (y == x,
 // dx == dy) for in-place use. cols == 0 is a no-op.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 

@@ -147,8 +147,9 @@ TEST(Budget, DryRunEqualsMeasuredVariants) {
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "train sgd");
 }
 
-// The CPU computes bf16 through f32 copies (no bf16 CPU kernels yet); the dry run, asking the
-// CPU's kernel table, charges exactly those copies.
+// The CPU runs most bf16 ops natively (tensor/kernels_cpu_*.cpp: register_float_storage) and
+// the rest (GEMMs, attention, cross-entropy so far) through f32 copies; the dry run, asking the
+// CPU's kernel table, charges exactly those copies and the native kernels' declared scratch.
 TEST(Budget, DryRunEqualsMeasuredInBf16OnTheCpu) {
   BudgetSpec s;
   s.cfg = tiny_qwen3();

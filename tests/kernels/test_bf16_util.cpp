@@ -1,0 +1,105 @@
+// kernels/cpu/bf16_util.h: the bulk bf16 <-> f32 conversions give half.h's bits at every ISA level
+// this machine supports (every bf16 pattern; f32 patterns covering ties, subnormals, NaN, inf,
+// overflow and random bits), for every length and tail.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/bf16_util.h"
+
+namespace kiln::cpu {
+namespace {
+
+std::vector<CpuIsa> levels_here() {
+  std::vector<CpuIsa> v;
+  for (int l = 0; l <= static_cast<int>(cpu_isa_detected()); ++l) v.push_back(CpuIsa(l));
+  return v;
+}
+
+TEST(Bf16Util, WidenIsExactForEveryPatternAtEveryLevel) {
+  std::vector<bf16> src(65536);
+  for (uint32_t i = 0; i < 65536; ++i) src[i].bits = static_cast<uint16_t>(i);
+  for (CpuIsa level : levels_here()) {
+    ScopedCpuIsa cap(level);
+    std::vector<float> dst(src.size());
+    bf16_to_f32(static_cast<int64_t>(src.size()), src.data(), dst.data());
+    for (uint32_t i = 0; i < 65536; ++i)
+      ASSERT_EQ(float_bits(dst[i]), uint32_t(i) << 16) << cpu_isa_name(level) << " pattern " << i;
+  }
+}
+
+// f32 bit patterns worth rounding: exact ties either side of even, just above/below ties,
+// subnormals, +-0, inf, quiet and signalling NaNs, values rounding up to inf, then random bits.
+std::vector<float> rounding_cases() {
+  std::vector<uint32_t> bits;
+  for (uint32_t hi : {0x0000u, 0x0001u, 0x0040u, 0x007fu, 0x0080u, 0x3f80u, 0x3f81u, 0x7f7fu,
+                      0x7f80u, 0x7f81u, 0x7fc0u, 0x7fffu})
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})
+      for (uint32_t sign : {0u, 0x80000000u}) bits.push_back(sign | (hi << 16) | lo);
+  std::mt19937 gen(7);
+  for (int i = 0; i < 200000; ++i) bits.push_back(gen());
+  std::vector<float> v;
+  for (uint32_t b : bits) v.push_back(bits_float(b));
+  return v;
+}
+
+TEST(Bf16Util, NarrowRoundsLikeHalfHAtEveryLevel) {
+  const std::vector<float> src = rounding_cases();
+  for (CpuIsa level : levels_here()) {
+    ScopedCpuIsa cap(level);
+    std::vector<bf16> dst(src.size());
+    f32_to_bf16(static_cast<int64_t>(src.size()), src.data(), dst.data());
+    for (size_t i = 0; i < src.size(); ++i)
+      ASSERT_EQ(dst[i].bits, float_to_bf16(src[i]).bits)
+          << cpu_isa_name(level) << " f32 bits 0x" << std::hex << float_bits(src[i]);
+  }
+}
+
+// Every length 0..40 at every offset 0..3: tails are masked, nothing outside [0, n) is written.
+TEST(Bf16Util, TailsWriteExactlyNElements) {
+  const std::vector<float> src = rounding_cases();
+  for (CpuIsa level : levels_here()) {
+    ScopedCpuIsa cap(level);
+    for (int off = 0; off < 4; ++off)
+      for (int n = 0; n <= 40; ++n) {
+        std::vector<bf16> h(48, bf16{0xdead});
+        std::vector<float> f(48, -7.0f);
+        f32_to_bf16(n, src.data() + 100 + off, h.data() + off);
+        bf16_to_f32(n, h.data() + off, f.data() + off);
+        for (int i = 0; i < 48; ++i) {
+          const bool inside = i >= off && i < off + n;
+          if (inside) {
+            ASSERT_EQ(h[i].bits, float_to_bf16(src[100 + i]).bits) << cpu_isa_name(level);
+            ASSERT_EQ(float_bits(f[i]), uint32_t(h[i].bits) << 16) << cpu_isa_name(level);
+          } else {
+            ASSERT_EQ(h[i].bits, 0xdead) << cpu_isa_name(level) << " n " << n << " at " << i;
+            ASSERT_EQ(f[i], -7.0f) << cpu_isa_name(level) << " n " << n << " at " << i;
+          }
+        }
+      }
+  }
+}
+
+TEST(Bf16Util, ComputeTypesAndRowHelpers) {
+  static_assert(std::is_same_v<compute_t<bf16>, float>);
+  static_assert(std::is_same_v<compute_t<f16>, float>);
+  static_assert(std::is_same_v<compute_t<double>, double>);
+  static_assert(is_half_v<bf16> && !is_half_v<float>);
+  float buf[8];
+  const float f[3] = {1.5f, -2.25f, 3.0f};
+  EXPECT_EQ(widen(3, f, buf), f);  // f32 rows are read in place
+  const f16 h[3] = {float_to_f16(1.5f), float_to_f16(-2.25f), float_to_f16(3.0f)};
+  const float* w = widen(3, h, buf);
+  EXPECT_EQ(w, buf);
+  EXPECT_EQ(w[1], -2.25f);
+  bf16 out[3];
+  float* o = out_row(out, buf);
+  for (int i = 0; i < 3; ++i) o[i] = f[i] * 2;
+  narrow(3, o, out);
+  EXPECT_EQ(to_compute(out[2]), 6.0f);
+  EXPECT_EQ(from_compute<bf16>(1.00390625).bits, float_to_bf16(1.00390625f).bits);
+}
+
+}  // namespace
+}  // namespace kiln::cpu
