@@ -147,8 +147,9 @@ TEST(Budget, DryRunEqualsMeasuredVariants) {
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "train sgd");
 }
 
-// The CPU computes bf16 through f32 copies (no bf16 CPU kernels yet); the dry run, asking the
-// CPU's kernel table, charges exactly those copies.
+// The CPU computes bf16 natively where it has a bf16 kernel (attention, cross-entropy, AdamW with
+// masters, ...) and through f32 copies elsewhere; the dry run, asking the CPU's kernel table,
+// charges exactly those copies.
 TEST(Budget, DryRunEqualsMeasuredInBf16OnTheCpu) {
   BudgetSpec s;
   s.cfg = tiny_qwen3();
