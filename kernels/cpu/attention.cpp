@@ -48,10 +48,7 @@ inline void gemv(bool ta, int64_t m, int64_t n, double alpha, const double* a, i
 }  // namespace
 
 namespace attn {
-namespace {
 
-// Row softmax of s: (rows, kend) in place; row r keeps its first min(kend, valid0 + r*step)
-// entries, the rest become 0. Writes each row's log-sum-exp.
 template <typename T>
 KILN_SIMD_CLONES void softmax_rows(int64_t rows, int64_t kend, int64_t valid0, int64_t valid_step,
                                    T* s, T* lse_blk, int64_t lse_stride) {
@@ -75,6 +72,8 @@ KILN_SIMD_CLONES void softmax_rows(int64_t rows, int64_t kend, int64_t valid0, i
     lse_blk[r * lse_stride] = T(double(mx) + std::log(sum));
   }
 }
+
+namespace {
 
 // Backward, per block: p holds scale * Q K^T (rows, kend); turn it into P = exp(S - lse) with
 // zeros right of the diagonal (row r sees i0 + r + 1 keys), and set di[r] = dout_r . out_r.
@@ -113,17 +112,6 @@ KILN_SIMD_CLONES void backward_ds(int64_t rows, int64_t kend, const T* p, const 
 }  // namespace
 
 template <typename T>
-void forward_from_scores(int64_t rows, int64_t kend, int64_t D, const T* v_blk, int64_t ldkv,
-                         int64_t valid0, int64_t valid_step, T* o_blk, int64_t ldo, T* lse_blk,
-                         int64_t lse_stride, T* s) {
-  softmax_rows(rows, kend, valid0, valid_step, s, lse_blk, lse_stride);
-  if (rows == 1)
-    gemv(true, kend, D, T(1), v_blk, ldkv, s, T(0), o_blk);
-  else
-    gemm(false, false, rows, D, kend, T(1), s, kend, v_blk, ldkv, T(0), o_blk, ldo);
-}
-
-template <typename T>
 void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_blk, int64_t ldq,
                    const T* k_blk, const T* v_blk, int64_t ldkv, int64_t valid0, int64_t valid_step,
                    T* o_blk, int64_t ldo, T* lse_blk, int64_t lse_stride, T* s) {
@@ -131,8 +119,11 @@ void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_bl
     gemv(false, kend, D, scale, k_blk, ldkv, q_blk, T(0), s);
   else
     gemm(false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), s, kend);
-  forward_from_scores(rows, kend, D, v_blk, ldkv, valid0, valid_step, o_blk, ldo, lse_blk,
-                      lse_stride, s);
+  softmax_rows(rows, kend, valid0, valid_step, s, lse_blk, lse_stride);
+  if (rows == 1)
+    gemv(true, kend, D, T(1), v_blk, ldkv, s, T(0), o_blk);
+  else
+    gemm(false, false, rows, D, kend, T(1), s, kend, v_blk, ldkv, T(0), o_blk, ldo);
 }
 
 void check_attention(const char* what, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
@@ -173,8 +164,7 @@ void backward_block(int64_t rows, int64_t i0, int64_t D, T scale, const T* q_blk
 }
 
 #define KILN_INSTANTIATE_BLOCKS(T)                                                                \
-  template void forward_from_scores<T>(int64_t, int64_t, int64_t, const T*, int64_t, int64_t,     \
-                                       int64_t, T*, int64_t, T*, int64_t, T*);                    \
+  template void softmax_rows<T>(int64_t, int64_t, int64_t, int64_t, T*, T*, int64_t);             \
   template void forward_block<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,       \
                                  const T*, int64_t, int64_t, int64_t, T*, int64_t, T*, int64_t,   \
                                  T*);                                                             \

@@ -2,19 +2,20 @@
 // backward; math, layouts and task split as the f32 kernel (attention.h, attention.cpp), with
 // every product and statistic in f32. lse stays f32, as on CUDA.
 //
-// Each block's tiles are widened to f32 in per-thread scratch (a query block of at most 64 rows,
-// the keys and values [0, kend) of its kv head) and run through the f32 block steps
-// (attention_blocks.h); results are rounded once into bf16. No whole-tensor f32 copy is made.
+// Training and prefill blocks widen their tiles to f32 in per-thread scratch (a query block of
+// at most 64 rows, the keys and values [0, kend) of its kv head) and run the f32 block steps
+// (attention_blocks.h, BLAS); results are rounded once into bf16. Decode blocks (Tq == 1) with
+// AVX-512 read the bf16 cache directly instead: scores with vdpbf16ps (AVX512-BF16, D % 32 == 0)
+// or FMAs on rows widened in registers, then P V from the bf16 values rows; the cache is read
+// once, at half the bytes of an f32 one. No whole-tensor f32 copy is made anywhere.
 //
-// With AVX512-BF16 the forward's scores S = scale * Q K^T are computed from the bf16 tiles
-// directly with vdpbf16ps (products of bf16 pairs summed in f32) instead of widening Q and K and
-// calling sgemm: the keys are packed once per block into 16-key panels of bf16 pairs, and each
-// query row's pairs are broadcast against them. The values are still widened (P stays f32, so
-// P V keeps f32 accuracy). bench/bench_attention_bf16 measures both ways.
+// Measured (bench/bench_cpu_attention_bf16.cpp, bench/results/): vdpbf16ps scores for the 64-row
+// training/prefill blocks, with the keys packed into 16-key pair panels per block, lost to
+// widening + sgemm (0.85-0.97x): vdpbf16ps has the f32 FMA's peak on this core, and the packing
+// costs what widening does. Decode is where reading bf16 directly pays.
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -26,97 +27,150 @@ namespace {
 
 using attn::kBlockQ;
 
-// f32 scratch of one thread.
+// f32 scratch of one thread; k and v grow on first use (decode never widens them).
 struct Tiles {
   std::vector<float> q, k, v, o, s;
-  std::vector<std::uint32_t> kp;  // packed key panels (vdpbf16ps path)
 };
 
-#if KILN_CPU_X86
-// acc[i] (16 keys of one panel) += sum over pairs p of q_i[2p..2p+1] . panel[p] for R query rows.
-//   q: R rows of bf16 (row stride ldq), panel: P x 16 key pairs, out: R rows (stride lds).
-template <int R>
-KILN_TARGET_AVX512BF16 inline void scores_panel(int64_t P, float scale, const bf16* q, int64_t ldq,
-                                                const std::uint32_t* panel, float* out, int64_t lds,
-                                                int count) {
-  __m512 acc[R];
-  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < P; ++p) {
-    const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * 16));
-    for (int i = 0; i < R; ++i) {
-      std::uint32_t pair;
-      std::memcpy(&pair, q + i * ldq + 2 * p, sizeof(pair));
-      acc[i] =
-          _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh>(_mm512_set1_epi32(int(pair))), kv);
-    }
-  }
-  const __m512 sc = _mm512_set1_ps(scale);
-  const __mmask16 m = static_cast<__mmask16>((1u << count) - 1u);
-  for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(out + i * lds, m, _mm512_mul_ps(acc[i], sc));
+void grow(std::vector<float>& v, int64_t n) {
+  if (int64_t(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
-// s (rows x kend, row stride kend) = scale * Q K^T from bf16 q (rows x D, row stride ldq) and k
-// (kend x D, row stride ldkv); D even. kp: scratch of ceil(kend / 16) * 16 * D / 2 words.
-KILN_TARGET_AVX512BF16 void scores_dpbf16(int64_t rows, int64_t kend, int64_t D, float scale,
-                                          const bf16* q, int64_t ldq, const bf16* k, int64_t ldkv,
-                                          std::uint32_t* kp, float* s) {
-  const int64_t P = D / 2, npanel = (kend + 15) / 16;
-  // kp[(panel * P + p) * 16 + j] = pair p of key panel * 16 + j (0 past kend).
-  for (int64_t panel = 0; panel < npanel; ++panel) {
-    std::uint32_t* dst = kp + panel * P * 16;
-    for (int64_t j = 0; j < 16; ++j) {
-      const int64_t key = panel * 16 + j;
-      if (key < kend) {
-        const bf16* kr = k + key * ldkv;
-        for (int64_t p = 0; p < P; ++p) std::memcpy(dst + p * 16 + j, kr + 2 * p, 4);
-      } else {
-        for (int64_t p = 0; p < P; ++p) dst[p * 16 + j] = 0;
-      }
+// ---- decode: one query position, K and V read once, in bf16, from the cache ------------------
+// Every row of a decode block sees keys [0, kend). The scores and P V are computed straight from
+// the bf16 cache rows (widened in registers), so the cache is read once at half the bytes of an
+// f32 one and nothing is widened into a tile.
+#if KILN_CPU_X86
+// s[r * kend + j] = scale * q_r . k_j with q widened (qf: rows x D, f32); D % 16 == 0.
+KILN_TARGET_AVX512 void decode_scores_avx512(int64_t rows, int64_t kend, int64_t D, float scale,
+                                             const float* qf, const bf16* k, int64_t ldkv,
+                                             float* s) {
+  for (int64_t j = 0; j < kend; ++j) {
+    const bf16* kj = k + j * ldkv;
+    for (int64_t r = 0; r < rows; ++r) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t c = 0; c < D; c += 16)
+        acc = _mm512_fmadd_ps(load_bf16x16(kj + c), _mm512_loadu_ps(qf + r * D + c), acc);
+      s[r * kend + j] = scale * _mm512_reduce_add_ps(acc);
     }
   }
-  for (int64_t panel = 0; panel < npanel; ++panel) {
-    const int count = static_cast<int>(std::min<int64_t>(16, kend - panel * 16));
-    const std::uint32_t* pp = kp + panel * P * 16;
-    float* out = s + panel * 16;
-    int64_t r = 0;
-    for (; r + 8 <= rows; r += 8)
-      scores_panel<8>(P, scale, q + r * ldq, ldq, pp, out + r * kend, kend, count);
-    for (; r + 4 <= rows; r += 4)
-      scores_panel<4>(P, scale, q + r * ldq, ldq, pp, out + r * kend, kend, count);
-    for (; r < rows; ++r)
-      scores_panel<1>(P, scale, q + r * ldq, ldq, pp, out + r * kend, kend, count);
+}
+
+// The same with vdpbf16ps on the bf16 q rows (row stride ldq); D % 32 == 0.
+KILN_TARGET_AVX512BF16 void decode_scores_dpbf16(int64_t rows, int64_t kend, int64_t D, float scale,
+                                                 const bf16* q, int64_t ldq, const bf16* k,
+                                                 int64_t ldkv, float* s) {
+  for (int64_t j = 0; j < kend; ++j) {
+    const bf16* kj = k + j * ldkv;
+    for (int64_t r = 0; r < rows; ++r) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t c = 0; c < D; c += 32)
+        acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + r * ldq + c)),
+                               reinterpret_cast<__m512bh>(_mm512_loadu_si512(kj + c)));
+      s[r * kend + j] = scale * _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
+// o rows [0, R) columns [c0, c0 + 16 C) = sum_j p[r * kend + j] v_j; o: row stride D.
+template <int R, int C>
+KILN_TARGET_AVX512 inline void decode_values_tile(int64_t kend, int64_t D, int64_t c0,
+                                                  const float* p, const bf16* v, int64_t ldkv,
+                                                  float* o) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < kend; ++j) {
+    __m512 vj[C];
+    for (int c = 0; c < C; ++c) vj[c] = load_bf16x16(v + j * ldkv + c0 + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * kend + j]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vj[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + r * D + c0 + 16 * c, acc[r][c]);
+}
+
+template <int R>
+KILN_TARGET_AVX512 void decode_values_rows(int64_t kend, int64_t D, const float* p, const bf16* v,
+                                           int64_t ldkv, float* o) {
+  int64_t c0 = 0;
+  for (; c0 + 64 <= D; c0 += 64) decode_values_tile<R, 4>(kend, D, c0, p, v, ldkv, o);
+  for (; c0 < D; c0 += 16) decode_values_tile<R, 1>(kend, D, c0, p, v, ldkv, o);
+}
+
+// o (rows x D, f32) = P V for a decode block; D % 16 == 0. Rows go four at a time (4 x 4
+// accumulators), so V is read once per four query heads.
+void decode_values(int64_t rows, int64_t kend, int64_t D, const float* p, const bf16* v,
+                   int64_t ldkv, float* o) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) decode_values_rows<4>(kend, D, p + r * kend, v, ldkv, o + r * D);
+  switch (rows - r) {
+    case 3:
+      decode_values_rows<3>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      break;
+    case 2:
+      decode_values_rows<2>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      break;
+    case 1:
+      decode_values_rows<1>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      break;
+    default:
+      break;
   }
 }
 #endif
 
-bool use_dpbf16(int64_t D) {
+// Whether a decode block reads the cache directly: AVX-512 and D a multiple of 16.
+bool decode_direct(int64_t D) {
 #if KILN_CPU_X86
-  return D % 2 == 0 && cpu_has(CpuIsa::Avx512Bf16);
+  return D % 16 == 0 && cpu_has(CpuIsa::Avx512);
 #else
   (void)D;
   return false;
 #endif
 }
 
-// One forward block on bf16 storage: rows queries (row stride ldq) against keys [0, kend)
-// (row stride ldkv); out rows (stride ldq) =, lse_blk (stride lse_stride) =.
-void forward_block_bf16(Tiles& t, int64_t rows, int64_t kend, int64_t D, float scale, const bf16* q,
-                        int64_t ldq, const bf16* k, const bf16* v, int64_t ldkv, int64_t valid0,
-                        int64_t valid_step, bf16* out, float* lse_blk, int64_t lse_stride) {
-  for (int64_t j = 0; j < kend; ++j) bf16_to_f32(D, v + j * ldkv, t.v.data() + j * D);
+// A decode block: rows queries (row stride ldq) against keys [0, kend), all visible.
+void decode_block_bf16(Tiles& t, int64_t rows, int64_t kend, int64_t D, float scale, const bf16* q,
+                       int64_t ldq, const bf16* k, const bf16* v, int64_t ldkv, bf16* out,
+                       float* lse_blk, int64_t lse_stride) {
 #if KILN_CPU_X86
-  if (use_dpbf16(D)) {
-    scores_dpbf16(rows, kend, D, scale, q, ldq, k, ldkv, t.kp.data(), t.s.data());
-    attn::forward_from_scores(rows, kend, D, t.v.data(), D, valid0, valid_step, t.o.data(), D,
-                              lse_blk, lse_stride, t.s.data());
-  } else
-#endif
-  {
+  if (D % 32 == 0 && cpu_has(CpuIsa::Avx512Bf16)) {
+    decode_scores_dpbf16(rows, kend, D, scale, q, ldq, k, ldkv, t.s.data());
+  } else {
     for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
-    for (int64_t j = 0; j < kend; ++j) bf16_to_f32(D, k + j * ldkv, t.k.data() + j * D);
-    attn::forward_block(rows, kend, D, scale, t.q.data(), D, t.k.data(), t.v.data(), D, valid0,
-                        valid_step, t.o.data(), D, lse_blk, lse_stride, t.s.data());
+    decode_scores_avx512(rows, kend, D, scale, t.q.data(), k, ldkv, t.s.data());
   }
+  attn::softmax_rows(rows, kend, kend, int64_t(0), t.s.data(), lse_blk, lse_stride);
+  decode_values(rows, kend, D, t.s.data(), v, ldkv, t.o.data());
+  for (int64_t r = 0; r < rows; ++r) f32_to_bf16(D, t.o.data() + r * D, out + r * ldq);
+#else
+  (void)t, (void)rows, (void)kend, (void)D, (void)scale, (void)q, (void)ldq, (void)k, (void)v;
+  (void)ldkv, (void)out, (void)lse_blk, (void)lse_stride;
+#endif
+}
+
+// One forward block on bf16 storage: rows queries (row stride ldq) against keys [0, kend), row r
+// seeing keys [0, min(kend, valid0 + r * valid_step)); out rows (stride ldq) =, lse_blk (stride
+// lse_stride) =. Decode blocks (Tq == 1) read the cache directly where they can; the others
+// widen their tiles and run the f32 block step (BLAS).
+void forward_block_bf16(Tiles& t, bool decode, int64_t rows, int64_t kend, int64_t D, float scale,
+                        const bf16* q, int64_t ldq, const bf16* k, const bf16* v, int64_t ldkv,
+                        int64_t valid0, int64_t valid_step, bf16* out, float* lse_blk,
+                        int64_t lse_stride) {
+  if (decode && decode_direct(D))
+    return decode_block_bf16(t, rows, kend, D, scale, q, ldq, k, v, ldkv, out, lse_blk, lse_stride);
+  grow(t.k, kend * D);
+  grow(t.v, kend * D);
+  for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
+  for (int64_t j = 0; j < kend; ++j) {
+    bf16_to_f32(D, k + j * ldkv, t.k.data() + j * D);
+    bf16_to_f32(D, v + j * ldkv, t.v.data() + j * D);
+  }
+  attn::forward_block(rows, kend, D, scale, t.q.data(), D, t.k.data(), t.v.data(), D, valid0,
+                      valid_step, t.o.data(), D, lse_blk, lse_stride, t.s.data());
   for (int64_t r = 0; r < rows; ++r) f32_to_bf16(D, t.o.data() + r * D, out + r * ldq);
 }
 
@@ -139,11 +193,6 @@ void attention_forward<bf16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int6
     t.q.resize(static_cast<size_t>(max_rows * D));
     t.o.resize(static_cast<size_t>(max_rows * D));
     t.s.resize(static_cast<size_t>(max_rows * Tk));
-    t.v.resize(static_cast<size_t>(Tk * D));
-    if (use_dpbf16(D))
-      t.kp.resize(static_cast<size_t>((Tk + 15) / 16 * 16 * (D / 2)));
-    else
-      t.k.resize(static_cast<size_t>(Tk * D));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < plan.ntasks; ++task) {
       const int64_t qb = plan.block(task), hh = plan.head(task), b = plan.batch(task);
@@ -153,17 +202,17 @@ void attention_forward<bf16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int6
         const bf16* vb = v + b * kv_batch_stride + kvh * D;
         for (int64_t g0 = 0; g0 < G; g0 += kBlockQ) {
           const int64_t rows = std::min(kBlockQ, G - g0), h0 = kvh * G + g0;
-          forward_block_bf16(t, rows, kend, D, sc, q + (b * Hq + h0) * D, D, kb, vb, ldkv, kend, 0,
-                             out + (b * Hq + h0) * D, lse + b * Hq + h0, 1);
+          forward_block_bf16(t, true, rows, kend, D, sc, q + (b * Hq + h0) * D, D, kb, vb, ldkv,
+                             kend, 0, out + (b * Hq + h0) * D, lse + b * Hq + h0, 1);
         }
       } else {
         const int64_t h = hh, kvh = h / G;
         const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
         const int64_t kend = std::min(Tk, q_offset + i0 + rows);
         const int64_t off = (b * Tq + i0) * ldq + h * D;
-        forward_block_bf16(t, rows, kend, D, sc, q + off, ldq, k + b * kv_batch_stride + kvh * D,
-                           v + b * kv_batch_stride + kvh * D, ldkv, q_offset + i0 + 1, 1, out + off,
-                           lse + (b * Hq + h) * Tq + i0, 1);
+        forward_block_bf16(t, Tq == 1, rows, kend, D, sc, q + off, ldq,
+                           k + b * kv_batch_stride + kvh * D, v + b * kv_batch_stride + kvh * D,
+                           ldkv, q_offset + i0 + 1, 1, out + off, lse + (b * Hq + h) * Tq + i0, 1);
       }
     }
   }

@@ -78,14 +78,11 @@ struct BackwardPlan {
 void check_attention(const char* what, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                      int64_t D, int64_t q_offset, int64_t kv_batch_stride);
 
-// The second half of a forward block, from the scores s = scale * Q K^T (rows x kend, row
-// stride kend) on: row softmax in place (row r keeps its first min(kend, valid0 + r * step)
-// entries, the rest become 0; lse_blk[r * lse_stride] = its log-sum-exp), then o_blk = P V.
-//   v_blk: kend x D (row stride ldkv), o_blk: rows x D (row stride ldo) (=).
+// Row softmax of s: (rows, kend) in place; row r keeps its first min(kend, valid0 + r * step)
+// entries, the rest become 0; lse_blk[r * lse_stride] = its log-sum-exp.
 template <typename T>
-void forward_from_scores(int64_t rows, int64_t kend, int64_t D, const T* v_blk, int64_t ldkv,
-                         int64_t valid0, int64_t valid_step, T* o_blk, int64_t ldo, T* lse_blk,
-                         int64_t lse_stride, T* s);
+void softmax_rows(int64_t rows, int64_t kend, int64_t valid0, int64_t valid_step, T* s, T* lse_blk,
+                  int64_t lse_stride);
 
 // One forward block: rows queries against keys [0, kend), row r seeing keys
 // [0, min(kend, valid0 + r * valid_step)).

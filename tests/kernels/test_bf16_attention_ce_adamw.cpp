@@ -83,7 +83,9 @@ const std::vector<Shape> kForward = {
     {2, 5, 40, 4, 2, 8, 10},      // queries short of the last keys
     {3, 1, 70, 8, 2, 16, 69},     // decode, grouped heads
     {2, 1, 33, 6, 6, 32, 32},     // decode, MHA (one row)
-    {1, 1, 129, 6, 1, 128, 128},  // decode, MQA, large D
+    {1, 1, 129, 6, 1, 128, 128},  // decode, MQA, large D (rows 4 + 2)
+    {1, 1, 50, 3, 1, 80, 49},     // decode, 3 rows, D = 64 + 16
+    {2, 1, 20, 4, 4, 48, 19},     // decode, MHA, D = 48 (stories15M's)
 };
 
 TEST(AttentionBf16, ForwardMatchesFloat64AtEveryIsa) {
