@@ -5,14 +5,16 @@
 // Training and prefill blocks widen their tiles to f32 in per-thread scratch (a query block of
 // at most 64 rows, the keys and values [0, kend) of its kv head) and run the f32 block steps
 // (attention_blocks.h, BLAS); results are rounded once into bf16. Decode blocks (Tq == 1) with
-// AVX-512 read the bf16 cache directly instead: scores with vdpbf16ps (AVX512-BF16, D % 32 == 0)
-// or FMAs on rows widened in registers, then P V from the bf16 values rows; the cache is read
-// once, at half the bytes of an f32 one. No whole-tensor f32 copy is made anywhere.
+// AVX-512 read the bf16 cache directly instead: scores and P V by FMAs on cache rows widened in
+// registers, so the cache is read once, at half the bytes of an f32 one, and nothing is widened
+// into a tile. No whole-tensor f32 copy is made anywhere.
 //
-// Measured (bench/bench_cpu_attention_bf16.cpp, bench/results/): vdpbf16ps scores for the 64-row
-// training/prefill blocks, with the keys packed into 16-key pair panels per block, lost to
-// widening + sgemm (0.85-0.97x): vdpbf16ps has the f32 FMA's peak on this core, and the packing
-// costs what widening does. Decode is where reading bf16 directly pays.
+// vdpbf16ps (AVX512-BF16) was tried for the scores and measured slower on Sapphire Rapids
+// (bench/bench_cpu_attention_bf16.cpp; numbers in bench/results/cpu_attention_bf16_*.txt):
+//   - training/prefill blocks, keys packed per block into 16-key pair panels and each query's
+//     pairs broadcast against them: 0.85-0.97x of widening + sgemm (vdpbf16ps has the f32 FMA's
+//     peak on this core, and the packing costs what the widening does);
+//   - decode, q and cache rows fed to vdpbf16ps directly: 0.65-0.96x of the FMA path here.
 #include <omp.h>
 
 #include <algorithm>
@@ -51,22 +53,6 @@ KILN_TARGET_AVX512 void decode_scores_avx512(int64_t rows, int64_t kend, int64_t
       __m512 acc = _mm512_setzero_ps();
       for (int64_t c = 0; c < D; c += 16)
         acc = _mm512_fmadd_ps(load_bf16x16(kj + c), _mm512_loadu_ps(qf + r * D + c), acc);
-      s[r * kend + j] = scale * _mm512_reduce_add_ps(acc);
-    }
-  }
-}
-
-// The same with vdpbf16ps on the bf16 q rows (row stride ldq); D % 32 == 0.
-KILN_TARGET_AVX512BF16 void decode_scores_dpbf16(int64_t rows, int64_t kend, int64_t D, float scale,
-                                                 const bf16* q, int64_t ldq, const bf16* k,
-                                                 int64_t ldkv, float* s) {
-  for (int64_t j = 0; j < kend; ++j) {
-    const bf16* kj = k + j * ldkv;
-    for (int64_t r = 0; r < rows; ++r) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t c = 0; c < D; c += 32)
-        acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + r * ldq + c)),
-                               reinterpret_cast<__m512bh>(_mm512_loadu_si512(kj + c)));
       s[r * kend + j] = scale * _mm512_reduce_add_ps(acc);
     }
   }
@@ -137,12 +123,8 @@ void decode_block_bf16(Tiles& t, int64_t rows, int64_t kend, int64_t D, float sc
                        int64_t ldq, const bf16* k, const bf16* v, int64_t ldkv, bf16* out,
                        float* lse_blk, int64_t lse_stride) {
 #if KILN_CPU_X86
-  if (D % 32 == 0 && cpu_has(CpuIsa::Avx512Bf16)) {
-    decode_scores_dpbf16(rows, kend, D, scale, q, ldq, k, ldkv, t.s.data());
-  } else {
-    for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
-    decode_scores_avx512(rows, kend, D, scale, t.q.data(), k, ldkv, t.s.data());
-  }
+  for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
+  decode_scores_avx512(rows, kend, D, scale, t.q.data(), k, ldkv, t.s.data());
   attn::softmax_rows(rows, kend, kend, int64_t(0), t.s.data(), lse_blk, lse_stride);
   decode_values(rows, kend, D, t.s.data(), v, ldkv, t.o.data());
   for (int64_t r = 0; r < rows; ++r) f32_to_bf16(D, t.o.data() + r * D, out + r * ldq);
