@@ -1,7 +1,9 @@
-// CPU attention in bf16 against f32, in one run and interleaved (measured numbers:
-// bench/results/cpu_attention_bf16_*.txt):
+// CPU attention in bf16 against f32, in one run, interleaved, caches flushed before each run
+// (measured numbers: bench/results/cpu_attention_bf16_*.txt):
 //   bf16@<top>   attention_forward<bf16> at the machine's level: decode reads the bf16 cache
-//                directly (AVX-512), other blocks widen their tiles to f32 and call sgemm
+//                directly, its scores by vdpbf16ps where AVX512-BF16 is there (D % 32 == 0);
+//                other blocks widen their tiles to f32 and call sgemm
+//   bf16@avx512  capped at avx512: decode scores by FMAs on cache rows widened in registers
 //   bf16@avx2    capped at avx2: decode widens its tiles too (the "convert tiles" way)
 //   f32          attention_forward<float> on f32 inputs (the peer: what f32 models run)
 //   f32_convert  what the dispatcher did before the bf16 kernel: whole q, k, v widened to f32,
@@ -60,13 +62,26 @@ struct Variant {
   std::function<void()> run;
 };
 
+// Evicts the caches (writes and reads a buffer larger than the last-level cache), so no variant
+// finds the inputs the previous one left in L2/L3: each starts from memory, as a decode step
+// that streams the weights between two attention calls does.
+void flush_caches() {
+  static std::vector<char> junk(256 << 20);
+  static char sink = 0;
+  for (size_t i = 0; i < junk.size(); i += 64) junk[i] = char(junk[i] + 1);
+  for (size_t i = 0; i < junk.size(); i += 64) sink = char(sink ^ junk[i]);
+  asm volatile("" : : "r"(sink));
+}
+
 // Median ms of each variant over reps rounds; each round runs every variant once, in turn, so
-// load from other processes on a shared machine falls on all of them alike.
+// load from other processes on a shared machine falls on all of them alike; caches are flushed
+// before each run.
 std::vector<double> interleaved_median_ms(int reps, const std::vector<Variant>& vs) {
   std::vector<std::vector<double>> ms(vs.size());
-  for (int r = -1; r < reps; ++r)  // round -1 warms up (allocations, caches)
+  for (int r = -1; r < reps; ++r)  // round -1 warms up (allocations, page faults)
     for (size_t i = 0; i < vs.size(); ++i) {
       cpu::ScopedCpuIsa cap(vs[i].isa);
+      flush_caches();
       const double t0 = now_ms();
       vs[i].run();
       const double t = now_ms() - t0;
@@ -172,6 +187,7 @@ int main(int argc, char** argv) {
     std::vector<Variant> vs;
     if (!c.backward) {
       vs.push_back({fmt::format("bf16@{}", cpu::cpu_isa_name(top)), top, fwd_bf16});
+      if (top > cpu::CpuIsa::Avx512) vs.push_back({"bf16@avx512", cpu::CpuIsa::Avx512, fwd_bf16});
       if (top > cpu::CpuIsa::Avx2) vs.push_back({"bf16@avx2", cpu::CpuIsa::Avx2, fwd_bf16});
       vs.push_back({"f32", top, fwd_f32});
       vs.push_back({"f32_convert", top, fwd_convert});

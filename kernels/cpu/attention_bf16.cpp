@@ -5,16 +5,19 @@
 // Training and prefill blocks widen their tiles to f32 in per-thread scratch (a query block of
 // at most 64 rows, the keys and values [0, kend) of its kv head) and run the f32 block steps
 // (attention_blocks.h, BLAS); results are rounded once into bf16. Decode blocks (Tq == 1) with
-// AVX-512 read the bf16 cache directly instead: scores and P V by FMAs on cache rows widened in
-// registers, so the cache is read once, at half the bytes of an f32 one, and nothing is widened
-// into a tile. No whole-tensor f32 copy is made anywhere.
+// AVX-512 read the bf16 cache directly instead, so it is read once, at half the bytes of an f32
+// one, and nothing is widened into a tile: scores by vdpbf16ps on the bf16 q and cache rows
+// (AVX512-BF16, D % 32 == 0) or by FMAs on rows widened in registers, then P V by FMAs on value
+// rows widened in registers. No whole-tensor f32 copy is made anywhere.
 //
-// vdpbf16ps (AVX512-BF16) was tried for the scores and measured slower on Sapphire Rapids
-// (bench/bench_cpu_attention_bf16.cpp; numbers in bench/results/cpu_attention_bf16_*.txt):
-//   - training/prefill blocks, keys packed per block into 16-key pair panels and each query's
-//     pairs broadcast against them: 0.85-0.97x of widening + sgemm (vdpbf16ps has the f32 FMA's
-//     peak on this core, and the packing costs what the widening does);
-//   - decode, q and cache rows fed to vdpbf16ps directly: 0.65-0.96x of the FMA path here.
+// Measured (bench/bench_cpu_attention_bf16.cpp; bench/results/cpu_attention_bf16_*.txt), one
+// thread, caches flushed between runs, Sapphire Rapids:
+//   - decode, vdpbf16ps vs FMAs on widened rows: 1.05-1.06x at 1024 keys, 1.15-1.17x at 4096;
+//     the direct decode vs the f32 kernel: about 1.7x and 2x;
+//   - training/prefill blocks with vdpbf16ps (keys packed per block into 16-key pair panels,
+//     each query's pairs broadcast against them): 0.85-0.97x of widening + sgemm, so they
+//     widen: vdpbf16ps has the f32 FMA's peak on this core and the packing costs what the
+//     widening does.
 #include <omp.h>
 
 #include <algorithm>
@@ -43,19 +46,56 @@ void grow(std::vector<float>& v, int64_t n) {
 // the bf16 cache rows (widened in registers), so the cache is read once at half the bytes of an
 // f32 one and nothing is widened into a tile.
 #if KILN_CPU_X86
-// s[r * kend + j] = scale * q_r . k_j with q widened (qf: rows x D, f32); D % 16 == 0.
-KILN_TARGET_AVX512 void decode_scores_avx512(int64_t rows, int64_t kend, int64_t D, float scale,
-                                             const float* qf, const bf16* k, int64_t ldkv,
-                                             float* s) {
-  for (int64_t j = 0; j < kend; ++j) {
-    const bf16* kj = k + j * ldkv;
-    for (int64_t r = 0; r < rows; ++r) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t c = 0; c < D; c += 16)
-        acc = _mm512_fmadd_ps(load_bf16x16(kj + c), _mm512_loadu_ps(qf + r * D + c), acc);
-      s[r * kend + j] = scale * _mm512_reduce_add_ps(acc);
-    }
+// sums[i] = q . k_i for the n (1 or 4) cache rows k_i = kj + i * ldkv, D elements each: by FMAs
+// on rows widened in registers (q in f32, D % 16 == 0), or by vdpbf16ps on bf16 pairs (q in
+// bf16, D % 32 == 0). Four rows give four independent sums in flight.
+template <int N>
+KILN_TARGET_AVX512 void dot_fma(const float* q, const bf16* kj, int64_t ldkv, int64_t D,
+                                float* sums) {
+  __m512 acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < D; c += 16) {
+    const __m512 qc = _mm512_loadu_ps(q + c);
+    for (int i = 0; i < N; ++i)
+      acc[i] = _mm512_fmadd_ps(load_bf16x16(kj + i * ldkv + c), qc, acc[i]);
   }
+  for (int i = 0; i < N; ++i) sums[i] = _mm512_reduce_add_ps(acc[i]);
+}
+
+// 32 bf16 at p, as a vdpbf16ps operand.
+KILN_TARGET_AVX512BF16 inline __m512bh bh(const bf16* p) {
+  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+}
+
+template <int N>
+KILN_TARGET_AVX512BF16 void dot_dpbf16(const bf16* q, const bf16* kj, int64_t ldkv, int64_t D,
+                                       float* sums) {
+  __m512 acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < D; c += 32) {
+    const __m512bh qc = bh(q + c);
+    for (int i = 0; i < N; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], qc, bh(kj + i * ldkv + c));
+  }
+  for (int i = 0; i < N; ++i) sums[i] = _mm512_reduce_add_ps(acc[i]);
+}
+
+// s[r * kend + j] = scale * q_r . k_j for rows q_r (row stride ldq), four keys at a time.
+template <class Q, void (*Dot4)(const Q*, const bf16*, int64_t, int64_t, float*),
+          void (*Dot1)(const Q*, const bf16*, int64_t, int64_t, float*)>
+void decode_scores(int64_t rows, int64_t kend, int64_t D, float scale, const Q* q, int64_t ldq,
+                   const bf16* k, int64_t ldkv, float* s) {
+  float sums[4];
+  int64_t j = 0;
+  for (; j + 4 <= kend; j += 4)
+    for (int64_t r = 0; r < rows; ++r) {
+      Dot4(q + r * ldq, k + j * ldkv, ldkv, D, sums);
+      for (int i = 0; i < 4; ++i) s[r * kend + j + i] = scale * sums[i];
+    }
+  for (; j < kend; ++j)
+    for (int64_t r = 0; r < rows; ++r) {
+      Dot1(q + r * ldq, k + j * ldkv, ldkv, D, sums);
+      s[r * kend + j] = scale * sums[0];
+    }
 }
 
 // o rows [0, R) columns [c0, c0 + 16 C) = sum_j p[r * kend + j] v_j; o: row stride D.
@@ -123,8 +163,14 @@ void decode_block_bf16(Tiles& t, int64_t rows, int64_t kend, int64_t D, float sc
                        int64_t ldq, const bf16* k, const bf16* v, int64_t ldkv, bf16* out,
                        float* lse_blk, int64_t lse_stride) {
 #if KILN_CPU_X86
-  for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
-  decode_scores_avx512(rows, kend, D, scale, t.q.data(), k, ldkv, t.s.data());
+  if (D % 32 == 0 && cpu_has(CpuIsa::Avx512Bf16)) {
+    decode_scores<bf16, dot_dpbf16<4>, dot_dpbf16<1>>(rows, kend, D, scale, q, ldq, k, ldkv,
+                                                      t.s.data());
+  } else {
+    for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
+    decode_scores<float, dot_fma<4>, dot_fma<1>>(rows, kend, D, scale, t.q.data(), D, k, ldkv,
+                                                 t.s.data());
+  }
   attn::softmax_rows(rows, kend, kend, int64_t(0), t.s.data(), lse_blk, lse_stride);
   decode_values(rows, kend, D, t.s.data(), v, ldkv, t.o.data());
   for (int64_t r = 0; r < rows; ++r) f32_to_bf16(D, t.o.data() + r * D, out + r * ldq);
