@@ -35,10 +35,17 @@
 #define KILN_CPU_X86 0
 #endif
 
+// Per-function ISA targets (kept if a file defined them already: same meaning).
+#ifndef KILN_TARGET_AVX2
 #define KILN_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#endif
+#ifndef KILN_TARGET_AVX512
 #define KILN_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
+#endif
+#ifndef KILN_TARGET_AVX512BF16
 #define KILN_TARGET_AVX512BF16 \
   __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")))
+#endif
 
 namespace kiln::cpu {
 
