@@ -26,8 +26,8 @@ Run add_train_command(CLI::App& app) {
                  "auto (cuda when a GPU is visible, else cpu) | cpu | cuda[:N]")
       ->capture_default_str();
   app.add_option("--dtype", o->dtype,
-                 "auto (bf16 on cuda: bf16 weights/activations, f32 masters and moments; f32 "
-                 "on cpu) | bf16 | f32 (checking mode)")
+                 "auto (bf16 on cuda, f32 on cpu) | bf16 (bf16 weights/activations, f32 "
+                 "masters and moments, on either device) | f32 (checking mode)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "f32", "fp32"}));
   app.add_option("--attention", o->attention, "CUDA attention kernel: kiln | cudnn")

@@ -256,16 +256,17 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
   res_.flops_per_token = train_flops_per_token(cfg, o.seq);
   res_.peak_tflops = o.peak_tflops > 0 ? o.peak_tflops : bf16_peak_tflops(res_.device_name);
 
+  // Mixed precision on either device: AdamW keeps f32 masters and moments (nn/optim.h).
+  const char* masters = dtype == DType::F32 ? "" : " (f32 masters and moments)";
   log_ << fmt::format(
       "kiln train: {} | {} params | vocab {} | {} train / {} val tokens | batch {} x {} | {}\n",
       cfg.name, with_commas(static_cast<double>(model_->num_parameters())), cfg.vocab_size,
       with_commas(static_cast<double>(split_.train.size())),
       with_commas(static_cast<double>(split_.val.size())), o.batch, o.seq,
       device.is_cuda()
-          ? fmt::format("{} ({}), {}{}", device.str(), res_.device_name, dtype_name(dtype),
-                        dtype == DType::F32 ? "" : " (f32 masters and moments)")
-          : fmt::format("cpu ({}), {}, {} threads", kiln::cpu::cpu_isa_summary(), dtype_name(dtype),
-                        omp_get_max_threads()));
+          ? fmt::format("{} ({}), {}{}", device.str(), res_.device_name, dtype_name(dtype), masters)
+          : fmt::format("cpu ({}), {}{}, {} threads", kiln::cpu::cpu_isa_summary(),
+                        dtype_name(dtype), masters, omp_get_max_threads()));
   log_ << fmt::format(
       "MFU: {:.3g} GFLOP per token (6N + 12 L H Dh T, N = {} matmul params) over {}\n",
       res_.flops_per_token / 1e9, with_commas(static_cast<double>(matmul_params(cfg))),

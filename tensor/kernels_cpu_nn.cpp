@@ -22,6 +22,13 @@ namespace {
 
 namespace kc = kiln::cpu;
 
+// Registers the bf16 instance of a kernel templated on its storage type (computing in f32).
+template <class A, template <class> class K>
+void register_bf16(Kernel<A> k = {}) {
+  k.run = &K<bf16>::run;
+  register_kernel<A>(DeviceType::CPU, DType::BF16, k);
+}
+
 template <class T>
 struct SoftmaxCpu {
   static void run(SoftmaxArgs& a) {
@@ -211,7 +218,8 @@ struct AttentionCpu {
     const std::int64_t B = a.q.size(0), Tq = a.q.size(1), Hq = a.q.size(2), D = a.q.size(3);
     kc::attention_forward<T>(B, Tq, a.k.size(1), Hq, a.k.size(2), D, a.q_offset, a.scale,
                              a.q.template data<T>(), a.k.template data<T>(), a.v.template data<T>(),
-                             a.k.stride(0), a.out.template data<T>(), a.lse.template data<T>());
+                             a.k.stride(0), a.out.template data<T>(),
+                             a.lse.template data<kc::compute_t<T>>());
   }
 };
 
@@ -221,7 +229,7 @@ struct AttentionBackwardCpu {
     const std::int64_t B = a.q.size(0), Tn = a.q.size(1), Hq = a.q.size(2), D = a.q.size(3);
     kc::attention_backward<T>(B, Tn, Hq, a.k.size(2), D, a.scale, a.q.template data<T>(),
                               a.k.template data<T>(), a.v.template data<T>(),
-                              a.out.template data<T>(), a.lse.template data<T>(),
+                              a.out.template data<T>(), a.lse.template data<kc::compute_t<T>>(),
                               a.dout.template data<T>(), a.dq.template data<T>(),
                               a.dk.template data<T>(), a.dv.template data<T>());
   }
@@ -232,7 +240,8 @@ struct CrossEntropyCpu {
   static void run(CrossEntropyArgs& a) {
     kc::cross_entropy_forward<T>(a.logits.size(0), a.logits.size(1), a.logits.template data<T>(),
                                  a.targets.template data<std::int32_t>(), a.ignore_index,
-                                 a.loss.template data<T>(), a.lse.template data<T>());
+                                 a.loss.template data<kc::compute_t<T>>(),
+                                 a.lse.template data<kc::compute_t<T>>());
   }
 };
 
@@ -241,9 +250,10 @@ struct CrossEntropyCpu {
 template <class T>
 struct CrossEntropyBackwardCpu {
   static void run(CrossEntropyBackwardArgs& a) {
+    using C = kc::compute_t<T>;
     kc::cross_entropy_backward<T>(a.logits.size(0), a.logits.size(1), a.logits.template data<T>(),
-                                  a.lse.template data<T>(), a.targets.template data<std::int32_t>(),
-                                  a.ignore_index, a.dloss.template data<T>(),
+                                  a.lse.template data<C>(), a.targets.template data<std::int32_t>(),
+                                  a.ignore_index, a.dloss.template data<C>(),
                                   a.dlogits.template data<T>());
   }
 };
@@ -273,8 +283,18 @@ void adamw_cpu(AdamWArgs& a) {
                  static_cast<float>(a.weight_decay), a.step);
 }
 
-// Item by item, as adamw_step_; a bf16/f16 parameter is updated through its f32 master (the
-// gradient widened to f32 first) and then rounded into the parameter.
+// A bf16/f16 parameter with an f32 master: the master is updated from the gradient read in
+// its own dtype (widened a chunk at a time on the stack), then rounded into the parameter.
+template <class P, class G>
+void adamw_master_item(AdamWTensors& it, const AdamWMultiArgs& a) {
+  kc::adamw_step_master<P, G>(it.param.numel(), it.param.data<P>(), it.master.data<float>(),
+                              it.grad.data<G>(), it.m.data<float>(), it.v.data<float>(),
+                              static_cast<float>(a.lr), static_cast<float>(a.beta1),
+                              static_cast<float>(a.beta2), static_cast<float>(a.eps),
+                              static_cast<float>(it.weight_decay), a.step);
+}
+
+// Item by item: f32 parameters as adamw_step_, bf16/f16 ones through their masters.
 void adamw_multi_cpu(AdamWMultiArgs& a) {
   for (auto& it : a.items) {
     if (!it.master.defined()) {
@@ -282,20 +302,17 @@ void adamw_multi_cpu(AdamWMultiArgs& a) {
                   a.step);
       continue;
     }
-    MemoryScope scratch(MemCategory::Temporaries);
-    Tensor g32 = it.grad.to(DType::F32);
-    adamw_step_(it.master, g32, it.m, it.v, a.lr, a.beta1, a.beta2, a.eps, it.weight_decay, a.step);
-    it.param.copy_(it.master);
+    const DType p = it.param.dtype(), g = it.grad.dtype();
+    KILN_CHECK(it.param.is_contiguous() && (p == DType::BF16 || p == DType::F16) &&
+                   (g == p || g == DType::F32),
+               "[adamw] a master's parameter must be contiguous bf16/f16 with a gradient of its "
+               "dtype or f32, got {} with {}",
+               dtype_name(p), dtype_name(g));
+    if (p == DType::BF16)
+      g == p ? adamw_master_item<bf16, bf16>(it, a) : adamw_master_item<bf16, float>(it, a);
+    else
+      g == p ? adamw_master_item<f16, f16>(it, a) : adamw_master_item<f16, float>(it, a);
   }
-}
-
-// The widened gradients live one at a time: the largest is the peak.
-ScratchList adamw_multi_scratch(const AdamWMultiArgs& a, DType) {
-  std::int64_t most = 0;
-  for (const auto& it : a.items)
-    if (it.master.defined() && it.grad.dtype() != DType::F32)
-      most = std::max(most, it.grad.numel() * 4);
-  return {most};
 }
 
 void sgd_cpu(SgdArgs& a) {
@@ -331,11 +348,15 @@ void register_nn() {
   register_float<AttentionBackwardArgs, AttentionBackwardCpu>();
   register_float<CrossEntropyArgs, CrossEntropyCpu>();
   register_float<CrossEntropyBackwardArgs, CrossEntropyBackwardCpu>();
+  // Native bf16 (storage bf16, math in f32; statistics f32): no f32 conversion copies.
+  register_bf16<AttentionArgs, AttentionCpu>({.accepts = &attention_accepts});
+  register_bf16<AttentionBackwardArgs, AttentionBackwardCpu>();
+  register_bf16<CrossEntropyArgs, CrossEntropyCpu>();
+  register_bf16<CrossEntropyBackwardArgs, CrossEntropyBackwardCpu>();
   register_float_storage<DropoutArgs, DropoutCpu>();
   register_float_storage<DropoutBackwardArgs, DropoutBackwardCpu>();
   register_kernel<AdamWArgs>(DeviceType::CPU, DType::F32, {.run = &adamw_cpu});
-  register_kernel<AdamWMultiArgs>(DeviceType::CPU, DType::F32,
-                                  {.run = &adamw_multi_cpu, .scratch = &adamw_multi_scratch});
+  register_kernel<AdamWMultiArgs>(DeviceType::CPU, DType::F32, {.run = &adamw_multi_cpu});
   register_kernel<SgdArgs>(DeviceType::CPU, DType::F32, {.run = &sgd_cpu});
 }
 

@@ -17,60 +17,38 @@
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/activation.h"
+#include "kernels/cpu/attention_blocks.h"
 
 namespace kiln::cpu {
 namespace {
 
-constexpr int64_t kBlockQ = 64;
-
 // ---- BLAS wrappers (row-major) ------------------------------------------------------------------
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
+              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
                  int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
+              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 // y = alpha * op(A) x + beta * y, A: (m, n) row-major.
 inline void gemv(bool ta, int64_t m, int64_t n, float alpha, const float* a, int64_t lda,
                  const float* x, float beta, float* y) {
-  cblas_sgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, int(m), int(n), alpha, a, int(lda),
-              x, 1, beta, y, 1);
+  cblas_sgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, int(m), int(n), alpha, a, int(lda), x,
+              1, beta, y, 1);
 }
 inline void gemv(bool ta, int64_t m, int64_t n, double alpha, const double* a, int64_t lda,
                  const double* x, double beta, double* y) {
-  cblas_dgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, int(m), int(n), alpha, a, int(lda),
-              x, 1, beta, y, 1);
+  cblas_dgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, int(m), int(n), alpha, a, int(lda), x,
+              1, beta, y, 1);
 }
 
-// Per-head GEMMs are small and run inside our OpenMP region, one per thread. OpenBLAS's OpenMP
-// build (what CMake links when present) notices the active region and stays single-threaded.
-// The pthreads build does not: it would run each GEMM on its own thread pool and fight our
-// threads, so pin it to one thread for the duration of the kernel. (Only for that build: in the
-// OpenMP build openblas_set_num_threads would also change OpenMP's own thread count.)
-class BlasSingleThreaded {
- public:
-  BlasSingleThreaded() {
-    if (openblas_get_parallel() == 1 && (prev_ = openblas_get_num_threads()) > 1)
-      openblas_set_num_threads(1);
-    else
-      prev_ = 0;
-  }
-  ~BlasSingleThreaded() {
-    if (prev_ > 1) openblas_set_num_threads(prev_);
-  }
-  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
-  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
+}  // namespace
 
- private:
-  int prev_ = 0;
-};
+namespace attn {
 
-// Row softmax of s: (rows, kend) in place; row r keeps its first min(kend, valid0 + r*step)
-// entries, the rest become 0. Writes each row's log-sum-exp.
 template <typename T>
 KILN_SIMD_CLONES void softmax_rows(int64_t rows, int64_t kend, int64_t valid0, int64_t valid_step,
                                    T* s, T* lse_blk, int64_t lse_stride) {
@@ -95,12 +73,14 @@ KILN_SIMD_CLONES void softmax_rows(int64_t rows, int64_t kend, int64_t valid0, i
   }
 }
 
+namespace {
+
 // Backward, per block: p holds scale * Q K^T (rows, kend); turn it into P = exp(S - lse) with
 // zeros right of the diagonal (row r sees i0 + r + 1 keys), and set di[r] = dout_r . out_r.
 template <typename T>
 KILN_SIMD_CLONES void backward_probs(int64_t rows, int64_t kend, int64_t i0, int64_t D,
-                                     const T* lse_blk, const T* oblk, const T* doblk,
-                                     int64_t ldo, T* p, T* di) {
+                                     const T* lse_blk, const T* oblk, const T* doblk, int64_t ldo,
+                                     T* p, T* di) {
   for (int64_t r = 0; r < rows; ++r) {
     T* pr = p + r * kend;
     const int64_t valid = i0 + r + 1;
@@ -129,16 +109,12 @@ KILN_SIMD_CLONES void backward_ds(int64_t rows, int64_t kend, const T* p, const 
   }
 }
 
-// One block of query rows against keys [0, kend).
-//   q_blk: rows x D (row stride ldq), k_blk / v_blk: kend x D (row stride ldkv),
-//   o_blk: rows x D (row stride ldo), lse_blk: rows (stride lse_stride).
-//   Row r sees keys [0, min(kend, valid0 + r * valid_step)).
-//   s: scratch of rows * kend.
+}  // namespace
+
 template <typename T>
 void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_blk, int64_t ldq,
-                   const T* k_blk, const T* v_blk, int64_t ldkv, int64_t valid0,
-                   int64_t valid_step, T* o_blk, int64_t ldo, T* lse_blk, int64_t lse_stride,
-                   T* s) {
+                   const T* k_blk, const T* v_blk, int64_t ldkv, int64_t valid0, int64_t valid_step,
+                   T* o_blk, int64_t ldo, T* lse_blk, int64_t lse_stride, T* s) {
   if (rows == 1)
     gemv(false, kend, D, scale, k_blk, ldkv, q_blk, T(0), s);
   else
@@ -150,8 +126,8 @@ void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_bl
     gemm(false, false, rows, D, kend, T(1), s, kend, v_blk, ldkv, T(0), o_blk, ldo);
 }
 
-void check_attention(const char* what, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
-                     int64_t Hkv, int64_t D, int64_t q_offset, int64_t kv_batch_stride) {
+void check_attention(const char* what, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                     int64_t D, int64_t q_offset, int64_t kv_batch_stride) {
   KILN_CHECK(B >= 0 && Tq >= 0 && Tk >= 0 && Hq > 0 && Hkv > 0 && D > 0,
              "[attention] {}: bad sizes B={} Tq={} Tk={} Hq={} Hkv={} D={}", what, B, Tq, Tk, Hq,
              Hkv, D);
@@ -168,38 +144,59 @@ void check_attention(const char* what, int64_t B, int64_t Tq, int64_t Tk, int64_
              "[attention] {}: sizes too large for BLAS (Tk={}, Hq*D={})", what, Tk, Hq * D);
 }
 
-}  // namespace
+template <typename T>
+void backward_block(int64_t rows, int64_t i0, int64_t D, T scale, const T* q_blk, const T* o_blk,
+                    const T* do_blk, const T* lse_blk, int64_t ldq, const T* k_blk, const T* v_blk,
+                    int64_t ldkv, T* dq_blk, T* dk_blk, T* dv_blk, T* p, T* dp, T* di) {
+  const int64_t kend = i0 + rows;  // causal: no row of the block sees keys >= kend
+  // P = exp(scale * Q K^T - lse), zero right of the diagonal.
+  gemm(false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), p, kend);
+  backward_probs(rows, kend, i0, D, lse_blk, o_blk, do_blk, ldq, p, di);
+  // dV[0:kend] += P^T dO
+  gemm(true, false, kend, D, rows, T(1), p, kend, do_blk, ldq, T(1), dv_blk, ldkv);
+  // dP = dO V^T, then dS = P * (dP - Di) in place (zero where P is zero).
+  gemm(false, true, rows, kend, D, T(1), do_blk, ldq, v_blk, ldkv, T(0), dp, kend);
+  backward_ds(rows, kend, p, di, dp);
+  // dQ = scale * dS K[0:kend] (each query row belongs to exactly one block: =)
+  gemm(false, false, rows, D, kend, scale, dp, kend, k_blk, ldkv, T(0), dq_blk, ldq);
+  // dK[0:kend] += scale * dS^T Q
+  gemm(true, false, kend, D, rows, scale, dp, kend, q_blk, ldq, T(1), dk_blk, ldkv);
+}
+
+#define KILN_INSTANTIATE_BLOCKS(T)                                                                \
+  template void softmax_rows<T>(int64_t, int64_t, int64_t, int64_t, T*, T*, int64_t);             \
+  template void forward_block<T>(int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,       \
+                                 const T*, int64_t, int64_t, int64_t, T*, int64_t, T*, int64_t,   \
+                                 T*);                                                             \
+  template void backward_block<T>(int64_t, int64_t, int64_t, T, const T*, const T*, const T*,     \
+                                  const T*, int64_t, const T*, const T*, int64_t, T*, T*, T*, T*, \
+                                  T*, T*);
+KILN_INSTANTIATE_BLOCKS(float)
+KILN_INSTANTIATE_BLOCKS(double)
+#undef KILN_INSTANTIATE_BLOCKS
+
+}  // namespace attn
+
+using attn::kBlockQ;
 
 template <typename T>
 void attention_forward(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
                        int64_t q_offset, double scale, const T* q, const T* k, const T* v,
-                       int64_t kv_batch_stride, T* out, T* lse) {
-  check_attention("forward", B, Tq, Tk, Hq, Hkv, D, q_offset, kv_batch_stride);
+                       int64_t kv_batch_stride, T* out, compute_t<T>* lse) {
+  attn::check_attention("forward", B, Tq, Tk, Hq, Hkv, D, q_offset, kv_batch_stride);
   if (B == 0 || Tq == 0) return;
-  const int64_t G = Hq / Hkv;
+  const attn::ForwardPlan plan(B, Tq, Tk, Hq, Hkv, D);
+  const int64_t G = plan.G, ldq = plan.ldq, ldkv = plan.ldkv;
   const T sc = T(scale);
-  const int64_t ldq = Hq * D, ldkv = Hkv * D;
-  BlasSingleThreaded blas_guard;
+  attn::BlasSingleThreaded blas_guard;
 
-  // Decode: one block per (b, kv head) holding the G query heads of the group (rows D apart).
-  const bool grouped = Tq == 1 && G > 1;
-  const int64_t rows_per_head_blk = grouped ? 1 : std::min(Tq, kBlockQ);
-  const int64_t nqb = grouped ? 1 : (Tq + kBlockQ - 1) / kBlockQ;
-  const int64_t nheads = grouped ? Hkv : Hq;
-  const int64_t ntasks = B * nheads * nqb;
-  const int64_t max_rows = grouped ? std::min(G, kBlockQ) : rows_per_head_blk;
-  const double work = double(ntasks) * double(max_rows) * double(Tk) * double(D);
-
-#pragma omp parallel if (ntasks > 1 && work >= 1e5)
+#pragma omp parallel if (plan.parallel)
   {
-    std::vector<T> s(static_cast<size_t>(max_rows * Tk));
+    std::vector<T> s(static_cast<size_t>(plan.max_rows * Tk));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntasks; ++task) {
-      // Largest (latest) causal blocks first, for better load balance.
-      const int64_t qb = nqb - 1 - task % nqb;
-      const int64_t hh = (task / nqb) % nheads;
-      const int64_t b = task / (nqb * nheads);
-      if (grouped) {
+    for (int64_t task = 0; task < plan.ntasks; ++task) {
+      const int64_t qb = plan.block(task), hh = plan.head(task), b = plan.batch(task);
+      if (plan.grouped) {
         const int64_t kvh = hh;
         const T* kb = k + b * kv_batch_stride + kvh * D;
         const T* vb = v + b * kv_batch_stride + kvh * D;
@@ -207,17 +204,17 @@ void attention_forward(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hk
         for (int64_t g0 = 0; g0 < G; g0 += kBlockQ) {  // G > 64 never happens in practice
           const int64_t rows = std::min(kBlockQ, G - g0);
           const int64_t h0 = kvh * G + g0;
-          forward_block(rows, kend, D, sc, q + (b * Hq + h0) * D, D, kb, vb, ldkv, kend, 0,
-                        out + (b * Hq + h0) * D, D, lse + b * Hq + h0, 1, s.data());
+          attn::forward_block(rows, kend, D, sc, q + (b * Hq + h0) * D, D, kb, vb, ldkv, kend, 0,
+                              out + (b * Hq + h0) * D, D, lse + b * Hq + h0, 1, s.data());
         }
       } else {
         const int64_t h = hh, kvh = h / G;
         const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
         const int64_t kend = std::min(Tk, q_offset + i0 + rows);
         const int64_t off = (b * Tq + i0) * Hq * D + h * D;
-        forward_block(rows, kend, D, sc, q + off, ldq, k + b * kv_batch_stride + kvh * D,
-                      v + b * kv_batch_stride + kvh * D, ldkv, q_offset + i0 + 1, 1, out + off,
-                      ldq, lse + (b * Hq + h) * Tq + i0, 1, s.data());
+        attn::forward_block(rows, kend, D, sc, q + off, ldq, k + b * kv_batch_stride + kvh * D,
+                            v + b * kv_batch_stride + kvh * D, ldkv, q_offset + i0 + 1, 1,
+                            out + off, ldq, lse + (b * Hq + h) * Tq + i0, 1, s.data());
       }
     }
   }
@@ -225,25 +222,22 @@ void attention_forward(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hk
 
 template <typename T>
 void attention_backward(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, double scale,
-                        const T* q, const T* k, const T* v, const T* out, const T* lse,
+                        const T* q, const T* k, const T* v, const T* out, const compute_t<T>* lse,
                         const T* dout, T* dq, T* dk, T* dv) {
-  check_attention("backward", B, T_, T_, Hq, Hkv, D, 0, T_ * Hkv * D);
+  attn::check_attention("backward", B, T_, T_, Hq, Hkv, D, 0, T_ * Hkv * D);
   if (B == 0 || T_ == 0) return;
-  const int64_t G = Hq / Hkv;
+  const attn::BackwardPlan plan(B, T_, Hq, Hkv, D);
+  const int64_t G = plan.G, ldq = plan.ldq, ldkv = plan.ldkv, nqb = plan.nqb;
   const T sc = T(scale);
-  const int64_t ldq = Hq * D, ldkv = Hkv * D;
-  const int64_t nqb = (T_ + kBlockQ - 1) / kBlockQ;
-  const int64_t brows = std::min(T_, kBlockQ);
-  const int64_t ntasks = B * Hkv;
-  const double work = double(ntasks) * double(G) * double(T_) * double(T_) * double(D);
-  BlasSingleThreaded blas_guard;
+  attn::BlasSingleThreaded blas_guard;
 
-#pragma omp parallel if (ntasks > 1 && work >= 1e5)
+#pragma omp parallel if (plan.parallel)
   {
-    std::vector<T> p(static_cast<size_t>(brows * T_)), dp(static_cast<size_t>(brows * T_));
-    std::vector<T> di(static_cast<size_t>(brows));
+    std::vector<T> p(static_cast<size_t>(plan.brows * T_)),
+        dp(static_cast<size_t>(plan.brows * T_));
+    std::vector<T> di(static_cast<size_t>(plan.brows));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntasks; ++task) {
+    for (int64_t task = 0; task < plan.ntasks; ++task) {
       const int64_t b = task / Hkv, kvh = task % Hkv;
       const int64_t kv_off = b * T_ * ldkv + kvh * D;
       const T* kb = k + kv_off;
@@ -258,37 +252,23 @@ void attention_backward(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t 
         const int64_t h = kvh * G + g;
         for (int64_t qb = 0; qb < nqb; ++qb) {
           const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, T_ - i0);
-          const int64_t kend = i0 + rows;  // causal: no row of the block sees keys >= kend
           const int64_t off = (b * T_ + i0) * ldq + h * D;
-          const T* qblk = q + off;
-          const T* oblk = out + off;
-          const T* doblk = dout + off;
-          const T* lse_blk = lse + (b * Hq + h) * T_ + i0;
-          // P = exp(scale * Q K^T - lse), zero right of the diagonal.
-          gemm(false, true, rows, kend, D, sc, qblk, ldq, kb, ldkv, T(0), p.data(), kend);
-          backward_probs(rows, kend, i0, D, lse_blk, oblk, doblk, ldq, p.data(), di.data());
-          // dV[0:kend] += P^T dO
-          gemm(true, false, kend, D, rows, T(1), p.data(), kend, doblk, ldq, T(1), dvb, ldkv);
-          // dP = dO V^T, then dS = P * (dP - Di) in place (zero where P is zero).
-          gemm(false, true, rows, kend, D, T(1), doblk, ldq, vb, ldkv, T(0), dp.data(), kend);
-          backward_ds(rows, kend, p.data(), di.data(), dp.data());
-          // dQ = scale * dS K[0:kend] (each query row belongs to exactly one task: =)
-          gemm(false, false, rows, D, kend, sc, dp.data(), kend, kb, ldkv, T(0), dq + off, ldq);
-          // dK[0:kend] += scale * dS^T Q
-          gemm(true, false, kend, D, rows, sc, dp.data(), kend, qblk, ldq, T(1), dkb, ldkv);
+          attn::backward_block(rows, i0, D, sc, q + off, out + off, dout + off,
+                               lse + (b * Hq + h) * T_ + i0, ldq, kb, vb, ldkv, dq + off, dkb, dvb,
+                               p.data(), dp.data(), di.data());
         }
       }
     }
   }
 }
 
-#define KILN_INSTANTIATE(T)                                                                  \
-  template void attention_forward<T>(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,   \
-                                     int64_t, double, const T*, const T*, const T*, int64_t, \
-                                     T*, T*);                                                \
-  template void attention_backward<T>(int64_t, int64_t, int64_t, int64_t, int64_t, double,   \
-                                      const T*, const T*, const T*, const T*, const T*,      \
-                                      const T*, T*, T*, T*);
+#define KILN_INSTANTIATE(T)                                                                       \
+  template void attention_forward<T>(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,        \
+                                     int64_t, double, const T*, const T*, const T*, int64_t, T*,  \
+                                     T*);                                                         \
+  template void attention_backward<T>(int64_t, int64_t, int64_t, int64_t, int64_t, double,        \
+                                      const T*, const T*, const T*, const T*, const T*, const T*, \
+                                      T*, T*, T*);
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(double)
 #undef KILN_INSTANTIATE

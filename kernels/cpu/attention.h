@@ -4,7 +4,8 @@
 //   q, out, dq:  (B, Tq, Hq, D) contiguous
 //   k, v:        (B, Tk, Hkv, D) with batch b starting at b * kv_batch_stride elements, so a KV
 //                cache of capacity Tmax >= Tk (kv_batch_stride = Tmax * Hkv * D) can be passed
-//   lse:         (B, Hq, Tq), log-sum-exp of the scaled scores of each query row, in T
+//   lse:         (B, Hq, Tq), log-sum-exp of the scaled scores of each query row, in compute_t<T>
+//                (f32 for bf16)
 //   dk, dv:      (B, T, Hkv, D) contiguous (training layout)
 // Query head h reads kv head h / (Hq / Hkv). Query i (0-based) sits at absolute position
 // q_offset + i and sees keys j <= q_offset + i (q_offset = Tk - Tq when decoding with a cache,
@@ -22,20 +23,34 @@
 // gradient sums over a group of query heads have a fixed order: results are deterministic and
 // independent of the thread count. With Tq == 1 (decode) the query heads of one kv head form
 // one block, so the cache is read once per kv head.
+//
+// T is float, double or bf16 (storage; bf16 computes in f32: attention_bf16.cpp).
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 
 template <typename T>
 void attention_forward(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
                        int64_t q_offset, double scale, const T* q, const T* k, const T* v,
-                       int64_t kv_batch_stride, T* out, T* lse);
+                       int64_t kv_batch_stride, T* out, compute_t<T>* lse);
 
 template <typename T>
 void attention_backward(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, double scale,
-                        const T* q, const T* k, const T* v, const T* out, const T* lse,
+                        const T* q, const T* k, const T* v, const T* out, const compute_t<T>* lse,
                         const T* dout, T* dq, T* dk, T* dv);
+
+template <>
+void attention_forward<bf16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                             int64_t q_offset, double scale, const bf16* q, const bf16* k,
+                             const bf16* v, int64_t kv_batch_stride, bf16* out, float* lse);
+template <>
+void attention_backward<bf16>(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D,
+                              double scale, const bf16* q, const bf16* k, const bf16* v,
+                              const bf16* out, const float* lse, const bf16* dout, bf16* dq,
+                              bf16* dk, bf16* dv);
 
 }  // namespace kiln::cpu

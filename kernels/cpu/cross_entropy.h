@@ -9,18 +9,24 @@
 // dlogits may alias logits (the gradient overwrites the logits in place, saving an N x V
 // buffer). Targets outside [0, V) other than ignore_index throw kiln::Error before any write.
 // The forward lse of ignored rows is still computed (harmless, and useful for perplexity).
+//
+// T is float, double or bf16; loss, lse and dloss are in compute_t<T> (f32 for bf16). A bf16 row
+// is read in chunks widened to f32 on the stack (kComputeChunk elements), never as an N x V f32
+// copy; backward writes each chunk's gradient rounded once to bf16.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 
 template <typename T>
 void cross_entropy_forward(int64_t N, int64_t V, const T* logits, const int32_t* targets,
-                           int32_t ignore_index, T* loss, T* lse);
+                           int32_t ignore_index, compute_t<T>* loss, compute_t<T>* lse);
 template <typename T>
-void cross_entropy_backward(int64_t N, int64_t V, const T* logits, const T* lse,
-                            const int32_t* targets, int32_t ignore_index, const T* dloss,
+void cross_entropy_backward(int64_t N, int64_t V, const T* logits, const compute_t<T>* lse,
+                            const int32_t* targets, int32_t ignore_index, const compute_t<T>* dloss,
                             T* dlogits);
 
 }  // namespace kiln::cpu

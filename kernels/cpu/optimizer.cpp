@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -10,6 +11,7 @@
 
 #include "kernels/common/adamw_scalars.h"
 #include "kernels/common/error.h"
+#include "kernels/cpu/bf16_util.h"
 
 namespace kiln::cpu {
 
@@ -59,6 +61,34 @@ void adamw_step(int64_t n, float* param, const float* grad, float* m, float* v, 
   for (int64_t c = 0; c < nchunks; ++c)
     adamw_range(c * kChunk, std::min(n, (c + 1) * kChunk), param, grad, m, v, decay, s);
 }
+
+template <typename P, typename G>
+void adamw_step_master(int64_t n, P* param, float* master, const G* grad, float* m, float* v,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       int64_t step) {
+  KILN_CHECK(n >= 0, "[adamw] negative size {}", n);
+  const AdamWConsts s = adamw_consts(lr, beta1, beta2, eps, step);  // checks step >= 1
+  const float decay = adamw_decay(lr, weight_decay);
+  constexpr int64_t kChunk = kComputeChunk;
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t i0 = c * kChunk, len = std::min(n, i0 + kChunk) - i0;
+    float buf[std::is_same_v<G, float> ? 1 : kChunk];
+    const float* g = widen(len, grad + i0, buf);
+    adamw_range(0, len, master + i0, g, m + i0, v + i0, decay, s);
+    from_compute_n(len, master + i0, param + i0);
+  }
+}
+
+template void adamw_step_master<bf16, bf16>(int64_t, bf16*, float*, const bf16*, float*, float*,
+                                            float, float, float, float, float, int64_t);
+template void adamw_step_master<bf16, float>(int64_t, bf16*, float*, const float*, float*, float*,
+                                             float, float, float, float, float, int64_t);
+template void adamw_step_master<f16, f16>(int64_t, f16*, float*, const f16*, float*, float*, float,
+                                          float, float, float, float, int64_t);
+template void adamw_step_master<f16, float>(int64_t, f16*, float*, const float*, float*, float*,
+                                            float, float, float, float, float, int64_t);
 
 namespace {
 

@@ -26,6 +26,15 @@ namespace kiln::cpu {
 void adamw_step(int64_t n, float* param, const float* grad, float* m, float* v, float lr,
                 float beta1, float beta2, float eps, float weight_decay, int64_t step);
 
+// Mixed precision, the recipe of the CUDA kernel: a bf16/f16 parameter P with an f32 master.
+// The master takes adamw_step's update (same operations, same order, so the same bits) from the
+// gradient G (the parameter's type or f32) widened to f32 a chunk at a time on the stack, then
+// param = P(master), rounded once. No f32 copy of the gradient is made.
+template <typename P, typename G>
+void adamw_step_master(int64_t n, P* param, float* master, const G* grad, float* m, float* v,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       int64_t step);
+
 void sgd_step(int64_t n, float* param, const float* grad, float* momentum_buf, float lr,
               float momentum, float dampening, float weight_decay, bool nesterov, int64_t step);
 

@@ -147,9 +147,9 @@ TEST(Budget, DryRunEqualsMeasuredVariants) {
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "train sgd");
 }
 
-// The CPU runs most bf16 ops natively (tensor/kernels_cpu_*.cpp: register_float_storage) and
-// the rest (GEMMs, attention, cross-entropy so far) through f32 copies; the dry run, asking the
-// CPU's kernel table, charges exactly those copies and the native kernels' declared scratch.
+// The CPU runs bf16 natively where it has a bf16 kernel (tensor/kernels_cpu_*.cpp) and through f32
+// copies elsewhere; the dry run, asking the CPU's kernel table, charges exactly those copies and
+// the native kernels' declared scratch.
 TEST(Budget, DryRunEqualsMeasuredInBf16OnTheCpu) {
   BudgetSpec s;
   s.cfg = tiny_qwen3();

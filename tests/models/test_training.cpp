@@ -56,9 +56,11 @@ models::TrainOptions tiny_options(const fs::path& dir) {
   return o;
 }
 
-// tiny_options' device ("cpu") and dtype ("auto": f32 on the CPU), as `kiln train` resolves them.
-models::TrainResult train(const models::TrainOptions& o, std::ostream& log) {
-  return models::train(o, Device::cpu(), DType::F32, log);
+// tiny_options' device ("cpu") and dtype ("auto": f32 on the CPU), as `kiln train` resolves them;
+// or bf16 (`--dtype bf16`: bf16 weights and activations, f32 masters and moments).
+models::TrainResult train(const models::TrainOptions& o, std::ostream& log,
+                          DType dtype = DType::F32) {
+  return models::train(o, Device::cpu(), dtype, log);
 }
 
 // Two run folders, name_a and name_b, with the same data.txt: one run each, to compare.
@@ -79,22 +81,22 @@ std::map<std::string, std::vector<float>> weights_of(const std::string& ckpt) {
   return out;
 }
 
-}  // namespace
-
-TEST(Training, ResumeIsBitExact) {
-  auto [a, b] = twin_dirs("resume");
+// Train 20 steps straight, and 10 + resume + 10: the same loss and weights, bit for bit (in
+// bf16 the checkpoint keeps the f32 masters and moments, which resume restores exactly).
+void expect_resume_is_bit_exact(DType dtype) {
+  auto [a, b] = twin_dirs(std::string("resume_") + std::string(dtype_name(dtype)));
   std::ostringstream log;
 
   models::TrainOptions straight = tiny_options(a);
-  models::TrainResult r1 = train(straight, log);
+  models::TrainResult r1 = train(straight, log, dtype);
   ASSERT_EQ(r1.steps_done, 20);
 
   models::TrainOptions first = tiny_options(b);
   first.stop_at = 10;
-  ASSERT_EQ(train(first, log).steps_done, 10);
+  ASSERT_EQ(train(first, log, dtype).steps_done, 10);
   models::TrainOptions second = tiny_options(b);
   second.resume = true;
-  models::TrainResult r2 = train(second, log);
+  models::TrainResult r2 = train(second, log, dtype);
   ASSERT_EQ(r2.steps_done, 20);
 
   EXPECT_EQ(r1.final_train_loss, r2.final_train_loss);
@@ -107,6 +109,22 @@ TEST(Training, ResumeIsBitExact) {
   }
   // Training did something: the loss fell below the uniform-guess value.
   EXPECT_LT(r1.final_train_loss, std::log(40.0));
+}
+
+}  // namespace
+
+TEST(Training, ResumeIsBitExact) { expect_resume_is_bit_exact(DType::F32); }
+
+// Mixed precision on the CPU (native bf16 kernels, f32 masters and moments), as on CUDA.
+TEST(Training, Bf16ResumeIsBitExactOnTheCpu) {
+  expect_resume_is_bit_exact(DType::BF16);
+  // The run kept f32 masters and bf16 weights: the log says so.
+  auto [a, b] = twin_dirs("bf16_header");
+  std::ostringstream log;
+  models::TrainOptions o = tiny_options(a);
+  o.steps = 1;
+  train(o, log, DType::BF16);
+  EXPECT_NE(log.str().find("bf16 (f32 masters and moments)"), std::string::npos) << log.str();
 }
 
 // The Trainer's parts, called by hand as a data-parallel loop would, give run()'s weights; resume()
