@@ -56,10 +56,16 @@ std::string h5_error_text() {
   return msg.empty() ? std::string("no HDF5 error detail") : msg;
 }
 
+// An error HDF5 itself reported (not one of kiln's checks on what it returned): the probe's child
+// refuses the whole file on one, since the in-process load would walk into the same structure.
+struct HdfError : Error {
+  using Error::Error;
+};
+
 template <typename... Args>
 [[noreturn]] void h5_fail(fmt::format_string<Args...> f, Args&&... args) {
   std::string what = fmt::format(f, std::forward<Args>(args)...);
-  fail("[checkpoint] {} (HDF5: {})", what, h5_error_text());
+  throw HdfError(fmt::format("[checkpoint] {} (HDF5: {})", what, h5_error_text()));
 }
 
 // Owns one HDF5 id and closes it with the matching H5*close.
@@ -244,6 +250,26 @@ Id open_attr(hid_t obj, const std::string& name, const std::string& where) {
 }
 
 // Opens a one-element attribute and checks its type class.
+// A number type read from the file must be one of HDF5's standard integer or IEEE float types
+// (what kiln and h5py write). HDF5 converts to the native type on read, and its conversion trusts
+// the file's precision and bit offset: a crafted "int64" with 300 bits of precision makes
+// H5T__conv_i_i read and write past its buffers (a segfault the probe cannot always see first,
+// since it depends on what lies next to the buffer). H5Tequal compares descriptions only.
+void check_standard_number_type(hid_t type, const std::string& what) {
+  static const hid_t kStandard[] = {H5T_STD_I8LE,   H5T_STD_I8BE,   H5T_STD_U8LE,   H5T_STD_U8BE,
+                                    H5T_STD_I16LE,  H5T_STD_I16BE,  H5T_STD_U16LE,  H5T_STD_U16BE,
+                                    H5T_STD_I32LE,  H5T_STD_I32BE,  H5T_STD_U32LE,  H5T_STD_U32BE,
+                                    H5T_STD_I64LE,  H5T_STD_I64BE,  H5T_STD_U64LE,  H5T_STD_U64BE,
+                                    H5T_IEEE_F32LE, H5T_IEEE_F32BE, H5T_IEEE_F64LE, H5T_IEEE_F64BE};
+  for (hid_t t : kStandard) {
+    htri_t eq = H5Tequal(type, t);
+    if (eq < 0) h5_fail("cannot compare the type of {}", what);
+    if (eq > 0) return;
+  }
+  fail("[checkpoint] {} has a non-standard number type (size {}, precision {}, offset {})", what,
+       H5Tget_size(type), H5Tget_precision(type), H5Tget_offset(type));
+}
+
 Id open_scalar_attr(hid_t obj, const std::string& name, const std::string& where, H5T_class_t want,
                     Id* type_out) {
   Id a = open_attr(obj, name, where);
@@ -254,6 +280,8 @@ Id open_scalar_attr(hid_t obj, const std::string& name, const std::string& where
   H5T_class_t cls = H5Tget_class(type);
   bool ok = cls == want || (want == H5T_FLOAT && cls == H5T_INTEGER);
   KILN_CHECK(ok, "[checkpoint] attribute '{}' of {} has the wrong type", name, where);
+  if (cls == H5T_INTEGER || cls == H5T_FLOAT)
+    check_standard_number_type(type, fmt::format("attribute '{}' of {}", name, where));
   if (type_out) *type_out = std::move(type);
   return a;
 }
@@ -331,6 +359,7 @@ OpenTensor open_tensor(hid_t file, const std::string& path) {
   KILN_CHECK(cls == t.dt->cls && tsize == t.dt->size && sign_ok,
              "[checkpoint] tensor '{}': stored element type does not match dtype '{}'", path,
              dname);
+  check_standard_number_type(type, where);
 
   Id space = checked(H5Dget_space(t.dset), H5Sclose, "tensor '{}' dataspace", path);
   H5S_class_t sc = H5Sget_simple_extent_type(space);
@@ -379,7 +408,9 @@ OpenTensor open_tensor(hid_t file, const std::string& path) {
   return t;
 }
 
-void read_into(const std::string& path, OpenTensor& t, void* dst, size_t nbytes) {
+// hash: verify the checksum (the probe reads the attribute but leaves the hashing, which is
+// kiln's own arithmetic on a buffer and most of the time, to the load).
+void read_into(const std::string& path, OpenTensor& t, void* dst, size_t nbytes, bool hash = true) {
   KILN_CHECK(nbytes == t.info.nbytes, "[checkpoint] tensor '{}' has {} bytes, buffer has {}", path,
              t.info.nbytes, nbytes);
   if (nbytes > 0) {
@@ -388,6 +419,7 @@ void read_into(const std::string& path, OpenTensor& t, void* dst, size_t nbytes)
           "cannot read tensor '{}'", path);
   }
   uint64_t want = read_u64_attr(t.dset, kHashAttr, fmt::format("tensor '{}'", path));
+  if (!hash) return;
   KILN_CHECK(fnv1a64(dst, nbytes) == want,
              "[checkpoint] tensor {} checksum mismatch: file is corrupt", path);
 }
@@ -544,9 +576,9 @@ void CheckpointReader::close() {
   path_.clear();
 }
 
-void CheckpointReader::open(const std::string& path) {
-  h5_quiet();
-  close();
+namespace {
+// Exists and is a regular file (a FIFO or device is refused before anything opens it).
+void check_regular_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     struct stat tst {};
@@ -558,6 +590,25 @@ void CheckpointReader::open(const std::string& path) {
     fail("[checkpoint] '{}' does not exist", path);
   }
   KILN_CHECK(S_ISREG(st.st_mode), "[checkpoint] '{}' is not a regular file", path);
+}
+}  // namespace
+
+void CheckpointReader::open(const std::string& path) {
+  close();
+  check_regular_file(path);
+  const FileIdentity probed = probe_checkpoint(path);
+  // The probe read this exact file; one swapped in or rewritten since is refused, not trusted.
+  if (!(open_unprobed(path) == probed)) {
+    close();
+    fail("[checkpoint] {}: the file changed while it was being checked; try again", path);
+  }
+  (void)walk_metadata();  // the child's first steps again, from the same state (see there)
+}
+
+FileIdentity CheckpointReader::open_unprobed(const std::string& path) {
+  h5_quiet();
+  close();
+  check_regular_file(path);
 #if H5_VERSION_GE(1, 12, 0)
   htri_t is_h5 = H5Fis_accessible(path.c_str(), H5P_DEFAULT);
 #else
@@ -585,8 +636,14 @@ void CheckpointReader::open(const std::string& path) {
     }
     KILN_CHECK(ok, "[checkpoint] '{}' is missing the required group '{}'", path, g);
   }
+  // The identity of what HDF5 opened (its own descriptor), for the probe's same-file checks.
+  void* handle = nullptr;
+  check(H5Fget_vfd_handle(file, fapl, &handle), "file handle of '{}'", path);
+  KILN_CHECK(handle, "[checkpoint] no file handle for '{}'", path);
+  FileIdentity id = file_identity(*static_cast<int*>(handle), path);
   file_ = file.release();  // the reader's close() closes it from now on
   path_ = path;
+  return id;
 }
 
 bool CheckpointReader::has_group(const std::string& group) const {
@@ -654,6 +711,53 @@ std::vector<uint8_t> CheckpointReader::read_bytes(const std::string& name) const
   return std::move(t.bytes);
 }
 
+std::vector<std::string> CheckpointReader::list_groups() const {
+  KILN_CHECK(is_open(), "[checkpoint] no file open");
+  std::vector<std::string> links;
+  auto collect = [](hid_t, const char* name, const H5L_info_t* info, void* p) -> herr_t {
+    if (info->type == H5L_TYPE_HARD) static_cast<std::vector<std::string>*>(p)->push_back(name);
+    return 0;
+  };
+  hsize_t idx = 0;
+  check(H5Literate(file_, H5_INDEX_NAME, H5_ITER_INC, &idx, collect, &links),
+        "cannot list the root of '{}' (corrupt?)", path_);
+  std::vector<std::string> groups;
+  for (const std::string& l : links)
+    if (has_group(l)) groups.push_back(l);
+  std::sort(groups.begin(), groups.end());
+  return groups;
+}
+
+std::vector<std::string> CheckpointReader::list_attrs() const {
+  KILN_CHECK(is_open(), "[checkpoint] no file open");
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5A_info_t*, void* p) -> herr_t {
+    static_cast<std::vector<std::string>*>(p)->push_back(name);
+    return 0;
+  };
+  hsize_t idx = 0;
+  check(H5Aiterate2(file_, H5_INDEX_NAME, H5_ITER_INC, &idx, collect, &names),
+        "cannot list the attributes of '{}' (corrupt?)", path_);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+char CheckpointReader::attr_kind(const std::string& name) const {
+  KILN_CHECK(is_open(), "[checkpoint] no file open");
+  Id a = open_attr(file_, name, "'" + path_ + "'");
+  Id type = checked(H5Aget_type(a), H5Tclose, "attribute '{}' type", name);
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+      return 'i';
+    case H5T_FLOAT:
+      return 'f';
+    case H5T_STRING:
+      return 's';
+    default:
+      return '?';
+  }
+}
+
 bool CheckpointReader::has_attr(const std::string& name) const {
   KILN_CHECK(is_open(), "[checkpoint] no file open");
   htri_t e = H5Aexists(file_, name.c_str());
@@ -673,5 +777,87 @@ std::string CheckpointReader::get_attr_string(const std::string& name) const {
   KILN_CHECK(is_open(), "[checkpoint] no file open");
   return read_string_attr(file_, name, "'" + path_ + "'");
 }
+
+namespace {
+// Runs one read of the probe. kiln's own refusal of one tensor or attribute (a bad dtype, a
+// checksum mismatch, a declared shape larger than the file) is left to the load, which makes the
+// same check before HDF5 goes further; an error HDF5 reports ends the probe.
+template <typename F>
+void probe_step(F&& f) {
+  try {
+    f();
+  } catch (const HdfError&) {  // the whole file is refused (run_probe names it)
+    throw;
+  } catch (const Error&) {
+  }
+}
+}  // namespace
+
+// The root attributes and groups kiln's loaders ask for by name (models/checkpoint.cpp), present or
+// not: a lookup of a name that is absent takes its own path through libhdf5, so the probe makes it.
+constexpr const char* kLoadAttrs[] = {"config",        "args",           "step",
+                                      "data_seed",     "data_position",  "model_seed",
+                                      "best_val_loss", "tokenizer_spec", "optimizer_step"};
+constexpr const char* kLoadGroups[] = {"model", "meta", "optim_m", "optim_v"};
+
+// The metadata half of the probe, run first by the child and then, in the same order from the
+// same state (the child is a fork), by open() in this process: every root attribute and every
+// name the loaders ask for, through the calls they make (has_attr, the getter of its kind); for
+// every dataset under every root group the calls load_checkpoint makes (has_tensor, tensor_info:
+// path lookup, dtype, shape, storage checks) and its checksum attribute. libhdf5 parses and
+// caches each object here as the child did, so the reads kiln makes afterwards meet structures
+// that already parsed without harm. Returns the datasets' paths.
+std::vector<std::string> CheckpointReader::walk_metadata() {
+  std::vector<std::string> attrs = list_attrs();
+  for (const char* a : kLoadAttrs)
+    if (std::find(attrs.begin(), attrs.end(), a) == attrs.end()) attrs.push_back(a);
+  for (const std::string& a : attrs) {
+    probe_step([&] {
+      if (!has_attr(a)) return;
+      const char kind = attr_kind(a);
+      if (kind == 'i') (void)get_attr_i64(a);
+      if (kind == 'i' || kind == 'f') (void)get_attr_f64(a);
+      if (kind == 's') (void)get_attr_string(a);
+    });
+  }
+  for (const char* g : kLoadGroups) probe_step([&] { (void)has_group(g); });
+  probe_step([&] { (void)has_tensor(blob_path("tokenizer")); });
+  std::vector<std::string> tensors;
+  for (const std::string& g : list_groups()) {
+    std::vector<std::string> names;
+    probe_step([&] { names = list_tensors(g); });
+    for (const std::string& name : names) {
+      const std::string p = g + "/" + name;
+      probe_step([&] {
+        if (!has_tensor(p)) return;
+        (void)tensor_info(p);
+        OpenTensor t = open_tensor(file_, p);
+        (void)read_u64_attr(t.dset, kHashAttr, "tensor '" + p + "'");
+        tensors.push_back(p);
+      });
+    }
+  }
+  return tensors;
+}
+
+namespace detail {
+
+// Everything a load reads: the format checks of open() and walk_metadata(), then the data of
+// every dataset. Extra objects kiln would not read are read too: a file is probed whole.
+void probe_read_all(const std::string& path, const FileIdentity& expect) {
+  CheckpointReader r;
+  KILN_CHECK(r.open_unprobed(path) == expect,
+             "[checkpoint] {}: the file changed while it was being checked; try again", path);
+  std::vector<uint8_t> buf;
+  for (const std::string& p : r.walk_metadata()) {
+    probe_step([&] {
+      OpenTensor t = open_tensor(r.file_, p);
+      buf.resize(t.info.nbytes);
+      read_into(p, t, buf.data(), buf.size(), /*hash=*/false);
+    });
+  }
+}
+
+}  // namespace detail
 
 }  // namespace kiln::io

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "models/io/checkpoint_probe.h"
+
 namespace kiln::io {
 
 // FNV-1a 64-bit over raw bytes; `seed` lets a caller hash in pieces.
@@ -90,6 +92,8 @@ class CheckpointReader {
 
   // Validates: the file exists, is HDF5, has kiln_checkpoint_version == 1 and the "model" and
   // "meta" groups. Throws kiln::Error otherwise (and closes any previously opened file first).
+  // Before HDF5 touches the file in this process, a forked child reads all of it
+  // (checkpoint_probe.h): a file that crashes, exhausts or hangs HDF5 is a kiln::Error here.
   void open(const std::string& path);
   void close();
   bool is_open() const { return file_ >= 0; }
@@ -108,12 +112,22 @@ class CheckpointReader {
   // Blob written by add_bytes (same naming rule). Verified like a tensor.
   std::vector<uint8_t> read_bytes(const std::string& name) const;
 
+  // Root-level groups and attribute names, sorted.
+  std::vector<std::string> list_groups() const;
+  std::vector<std::string> list_attrs() const;
+  // The kind of a root attribute: 'i' integer, 'f' float, 's' string, '?' anything else.
+  char attr_kind(const std::string& name) const;
+
   bool has_attr(const std::string& name) const;
   int64_t get_attr_i64(const std::string& name) const;
   double get_attr_f64(const std::string& name) const;
   std::string get_attr_string(const std::string& name) const;
 
  private:
+  friend void detail::probe_read_all(const std::string& path, const FileIdentity& expect);
+  // open() without the probe, for the probe's child; returns the identity of the opened file.
+  FileIdentity open_unprobed(const std::string& path);
+  std::vector<std::string> walk_metadata();
   int64_t file_ = -1;  // hid_t
   std::string path_;
 };
