@@ -8,6 +8,8 @@
 // its own scratchpad, which the user mode guarantees.
 #include "kernels/cpu/matmul_dnnl.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -263,10 +265,15 @@ void scale_and_bias(const Bf16Gemm& g, void* C, const void* bias) {
 
 // ---- widening fallback ------------------------------------------------------------------------
 
+// Per thread: one block of op(A), one of op(B) and, for a bf16 C, an f32 block of C. Threads
+// take whole C tiles (one OpenMP region per GEMM, each sgemm single-threaded inside it): BLAS's
+// own threads, woken for every small block, stall for milliseconds on a loaded machine.
 struct WidenBlocks {
   std::int64_t mb, nb, kb;
   std::int64_t a_floats, b_floats, c_floats;  // c: 0 when C is f32 (accumulated in place)
-  std::int64_t bytes() const { return (a_floats + b_floats + c_floats) * 4; }
+  std::int64_t tiles_m, tiles_n, tiles, threads;
+  std::int64_t thread_floats() const { return (a_floats + b_floats + c_floats + 15) / 16 * 16; }
+  std::int64_t bytes() const { return threads * thread_floats() * 4; }
 };
 WidenBlocks widen_blocks(const Bf16Gemm& g) {
   WidenBlocks w;
@@ -276,6 +283,10 @@ WidenBlocks widen_blocks(const Bf16Gemm& g) {
   w.a_floats = w.mb * w.kb;
   w.b_floats = w.kb * w.nb;
   w.c_floats = g.c_type == GemmElt::F32 ? 0 : w.mb * w.nb;
+  w.tiles_m = (g.M + w.mb - 1) / w.mb;
+  w.tiles_n = (g.N + w.nb - 1) / w.nb;
+  w.tiles = g.batch * w.tiles_m * w.tiles_n;
+  w.threads = omp_in_parallel() ? 1 : std::clamp<std::int64_t>(omp_get_max_threads(), 1, w.tiles);
   return w;
 }
 
@@ -294,42 +305,55 @@ void widen_block(const bf16* X, std::int64_t ld, bool trans, std::int64_t r0, st
   }
 }
 
-// One batch entry: C block by C block, K in blocks accumulated in f32.
-void widen_sgemm_one(const Bf16Gemm& g, const WidenBlocks& w, const bf16* A, const bf16* B, void* C,
-                     const void* bias, float* scratch) {
+// C tile (i0, j0) of one batch entry (A, B, C already offset to it): K in blocks, accumulated
+// in f32, rounded once into a bf16 C.
+void widen_tile(const Bf16Gemm& g, const WidenBlocks& w, const bf16* A, const bf16* B, void* C,
+                const void* bias, std::int64_t i0, std::int64_t j0, float* scratch) {
   float* a_blk = scratch;
   float* b_blk = a_blk + w.a_floats;
   float* c_blk = b_blk + w.b_floats;
-  for (std::int64_t j0 = 0; j0 < g.N; j0 += w.nb) {
-    const std::int64_t nb = std::min(w.nb, g.N - j0);
-    for (std::int64_t i0 = 0; i0 < g.M; i0 += w.mb) {
-      const std::int64_t mb = std::min(w.mb, g.M - i0);
-      // acc (mb, nb) with row stride ldacc: C itself when f32, else the f32 block.
-      const bool in_place = g.c_type == GemmElt::F32;
-      float* acc = in_place ? static_cast<float*>(C) + i0 * g.ldc + j0 : c_blk;
-      const std::int64_t ldacc = in_place ? g.ldc : nb;
-      for (std::int64_t i = 0; i < mb; ++i)
-        for (std::int64_t j = 0; j < nb; ++j) {
-          const std::int64_t at = (i0 + i) * g.ldc + j0 + j;
-          float v = g.beta == 0.0f ? 0.0f : g.beta * load(C, g.c_type, at);
-          if (g.has_bias) v += load(bias, g.bias_type, j0 + j);
-          acc[i * ldacc + j] = v;
-        }
-      for (std::int64_t k0 = 0; k0 < g.K; k0 += w.kb) {
-        const std::int64_t kb = std::min(w.kb, g.K - k0);
-        widen_block(A, g.lda, g.trans_a, i0, k0, mb, kb, a_blk);
-        widen_block(B, g.ldb, g.trans_b, k0, j0, kb, nb, b_blk);
-        gemm<float>(false, false, mb, nb, kb, g.alpha, a_blk, kb, b_blk, nb, 1.0f, acc, ldacc);
-      }
-      if (!in_place)
-        for (std::int64_t i = 0; i < mb; ++i)
-          for (std::int64_t j = 0; j < nb; ++j)
-            static_cast<bf16*>(C)[(i0 + i) * g.ldc + j0 + j] = float_to_bf16(acc[i * ldacc + j]);
+  const std::int64_t nb = std::min(w.nb, g.N - j0), mb = std::min(w.mb, g.M - i0);
+  // acc (mb, nb) with row stride ldacc: C itself when f32, else the f32 block.
+  const bool in_place = g.c_type == GemmElt::F32;
+  float* acc = in_place ? static_cast<float*>(C) + i0 * g.ldc + j0 : c_blk;
+  const std::int64_t ldacc = in_place ? g.ldc : nb;
+  for (std::int64_t i = 0; i < mb; ++i)
+    for (std::int64_t j = 0; j < nb; ++j) {
+      const std::int64_t at = (i0 + i) * g.ldc + j0 + j;
+      float v = g.beta == 0.0f ? 0.0f : g.beta * load(C, g.c_type, at);
+      if (g.has_bias) v += load(bias, g.bias_type, j0 + j);
+      acc[i * ldacc + j] = v;
     }
+  for (std::int64_t k0 = 0; k0 < g.K; k0 += w.kb) {
+    const std::int64_t kb = std::min(w.kb, g.K - k0);
+    widen_block(A, g.lda, g.trans_a, i0, k0, mb, kb, a_blk);
+    widen_block(B, g.ldb, g.trans_b, k0, j0, kb, nb, b_blk);
+    gemm<float>(false, false, mb, nb, kb, g.alpha, a_blk, kb, b_blk, nb, 1.0f, acc, ldacc);
   }
+  if (!in_place)
+    for (std::int64_t i = 0; i < mb; ++i)
+      for (std::int64_t j = 0; j < nb; ++j)
+        static_cast<bf16*>(C)[(i0 + i) * g.ldc + j0 + j] = float_to_bf16(acc[i * ldacc + j]);
 }
 
 std::int64_t elt_size(GemmElt t) { return t == GemmElt::F32 ? 4 : 2; }
+
+void widen_sgemm(const Bf16Gemm& g, const bf16* A, const bf16* B, void* C, const void* bias,
+                 void* scratch, std::int64_t scratch_bytes) {
+  const WidenBlocks w = widen_blocks(g);
+  KILN_CHECK(scratch_bytes >= w.bytes(), "[bf16_gemm] needs {} scratch bytes, was given {}",
+             w.bytes(), scratch_bytes);
+  const std::int64_t per_batch = w.tiles_m * w.tiles_n;
+#pragma omp parallel for num_threads(static_cast <int>(w.threads)) \
+    schedule(static) if (w.threads > 1)
+  for (std::int64_t t = 0; t < w.tiles; ++t) {
+    const std::int64_t b = t / per_batch, tm = (t % per_batch) / w.tiles_n, tn = t % w.tiles_n;
+    float* mine = static_cast<float*>(scratch) + omp_get_thread_num() * w.thread_floats();
+    widen_tile(g, w, A + b * g.stride_a, B + b * g.stride_b,
+               static_cast<char*>(C) + b * g.stride_c * elt_size(g.c_type), bias, tm * w.mb,
+               tn * w.nb, mine);
+  }
+}
 
 }  // namespace
 
@@ -349,16 +373,8 @@ void bf16_gemm(const Bf16Gemm& g0, const bf16* A, const bf16* B, void* C, const 
   check_gemm("bf16_gemm", g0);
   if (g0.M == 0 || g0.N == 0 || g0.batch == 0) return;
   if (g0.K == 0 || g0.alpha == 0.0f) return scale_and_bias(g0, C, bias);
-  if (bf16_gemm_path() == Bf16GemmPath::WidenSgemm) {
-    const WidenBlocks w = widen_blocks(g0);
-    KILN_CHECK(scratch_bytes >= w.bytes(), "[bf16_gemm] needs {} scratch bytes, was given {}",
-               w.bytes(), scratch_bytes);
-    for (std::int64_t b = 0; b < g0.batch; ++b)
-      widen_sgemm_one(g0, w, A + b * g0.stride_a, B + b * g0.stride_b,
-                      static_cast<char*>(C) + b * g0.stride_c * elt_size(g0.c_type), bias,
-                      static_cast<float*>(scratch));
-    return;
-  }
+  if (bf16_gemm_path() == Bf16GemmPath::WidenSgemm)
+    return widen_sgemm(g0, A, B, C, bias, scratch, scratch_bytes);
   const Problem p{dt::bf16, fold_batch(g0)};
   execute(p, *lookup(p), A, B, C, bias, scratch, scratch_bytes);
 }

@@ -16,8 +16,9 @@
 //               the detected level): brgemm on AMX tiles ("brg:avx512_core_amx_bf16") or on
 //               vdpbf16ps ("brg:avx512_core_bf16").
 //   WidenSgemm  below Avx512Bf16: op(A) and op(B) widened to f32 one cache-sized block at a time
-//               (at most kWidenBlock^2 elements of each), multiplied by OpenBLAS sgemm into an
-//               f32 block of C, rounded once into C. oneDNN 2.6 has no bf16 matmul for AVX2, and
+//               (at most 256x256 elements of each), multiplied by OpenBLAS sgemm into an f32
+//               block of C, rounded once into C. OpenMP threads take whole C tiles, each with
+//               its own blocks (the scratch grows with the thread count). oneDNN 2.6 has no bf16 matmul for AVX2, and
 //               on plain AVX-512 its bf16 emulation ("gemm:jit") measured 3-5x slower than this
 //               (docs/cpu_gemm.md).
 // Both take their scratch from the caller (bf16_gemm_scratch_bytes): oneDNN runs with a
