@@ -5,6 +5,7 @@
 //
 //   kiln_bench_gemm                                   the training shapes (docs/cpu_gemm.md)
 //   kiln_bench_gemm --shape 512x1024x3072 --only bf16 the oneDNN bf16 rate for M x N x K
+//   KILN_CPU_ISA=avx512 kiln_bench_gemm --path onednn  oneDNN's bf16 emulation on plain AVX-512
 //
 // C (M, N) = A (M, K) @ B (K, N), row-major, B stored transposed (N, K) as a Linear's weight
 // unless --no-trans-b. Threads: OMP_NUM_THREADS / --threads.
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
   int threads = 0, rounds = 3;
   double min_s = 0.3;
   bool no_trans_b = false;
+  std::string path = "auto";
   app.add_option("--shape", shapes, "MxNxK (repeatable); default: stories15M training shapes");
   app.add_option("--only", only, "all | bf16 (only the oneDNN bf16 rate)")
       ->check(CLI::IsMember({"all", "bf16"}));
@@ -90,8 +92,15 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "interleaved rounds; the best of each is reported");
   app.add_option("--min-seconds", min_s, "time per measurement");
   app.add_flag("--no-trans-b", no_trans_b, "B stored (K, N) instead of (N, K)");
+  app.add_option("--path", path,
+                 "bf16 path: auto (by the ISA level) | onednn (also below AVX512-BF16, where "
+                 "oneDNN emulates) | widen (kiln's widening sgemm fallback)")
+      ->check(CLI::IsMember({"auto", "onednn", "widen"}));
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) omp_set_num_threads(threads);
+  const kiln::cpu::Bf16GemmPath forced =
+      path == "widen" ? kiln::cpu::Bf16GemmPath::WidenSgemm : kiln::cpu::Bf16GemmPath::Onednn;
+  kiln::cpu::set_bf16_gemm_path_override(path == "auto" ? nullptr : &forced);
   try {
     std::printf("# %s, %d threads, isa %s, B %s\n", machine_model().c_str(), omp_get_max_threads(),
                 kiln::cpu::cpu_isa_summary().c_str(), no_trans_b ? "(K, N)" : "(N, K)");

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <dnnl.hpp>
 #include <memory>
@@ -357,7 +358,18 @@ void widen_sgemm(const Bf16Gemm& g, const bf16* A, const bf16* B, void* C, const
 
 }  // namespace
 
+namespace {
+constexpr int kNoOverride = -1;
+std::atomic<int> g_path_override{kNoOverride};
+}  // namespace
+
+void set_bf16_gemm_path_override(const Bf16GemmPath* path) {
+  g_path_override.store(path ? static_cast<int>(*path) : kNoOverride);
+}
+
 Bf16GemmPath bf16_gemm_path() {
+  if (const int o = g_path_override.load(std::memory_order_relaxed); o != kNoOverride)
+    return static_cast<Bf16GemmPath>(o);
   return cpu_has(CpuIsa::Avx512Bf16) ? Bf16GemmPath::Onednn : Bf16GemmPath::WidenSgemm;
 }
 

@@ -18,9 +18,9 @@
 //   WidenSgemm  below Avx512Bf16: op(A) and op(B) widened to f32 one cache-sized block at a time
 //               (at most 256x256 elements of each), multiplied by OpenBLAS sgemm into an f32
 //               block of C, rounded once into C. OpenMP threads take whole C tiles, each with
-//               its own blocks (the scratch grows with the thread count). oneDNN 2.6 has no bf16 matmul for AVX2, and
-//               on plain AVX-512 its bf16 emulation ("gemm:jit") measured 3-5x slower than this
-//               (docs/cpu_gemm.md).
+//               its own blocks (the scratch grows with the thread count). oneDNN 2.6 has no bf16
+//               matmul for AVX2, and on plain AVX-512 its bf16 emulation ("gemm:jit") measured 3-5x
+//               slower than this (docs/cpu_gemm.md).
 // Both take their scratch from the caller (bf16_gemm_scratch_bytes): oneDNN runs with a
 // user-managed scratchpad, so every byte is the caller's and is tracked.
 //
@@ -51,6 +51,10 @@ enum class Bf16GemmPath : std::uint8_t { Onednn, WidenSgemm };
 
 // The path bf16_gemm takes at the current cpu_isa().
 Bf16GemmPath bf16_gemm_path();
+
+// Benchmarks only (bench/bench_gemm.cpp --path): take one path at every level, to measure
+// oneDNN's own lower-level bf16 kernels against WidenSgemm. Null: by cpu_isa() (the default).
+void set_bf16_gemm_path_override(const Bf16GemmPath* path);
 
 // The scratch bytes bf16_gemm needs for g on the current path (0 when none). On the oneDNN path
 // this creates (and caches) the primitive, so the answer is the scratchpad it will use.
