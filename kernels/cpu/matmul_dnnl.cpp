@@ -416,7 +416,10 @@ void onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, st
   KILN_CHECK(K > 0 && alpha != 0.0f, "[onednn_sgemm] needs K > 0 and alpha != 0");
   const Problem p{dt::f32, g};
   const auto e = lookup(p);
-  std::vector<std::byte> scratch(static_cast<std::size_t>(e->scratch_bytes) + 64);
+  // Kept per thread between calls (not zeroed per call, which would tilt the comparison).
+  thread_local std::vector<std::byte> scratch;
+  if (scratch.size() < static_cast<std::size_t>(e->scratch_bytes) + 64)
+    scratch.resize(static_cast<std::size_t>(e->scratch_bytes) + 64);
   void* aligned =
       scratch.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch.data()) % 64) % 64;
   execute(p, *e, A, B, C, nullptr, aligned, e->scratch_bytes);

@@ -69,7 +69,7 @@ void bf16_gemm(const Bf16Gemm& g, const bf16* A, const bf16* B, void* C, const v
 std::string bf16_gemm_impl(const Bf16Gemm& g);
 
 // f32 GEMM through oneDNN (for measuring it against OpenBLAS: bench/bench_gemm.cpp). Same
-// layout rules as gemm<float> in matmul.h; allocates its scratchpad itself (untracked).
+// layout rules as gemm<float> in matmul.h; keeps its scratchpad itself, per thread (untracked).
 void onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
                   float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
                   float beta, float* C, std::int64_t ldc);
