@@ -147,9 +147,12 @@ int main(int argc, char** argv) {
                                             },
                                             min_s));
       }
-      auto tflops = [&](double t) { return t < 1e29 ? flop / t / 1e12 : 0.0; };
-      std::printf("%-16s %10.3f %10.3f %10.3f  %s\n", s.c_str(), tflops(best_bf16),
-                  tflops(best_dnnl), tflops(best_blas), kiln::cpu::bf16_gemm_impl(g).c_str());
+      auto rate = [&](double t) {
+        return t < 1e29 ? fmt::format("{:10.3f}", flop / t / 1e12) : fmt::format("{:>10}", "-");
+      };
+      std::printf("%-16s %s %s %s  %s\n", s.c_str(), rate(best_bf16).c_str(),
+                  rate(best_dnnl).c_str(), rate(best_blas).c_str(),
+                  kiln::cpu::bf16_gemm_impl(g).c_str());
     }
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

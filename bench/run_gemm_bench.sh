@@ -6,8 +6,9 @@
 #
 #   bench/run_gemm_bench.sh [THREADS=2]
 #
-# Environment: BUILD_DIR (default build-bench), ROUNDS (5), MIN_SECONDS (0.3), SHAPES (extra
-# --shape MxNxK arguments, e.g. "--shape 512x1024x3072").
+# Environment: BUILD_DIR (default build-bench), ROUNDS (5), MIN_SECONDS (0.3), SHAPES (--shape
+# MxNxK arguments replacing the default shapes, e.g. "--shape 512x1024x3072"), LEVELS (the ISA
+# levels to run, default "avx2 avx512 avx512bf16 amx", stopping at the detected one).
 set -euo pipefail
 
 THREADS="${1:-2}"
@@ -29,7 +30,7 @@ rm -f "$LOG"
 mkdir -p "$ROOT/bench/results"
 OUT="$ROOT/bench/results/cpu_gemm_$(date -u +%Y%m%d_%H%M%S).txt"
 detected="$("$BIN" --shape 1x1x1 --only bf16 --rounds 1 --min-seconds 0 | sed -n 's/.*isa \([a-z0-9]*\).*/\1/p')"
-levels=(avx2 avx512 avx512bf16 amx)
+read -r -a levels <<<"${LEVELS:-avx2 avx512 avx512bf16 amx}"
 {
   echo "# kiln_bench_gemm, $(date -u +%FT%TZ), commit $(git -C "$ROOT" rev-parse --short HEAD)" \
     "($(git -C "$ROOT" status --porcelain --untracked-files=no | wc -l) tracked files differ)"
@@ -43,7 +44,7 @@ levels=(avx2 avx512 avx512bf16 amx)
       --min-seconds "$MIN_SECONDS" ${SHAPES:-}
     [[ "$level" == "$detected" ]] && break
   done
-  if [[ "$detected" == avx512* || "$detected" == amx ]]; then
+  if [[ -z "${LEVELS:-}" && ( "$detected" == avx512* || "$detected" == amx ) ]]; then
     echo
     echo "## KILN_CPU_ISA=avx512 --path onednn (oneDNN's own bf16 emulation, which kiln does not use)"
     KILN_CPU_ISA=avx512 OMP_NUM_THREADS="$THREADS" "$BIN" --rounds "$ROUNDS" \
