@@ -123,6 +123,16 @@ Bf16Gemm fold_batch(Bf16Gemm g) {
   return g;
 }
 
+// oneDNN broadcasts the batch of A or of B, not of both: with both shared, each C of the batch
+// is its own GEMM (C may differ per entry when beta != 0), one after another on one primitive.
+bool both_shared(const Bf16Gemm& g) { return g.batch > 1 && g.stride_a == 0 && g.stride_b == 0; }
+Bf16Gemm one_entry(Bf16Gemm g) {
+  g.batch = 1;
+  g.stride_a = g.stride_b = g.stride_c = 0;
+  return g;
+}
+Bf16Gemm onednn_problem(const Bf16Gemm& g) { return both_shared(g) ? one_entry(g) : fold_batch(g); }
+
 // A stored matrix as a oneDNN memory descriptor of its logical (rows, cols) = op(X), with the
 // batch dim in front when batched (size 1, broadcast, when its batch stride is 0).
 memory::desc matrix_desc(dt type, std::int64_t rows, std::int64_t cols, std::int64_t ld, bool trans,
@@ -377,7 +387,7 @@ std::int64_t bf16_gemm_scratch_bytes(const Bf16Gemm& g0) {
   check_gemm("bf16_gemm", g0);
   if (g0.M == 0 || g0.N == 0 || g0.batch == 0 || g0.K == 0 || g0.alpha == 0.0f) return 0;
   if (bf16_gemm_path() == Bf16GemmPath::WidenSgemm) return widen_blocks(g0).bytes();
-  return lookup({dt::bf16, fold_batch(g0)})->scratch_bytes;
+  return lookup({dt::bf16, onednn_problem(g0)})->scratch_bytes;
 }
 
 void bf16_gemm(const Bf16Gemm& g0, const bf16* A, const bf16* B, void* C, const void* bias,
@@ -387,14 +397,18 @@ void bf16_gemm(const Bf16Gemm& g0, const bf16* A, const bf16* B, void* C, const 
   if (g0.K == 0 || g0.alpha == 0.0f) return scale_and_bias(g0, C, bias);
   if (bf16_gemm_path() == Bf16GemmPath::WidenSgemm)
     return widen_sgemm(g0, A, B, C, bias, scratch, scratch_bytes);
-  const Problem p{dt::bf16, fold_batch(g0)};
-  execute(p, *lookup(p), A, B, C, bias, scratch, scratch_bytes);
+  const Problem p{dt::bf16, onednn_problem(g0)};
+  const auto e = lookup(p);
+  const std::int64_t entries = both_shared(g0) ? g0.batch : 1;
+  for (std::int64_t b = 0; b < entries; ++b)
+    execute(p, *e, A, B, static_cast<char*>(C) + b * g0.stride_c * elt_size(g0.c_type), bias,
+            scratch, scratch_bytes);
 }
 
 std::string bf16_gemm_impl(const Bf16Gemm& g) {
   check_gemm("bf16_gemm", g);
   if (bf16_gemm_path() == Bf16GemmPath::WidenSgemm) return "widen+sgemm";
-  return lookup({dt::bf16, fold_batch(g)})->impl;
+  return lookup({dt::bf16, onednn_problem(g)})->impl;
 }
 
 void onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,

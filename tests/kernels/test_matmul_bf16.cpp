@@ -211,12 +211,12 @@ TEST(Bf16Gemm, BatchesWithStridesAndBroadcastAtEveryLevel) {
     cpu::ScopedCpuIsa cap(level);
     for (bool ta : {false, true})
       for (bool tb : {false, true})
-        for (int broadcast = 0; broadcast < 3; ++broadcast)  // none, A shared, B shared
+        for (int broadcast = 0; broadcast < 4; ++broadcast)  // none, A, B, both shared
           for (int pad : {0, 2}) {
             Bf16Gemm g;
             g.trans_a = ta, g.trans_b = tb, g.M = 7, g.N = 33, g.K = 65, g.batch = 5;
-            g.stride_a = broadcast == 1 ? 0 : 1;  // nonzero: check_case sets the real stride
-            g.stride_b = broadcast == 2 ? 0 : 1;
+            g.stride_a = broadcast == 1 || broadcast == 3 ? 0 : 1;  // 1: check_case sets it
+            g.stride_b = broadcast == 2 || broadcast == 3 ? 0 : 1;
             check_case(g, pad, seed += 5, level);
             g.c_type = GemmElt::F32, g.beta = 0.5f;
             check_case(g, pad, seed += 5, level);

@@ -143,6 +143,8 @@ TEST(MatmulBf16, StridedTransposedAndBroadcastViewsAtEveryLevel) {
     Tensor a_bc = rand_bf16({1, M, K}, seed += 3).expand({B, M, K});
     expect_matches({B, M, N, K, true, false, values(a_bc.narrow(0, 0, 1)), values(b3)},
                    matmul(a_bc, b3), {}, at + " broadcast a");
+    expect_matches({B, M, N, K, true, true, values(a_bc.narrow(0, 0, 1)), values(b2)},
+                   matmul(a_bc, b2), {}, at + " broadcast a @ 2-d (both shared)");
     // a batch of transposed matrices: (B, K, M) viewed as (B, M, K)
     Tensor at3 = rand_bf16({B, K, M}, seed += 3);
     expect_matches({B, M, N, K, false, false, values(at3.transpose(1, 2)), values(b3)},
