@@ -146,6 +146,7 @@ memory::desc matrix_desc(dt type, std::int64_t rows, std::int64_t cols, std::int
 }
 
 std::shared_ptr<const Entry> build_entry(const Problem& p) {
+  (void)cpu_isa();  // caps oneDNN's ISA (isa.cpp) before its first primitive
   const Bf16Gemm& g = p.g;
   auto e = std::make_shared<Entry>();
   const memory::desc a_md = matrix_desc(p.in_type, g.M, g.K, g.lda, g.trans_a, g.batch, g.stride_a);
