@@ -302,19 +302,21 @@ WidenBlocks widen_blocks(const Bf16Gemm& g) {
   return w;
 }
 
-// dst (rows, cols) row-major f32 = the block of op(X) at (r0, c0); X stored with row stride ld.
-void widen_block(const bf16* X, std::int64_t ld, bool trans, std::int64_t r0, std::int64_t c0,
-                 std::int64_t rows, std::int64_t cols, float* dst) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* d = dst + r * cols;
-    if (!trans) {
-      const bf16* s = X + (r0 + r) * ld + c0;
-      for (std::int64_t c = 0; c < cols; ++c) d[c] = bf16_to_float(s[c]);
-    } else {
-      const bf16* s = X + c0 * ld + (r0 + r);
-      for (std::int64_t c = 0; c < cols; ++c) d[c] = bf16_to_float(s[c * ld]);
-    }
+// The block of op(X) at (r0, c0), (rows, cols), widened to f32 in dst as it is stored: row-major
+// (rows, cols) when !trans, else the stored (cols, rows) block, which sgemm reads transposed.
+// Either way the reads run along stored rows: gathering a transposed block column by column
+// strides whole rows apart (64 KiB for a 32000-wide gradient), which thrashes the caches.
+// Returns dst's row stride.
+std::int64_t widen_block(const bf16* X, std::int64_t ld, bool trans, std::int64_t r0,
+                         std::int64_t c0, std::int64_t rows, std::int64_t cols, float* dst) {
+  const std::int64_t stored_rows = trans ? cols : rows, stored_cols = trans ? rows : cols;
+  const bf16* base = trans ? X + c0 * ld + r0 : X + r0 * ld + c0;
+  for (std::int64_t r = 0; r < stored_rows; ++r) {
+    const bf16* s = base + r * ld;
+    float* d = dst + r * stored_cols;
+    for (std::int64_t c = 0; c < stored_cols; ++c) d[c] = bf16_to_float(s[c]);
   }
+  return stored_cols;
 }
 
 // C tile (i0, j0) of one batch entry (A, B, C already offset to it): K in blocks, accumulated
@@ -338,9 +340,10 @@ void widen_tile(const Bf16Gemm& g, const WidenBlocks& w, const bf16* A, const bf
     }
   for (std::int64_t k0 = 0; k0 < g.K; k0 += w.kb) {
     const std::int64_t kb = std::min(w.kb, g.K - k0);
-    widen_block(A, g.lda, g.trans_a, i0, k0, mb, kb, a_blk);
-    widen_block(B, g.ldb, g.trans_b, k0, j0, kb, nb, b_blk);
-    gemm<float>(false, false, mb, nb, kb, g.alpha, a_blk, kb, b_blk, nb, 1.0f, acc, ldacc);
+    const std::int64_t lda = widen_block(A, g.lda, g.trans_a, i0, k0, mb, kb, a_blk);
+    const std::int64_t ldb = widen_block(B, g.ldb, g.trans_b, k0, j0, kb, nb, b_blk);
+    gemm<float>(g.trans_a, g.trans_b, mb, nb, kb, g.alpha, a_blk, lda, b_blk, ldb, 1.0f, acc,
+                ldacc);
   }
   if (!in_place)
     for (std::int64_t i = 0; i < mb; ++i)
