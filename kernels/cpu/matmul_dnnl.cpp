@@ -384,7 +384,7 @@ void set_bf16_gemm_path_override(const Bf16GemmPath* path) {
 Bf16GemmPath bf16_gemm_path() {
   if (const int o = g_path_override.load(std::memory_order_relaxed); o != kNoOverride)
     return static_cast<Bf16GemmPath>(o);
-  return cpu_has(CpuIsa::Avx512Bf16) ? Bf16GemmPath::Onednn : Bf16GemmPath::WidenSgemm;
+  return cpu_has(CpuIsa::Amx) ? Bf16GemmPath::Onednn : Bf16GemmPath::WidenSgemm;
 }
 
 std::int64_t bf16_gemm_scratch_bytes(const Bf16Gemm& g0) {

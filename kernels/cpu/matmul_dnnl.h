@@ -11,16 +11,16 @@
 // matrix for every batch entry.
 //
 // Paths (bf16_gemm_path, by cpu_isa()):
-//   Onednn      cpu_isa() >= Avx512Bf16: a cached oneDNN matmul primitive. oneDNN picks its own
-//               kernel up to the level it was capped at (isa.cpp caps it once at KILN_CPU_ISA or
-//               the detected level): brgemm on AMX tiles ("brg:avx512_core_amx_bf16") or on
-//               vdpbf16ps ("brg:avx512_core_bf16").
-//   WidenSgemm  below Avx512Bf16: op(A) and op(B) widened to f32 one cache-sized block at a time
-//               (at most 256x256 elements of each), multiplied by OpenBLAS sgemm into an f32
-//               block of C, rounded once into C. OpenMP threads take whole C tiles, each with
-//               its own blocks (the scratch grows with the thread count). oneDNN 2.6 has no bf16
-//               matmul for AVX2, and on plain AVX-512 its bf16 emulation ("gemm:jit") measured 3-5x
-//               slower than this (docs/cpu_gemm.md).
+//   Onednn      cpu_isa() == Amx: a cached oneDNN matmul primitive; oneDNN picks its kernel up to
+//               the level it was capped at (isa.cpp caps it once at KILN_CPU_ISA or the detected
+//               level): brgemm on AMX tiles ("brg:avx512_core_amx_bf16").
+//   WidenSgemm  below Amx: op(A) and op(B) widened to f32 one cache-sized block at a time (at
+//               most 256x256 elements of each), multiplied by OpenBLAS sgemm into an f32 block of
+//               C, rounded once into C. OpenMP threads take whole C tiles, each with its own
+//               blocks (the scratch grows with the thread count). Measured on this machine
+//               (docs/cpu_gemm.md): oneDNN 2.6's AVX512-BF16 brgemm ("brg:avx512_core_bf16") ran
+//               at 0.2-1x of this, its plain AVX-512 emulation ("gemm:jit") at 0.3-0.4x, and it
+//               has no AVX2 bf16 matmul. set_bf16_gemm_path_override(Onednn) still runs them.
 // Both take their scratch from the caller (bf16_gemm_scratch_bytes): oneDNN runs with a
 // user-managed scratchpad, so every byte is the caller's and is tracked.
 //

@@ -1,8 +1,8 @@
 // bf16 GEMM (kernels/cpu/matmul_dnnl.h) against a float64 reference, at every ISA level this
-// machine supports: ScopedCpuIsa picks kiln's path (oneDNN at Avx512Bf16 and above, widened
-// blocks through sgemm below); oneDNN's own kernel is capped per process by KILN_CPU_ISA, so
-// tests/CMakeLists.txt also runs this file under KILN_CPU_ISA=avx512bf16 (oneDNN's vdpbf16ps
-// brgemm instead of AMX) where the machine has it.
+// machine supports: ScopedCpuIsa picks kiln's path (oneDNN at Amx, widened blocks through sgemm
+// below); oneDNN's own kernel is capped per process by KILN_CPU_ISA, so tests/CMakeLists.txt
+// also runs this file under KILN_CPU_ISA=avx512bf16, where the oneDNN-path test checks oneDNN's
+// vdpbf16ps brgemm instead of AMX.
 //
 // Tolerance. Inputs are exact bf16 values, so every product a*b (8-bit mantissas) is exact in
 // f32; the error is the f32 accumulation of K terms, the alpha/beta/bias arithmetic, and one
@@ -282,6 +282,34 @@ TEST(Bf16Gemm, PrimitivesAreCachedByProblem) {
   g.ldb = 32;  // another stride is another primitive
   cpu::bf16_gemm_scratch_bytes(g);
   EXPECT_EQ(cpu::onednn_cache_stats().created - before.created, 2);
+}
+
+// oneDNN's kernels below AMX are not kiln's path (docs/cpu_gemm.md), but stay correct: forced
+// onto the oneDNN path, the run under KILN_CPU_ISA=avx512bf16 (tests/CMakeLists.txt) checks
+// brg:avx512_core_bf16, and one under KILN_CPU_ISA=avx512 would check oneDNN's emulation.
+TEST(Bf16Gemm, OnednnPathMatchesTheReferenceWhereverItRuns) {
+  bool skip = false;
+  levels_or_skip(&skip);
+  if (skip) GTEST_SKIP() << "KILN_CPU_ISA asks for more than this CPU supports";
+  if (!cpu::cpu_has(CpuIsa::Avx512))
+    GTEST_SKIP() << "oneDNN 2.6 has no bf16 matmul at " << cpu::cpu_isa_name(cpu::cpu_isa());
+  const cpu::Bf16GemmPath onednn = cpu::Bf16GemmPath::Onednn;
+  cpu::set_bf16_gemm_path_override(&onednn);
+  struct Restore {
+    ~Restore() { cpu::set_bf16_gemm_path_override(nullptr); }
+  } restore;
+  uint64_t seed = 3000;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (GemmElt c_type : {GemmElt::BF16, GemmElt::F32}) {
+        Bf16Gemm g;
+        g.trans_a = ta, g.trans_b = tb, g.M = 33, g.N = 257, g.K = 65, g.c_type = c_type;
+        check_case(g, 1, seed += 5, cpu::cpu_isa());
+        g.alpha = 0.5f, g.beta = 1.0f, g.batch = 3, g.stride_a = 1, g.stride_b = 0;
+        check_case(g, 0, seed += 5, cpu::cpu_isa());
+        g.alpha = 1.0f, g.beta = 0.0f, g.batch = 1, g.stride_b = 0, g.has_bias = true;
+        check_case(g, 0, seed += 5, cpu::cpu_isa());
+      }
 }
 
 // oneDNN runs at the level kiln runs at: capped by KILN_CPU_ISA, else the detected one.
