@@ -195,7 +195,8 @@ struct LinearNode final : Node {
       Tensor x2 = x.reshape({-1, in});
       Tensor buf = leaf_grad_buffer(next[1]);
       // Accumulate straight into the gradient buffer (no (out, in) temporary) where a gemm
-      // kernel takes the dtype natively (beta = 1): f32/f64 on the CPU, every float dtype on CUDA.
+      // kernel takes the dtype natively (beta = 1): f32/f64/bf16 on the CPU, every float dtype on
+      // CUDA.
       const bool gemm_dtype = ops::has_native_kernel<ops::GemmArgs>(g2.device(), g2.dtype());
       if (buf.defined() && buf.dtype() == g2.dtype() && x2.dtype() == g2.dtype() && gemm_dtype) {
         ops::gemm_(buf, g2, x2, true, false, 1.0, 1.0);  // dW += g^T x

@@ -331,6 +331,18 @@ void infer_run(const BudgetSpec& s, Device device) {
 }  // namespace
 
 bool simulates_native_dtype(const BudgetSpec& s) {
+  // Every kernel the simulated backend runs in f32 and that some backend takes in s.dtype
+  // (kernels f32 by design, as AdamW on its masters, count on none) must take s.dtype there too.
+  const auto& regs = ops::registrations();
+  auto has = [&](std::string_view kernel, DeviceType dev, DType dt, bool any_device) {
+    return std::any_of(regs.begin(), regs.end(), [&](const ops::Registration& r) {
+      return r.kernel == kernel && r.dtype == dt && (any_device || r.device == dev);
+    });
+  };
+  for (const ops::Registration& r : regs)
+    if (r.device == s.simulate && r.dtype == DType::F32 &&
+        has(r.kernel, s.simulate, s.dtype, true) && !has(r.kernel, s.simulate, s.dtype, false))
+      return false;
   return ops::find_kernel<ops::MatmulArgs>(s.simulate, s.dtype) != nullptr;
 }
 

@@ -116,7 +116,8 @@ BudgetFigures analytic_budget(const BudgetSpec& s);
 
 // The analytic model describes a backend that computes the budget's dtype natively (no f32
 // copies of bf16 tensors). True when the simulated backend's kernel table has native kernels for
-// it; false for bf16 on a CPU without bf16 kernels, whose dry run charges the f32 conversions.
+// it (every kernel that any backend takes in that dtype); false for bf16 on a CPU that still
+// converts some ops (today all but the GEMMs), whose dry run charges the f32 conversions.
 bool simulates_native_dtype(const BudgetSpec& s);
 
 // Runs the workload on `device` and reads that device's tracker, as deltas

@@ -119,7 +119,8 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
   }
   if (!simulates_native_dtype(reports.front().spec))
     out += fmt::format(
-        "  the CPU has no {} kernels yet: the dry run (and a CPU run) makes f32 copies that the "
+        "  the CPU lacks some {} kernels yet: the dry run (and a CPU run) makes f32 copies that "
+        "the "
         "analytic model, which assumes native {}, leaves out (--simulate cuda for a GPU)\n",
         dtype_name(reports.front().spec.dtype), dtype_name(reports.front().spec.dtype));
   out += "\n";

@@ -43,8 +43,10 @@ void register_all_dtypes(Kernel<A> k = {}) {
 
 using ops::rows_of;
 
-// Each family's registrations (kernels_cpu_basic.cpp, kernels_cpu_nn.cpp).
+// Each family's registrations (kernels_cpu_basic.cpp, kernels_cpu_nn.cpp), and the native bf16
+// matmul kernels (kernels_cpu_matmul_bf16.cpp).
 void register_basic();
 void register_nn();
+void register_matmul_bf16();
 
 }  // namespace kiln::ops::cpu_glue

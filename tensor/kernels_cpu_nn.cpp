@@ -364,6 +364,7 @@ void register_nn() {
 
 void register_cpu_kernels() {
   cpu_glue::register_basic();
+  cpu_glue::register_matmul_bf16();
   cpu_glue::register_nn();
 }
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <dnnl.hpp>
 #include <string>
 
 #include "kernels/common/error.h"
@@ -86,6 +87,37 @@ int env_cap() {
   return cap;
 }
 
+// oneDNN picks its kernels by its own CPU detection. Cap it once, before its first primitive, at
+// the level kiln runs at (detected, or KILN_CPU_ISA), so KILN_CPU_ISA=avx512 keeps oneDNN off
+// AMX and AVX512-BF16 too. oneDNN accepts the cap only before it generates code, so a later
+// ScopedCpuIsa cannot lower it: tests of oneDNN's lower levels run under KILN_CPU_ISA.
+bool cap_onednn(CpuIsa level) {
+  dnnl::cpu_isa isa = dnnl::cpu_isa::all;
+  switch (level) {
+    case CpuIsa::Scalar:
+      isa = dnnl::cpu_isa::sse41;
+      break;
+    case CpuIsa::Avx2:
+      isa = dnnl::cpu_isa::avx2;
+      break;
+    case CpuIsa::Avx512:
+      isa = dnnl::cpu_isa::avx512_core;
+      break;
+    case CpuIsa::Avx512Bf16:
+      isa = dnnl::cpu_isa::avx512_core_bf16;
+      break;
+    case CpuIsa::Amx:
+      isa = dnnl::cpu_isa::avx512_core_amx;
+      break;
+  }
+  const dnnl::status st = dnnl::set_max_cpu_isa(isa);
+  KILN_CHECK(st == dnnl::status::success,
+             "[cpu_isa] oneDNN refused the ISA cap {} (status {}): a oneDNN primitive was "
+             "created before kiln's first cpu_isa() call",
+             cpu_isa_name(level), static_cast<int>(st));
+  return true;
+}
+
 }  // namespace
 
 CpuIsa cpu_isa_detected() {
@@ -96,6 +128,7 @@ CpuIsa cpu_isa_detected() {
 CpuIsa cpu_isa() {
   int level = static_cast<int>(cpu_isa_detected());
   if (const int e = env_cap(); e != kNoOverride && e < level) level = e;
+  [[maybe_unused]] static const bool onednn_capped = cap_onednn(static_cast<CpuIsa>(level));
   if (const int s = g_scoped_cap.load(std::memory_order_relaxed); s != kNoOverride && s < level)
     level = s;
   return static_cast<CpuIsa>(level);

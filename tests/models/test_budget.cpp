@@ -147,9 +147,10 @@ TEST(Budget, DryRunEqualsMeasuredVariants) {
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "train sgd");
 }
 
-// The CPU runs bf16 natively where it has a bf16 kernel (tensor/kernels_cpu_*.cpp) and through f32
-// copies elsewhere; the dry run, asking the CPU's kernel table, charges exactly those copies and
-// the native kernels' declared scratch.
+// The CPU runs bf16 natively where it has a bf16 kernel (tensor/kernels_cpu_*.cpp: GEMMs on oneDNN
+// with a user-managed scratchpad or widened blocks, and most other ops) and through f32 copies
+// elsewhere; the dry run, asking the CPU's kernel table, charges exactly those copies and the
+// native kernels' declared scratch.
 TEST(Budget, DryRunEqualsMeasuredInBf16OnTheCpu) {
   BudgetSpec s;
   s.cfg = tiny_qwen3();
@@ -160,6 +161,12 @@ TEST(Budget, DryRunEqualsMeasuredInBf16OnTheCpu) {
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 train rc");
   s.mode = BudgetMode::Infer, s.recompute = false, s.seq = 20, s.decode_steps = 4;
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 infer");
+  // stories15M's shapes (dim 288, hidden 768, vocab 32000) through the bf16 GEMMs.
+  BudgetSpec t;
+  t.cfg = preset("stories15M");
+  t.dtype = DType::BF16;
+  t.mode = BudgetMode::Train, t.batch = 2, t.seq = 64, t.adamw = true;
+  expect_same(run_budget(t, Device::meta()), run_budget(t, Device::cpu()), "stories15M bf16 train");
 }
 
 TEST(Budget, AnalyticMatchesDryRun) {
