@@ -346,6 +346,11 @@ bool simulates_native_dtype(const BudgetSpec& s) {
   return ops::find_kernel<ops::MatmulArgs>(s.simulate, s.dtype) != nullptr;
 }
 
+bool gemm_scratch_unmodelled(const BudgetSpec& s) {
+  return s.simulate == DeviceType::CPU && s.dtype == DType::BF16 &&
+         ops::find_kernel<ops::LinearArgs>(DeviceType::CPU, DType::BF16) != nullptr;
+}
+
 BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
   s.validate();
   if (device.is_cuda()) {

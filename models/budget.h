@@ -120,6 +120,11 @@ BudgetFigures analytic_budget(const BudgetSpec& s);
 // converts some ops (today all but the GEMMs), whose dry run charges the f32 conversions.
 bool simulates_native_dtype(const BudgetSpec& s);
 
+// Whether the simulated backend's GEMMs in s.dtype declare library scratch that the analytic
+// model leaves out (the CPU's bf16 GEMMs: oneDNN's user-managed scratchpad, or the widening
+// blocks below AMX). The dry run and a real run charge it to Temporaries.
+bool gemm_scratch_unmodelled(const BudgetSpec& s);
+
 // Runs the workload on `device` and reads that device's tracker, as deltas
 // from a baseline taken before the model is built (everything is created and
 // freed inside). Training: one steady-state step as models/trainer.cpp does it

@@ -6,7 +6,8 @@
 // L layers, Hq/Hk query/key-value heads, D head_dim, F intermediate, V vocab,
 // e = bytes of the model dtype, f = 4 (f32: norm statistics, attention lse).
 // The dry run, and so this model, follow the CUDA path: bf16/f16 are computed
-// natively, with no f32 conversion scratch (the CPU kernels make some; see
+// natively, with no f32 conversion scratch and no GEMM library scratch (the CPU's
+// bf16 GEMMs charge oneDNN's scratchpad: gemm_scratch_unmodelled; see
 // docs/memory.md). r(x) rounds one allocation of x bytes up
 // to the allocator's block (64 B on the CPU, 512 B for CUDA).
 //

@@ -123,6 +123,10 @@ std::string budget_report_text(const std::vector<BudgetReport>& reports) {
         "the "
         "analytic model, which assumes native {}, leaves out (--simulate cuda for a GPU)\n",
         dtype_name(reports.front().spec.dtype), dtype_name(reports.front().spec.dtype));
+  else if (gemm_scratch_unmodelled(reports.front().spec))
+    out +=
+        "  the dry run's temporaries include the CPU bf16 GEMMs' scratch (oneDNN's scratchpad "
+        "or widening blocks), which the analytic model leaves out\n";
   out += "\n";
   // Header: per mode, analytic | dry run | Δ [| measured | Δ].
   const int w = 12;

@@ -63,9 +63,12 @@ void expect_same(const BudgetFigures& dry, const BudgetFigures& meas, const std:
 }
 
 // The analytic model is compared with the dry run of a backend that computes the dtype
-// natively: the simulated one, or CUDA's where the simulated CPU widens bf16 to f32 copies.
+// natively without GEMM library scratch: the simulated one, or CUDA's where the simulated CPU
+// widens bf16 to f32 copies or, in bf16, charges oneDNN's scratchpad (a few hundred KiB per
+// GEMM shape that the analytic model leaves out: 1.16 MiB of 8.92 GiB for Qwen3-0.6B, but
+// enough to move the peak of these tiny models).
 void expect_analytic(BudgetSpec s) {
-  if (!simulates_native_dtype(s)) s.simulate = DeviceType::CUDA;
+  if (!simulates_native_dtype(s) || gemm_scratch_unmodelled(s)) s.simulate = DeviceType::CUDA;
   BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
   std::string what = fmt::format("{} {} {} b{} s{}{}", s.cfg.name, budget_mode_name(s.mode),
                                  dtype_name(s.dtype), s.batch, s.seq, s.recompute ? " rc" : "");
@@ -200,7 +203,7 @@ TEST(Budget, GeluGatedMlpDryRunAndAnalytic) {
     expect_analytic(s);
     // Exact against a dry run that takes the dtype natively on the CPU allocator; a bf16 CPU
     // without bf16 kernels is compared with CUDA's dry run, within expect_analytic's tolerance.
-    if (!simulates_native_dtype(s)) return;
+    if (!simulates_native_dtype(s) || gemm_scratch_unmodelled(s)) return;
     BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
     for (std::size_t i = 0; i < kNumBudgetRows; ++i)
       if (i != idx(BudgetRow::Slack))  // the allocator's, not a category

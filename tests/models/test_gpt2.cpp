@@ -426,7 +426,8 @@ std::size_t idx(models::BudgetRow r) { return static_cast<std::size_t>(r); }
 // Against the dry run of a backend that computes the dtype natively (test_budget.cpp).
 void expect_analytic(models::BudgetSpec s) {
   using models::BudgetRow;
-  if (!models::simulates_native_dtype(s)) s.simulate = DeviceType::CUDA;
+  if (!models::simulates_native_dtype(s) || models::gemm_scratch_unmodelled(s))
+    s.simulate = DeviceType::CUDA;
   models::BudgetFigures a = models::analytic_budget(s), d = models::run_budget(s, Device::meta());
   std::string what = fmt::format("{} {} {} b{} s{}{}", s.cfg.name, models::budget_mode_name(s.mode),
                                  dtype_name(s.dtype), s.batch, s.seq, s.recompute ? " rc" : "");
