@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gemv_bf16.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/random.h"
 #include "kernels/cpu/reduce.h"
@@ -162,6 +163,41 @@ struct LinearCpu {
   }
 };
 
+// ---- bf16 Linear -------------------------------------------------------------------------------
+
+// Up to this many rows of x (decode, small batches), bf16 Linear is a bandwidth-bound GEMV that
+// reads the bf16 weight once, in place. Above it, the f32 kernel runs on f32 copies, as the
+// dispatcher would convert for it (prefill, training).
+constexpr std::int64_t kLinearGemvMaxRows = 16;
+
+// out = x w^T + bias, all bf16 and contiguous; rows_of(x) <= kLinearGemvMaxRows.
+void linear_bf16_gemv(LinearArgs& a) {
+  const std::int64_t N = a.w.size(0), K = a.w.size(1), rows = rows_of(a.x);
+  kiln::cpu::gemv_bf16<bf16, bf16>(rows, N, K, a.x.data<bf16>(), K, a.w.data<bf16>(), K,
+                                   a.bias.defined() ? a.bias.data<bf16>() : nullptr,
+                                   a.out.data<bf16>(), N);
+}
+
+Chosen<LinearArgs> linear_f32_kernel() {
+  return {find_kernel<LinearArgs>(DeviceType::CPU, DType::F32), DType::F32};
+}
+
+struct LinearBf16Cpu {
+  static void run(LinearArgs& a) {
+    if (rows_of(a.x) <= kLinearGemvMaxRows) return linear_bf16_gemv(a);
+    run_chosen(a, linear_f32_kernel());
+  }
+  // The f32 copies run_chosen makes for the f32 kernel (x, w, bias, then out's buffer), alive
+  // together during the call; none for the GEMV.
+  static ScratchList scratch(const LinearArgs& a, DType) {
+    if (rows_of(a.x) <= kLinearGemvMaxRows) return {};
+    ScratchList bytes;
+    for (const Tensor* t : {&a.x, &a.w, &a.bias, &a.out})
+      if (t->defined()) bytes.push_back(t->numel() * static_cast<std::int64_t>(sizeof(float)));
+    return bytes;
+  }
+};
+
 }  // namespace
 
 void register_basic() {
@@ -181,6 +217,8 @@ void register_basic() {
   register_float<GemmArgs, GemmCpu>();
   register_float<MatmulArgs, MatmulCpu>();
   register_float<LinearArgs, LinearCpu>();
+  register_kernel<LinearArgs>(DeviceType::CPU, DType::BF16,
+                              {.run = &LinearBf16Cpu::run, .scratch = &LinearBf16Cpu::scratch});
 }
 
 }  // namespace cpu_glue

@@ -306,6 +306,7 @@ void register_nn() {
   register_float<SoftmaxArgs, SoftmaxCpu>();
   register_float<SoftmaxBackwardArgs, SoftmaxBackwardCpu>();
   register_float<EmbeddingArgs, EmbeddingCpu>();
+  register_kernel<EmbeddingArgs>(DeviceType::CPU, DType::BF16, {.run = &EmbeddingCpu<bf16>::run});
   register_float<EmbeddingBackwardArgs, EmbeddingBackwardCpu>();
   register_float<RmsNormArgs, RmsNormCpu>();
   register_float<RmsNormBackwardArgs, RmsNormBackwardCpu>({.scratch = &rmsnorm_backward_scratch});

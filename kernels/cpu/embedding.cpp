@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/common/error.h"
+#include "kernels/common/half.h"
 
 namespace kiln::cpu {
 
@@ -58,5 +59,9 @@ void embedding_backward(int64_t n_tokens, int64_t vocab, int64_t dim, const int3
 KILN_EMBEDDING_INST(float)
 KILN_EMBEDDING_INST(double)
 #undef KILN_EMBEDDING_INST
+// The gather copies rows as they are stored: bf16 tables are read in place (decode would
+// otherwise widen the whole table to f32 for one row).
+template void embedding_forward<bf16>(int64_t, int64_t, int64_t, const int32_t*, const bf16*,
+                                      bf16*);
 
 }  // namespace kiln::cpu
