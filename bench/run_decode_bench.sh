@@ -31,6 +31,8 @@ BUILD_DIR="${BUILD_DIR:-$ROOT/build-bench}"
 QWEN="$ROOT/../shared/data/qwen"
 WORK_DIR="${WORK_DIR:-$(mktemp -d)}"
 PY=/usr/bin/python3
+NCPU="$(nproc --all)"  # before OMP_NUM_THREADS is set: nproc honours it
+LOADAVG="$(cut -d' ' -f1 /proc/loadavg)"
 export OMP_NUM_THREADS="$THREADS"
 
 if [[ ! -d "$BUILD_DIR" ]]; then
@@ -38,7 +40,7 @@ if [[ ! -d "$BUILD_DIR" ]]; then
 fi
 LOG="$(mktemp)"
 if ! cmake --build "$BUILD_DIR" --target kiln kiln_bench_gemv kiln_write_random_safetensors \
-  -j"$(nproc)" >"$LOG" 2>&1; then
+  -j"$NCPU" >"$LOG" 2>&1; then
   cat "$LOG" >&2
   exit 1
 fi
@@ -108,10 +110,10 @@ OUT="$ROOT/bench/results/cpu_decode_$(date +%Y%m%d_%H%M%S).json"
 COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 CPU="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
-"$PY" - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$(nproc)" "$THREADS" "$PROMPT" "$NEW" "$g" \
-  "$(printf '%s\n' "${lines[@]}")" <<'EOF'
+"$PY" - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$NCPU" "$THREADS" "$PROMPT" "$NEW" "$g" \
+  "$(printf '%s\n' "${lines[@]}")" "$LOADAVG" <<'EOF'
 import json, sys, datetime
-out, commit, dirty, cpu, ncpu, threads, prompt, new, gemv, runs = sys.argv[1:11]
+out, commit, dirty, cpu, ncpu, threads, prompt, new, gemv, runs, loadavg = sys.argv[1:12]
 runs = [json.loads(l) for l in runs.splitlines() if l.strip()]
 gemv = [json.loads(l) for l in gemv.replace("} {", "}\n{").splitlines() if l.strip()]
 by = {(r["run"], r["dtype"]): r for r in runs}
@@ -119,7 +121,8 @@ f32, bf16 = by.get(("qwen3-0.6b", "f32")), by.get(("qwen3-0.6b", "bf16"))
 res = {
     "bench": "cpu_decode", "date": datetime.datetime.utcnow().isoformat() + "Z",
     "commit": commit, "dirty_files": int(dirty), "cpu": cpu, "nproc": int(ncpu),
-    "threads": int(threads), "prompt_tokens": int(prompt), "new_tokens": int(new),
+    "threads": int(threads), "loadavg_1m": float(loadavg), "prompt_tokens": int(prompt),
+    "new_tokens": int(new),
     "runs": runs, "gemv": gemv,
     "bf16_over_f32_decode": bf16["decode_tok_s"] / f32["decode_tok_s"] if f32 and bf16 and f32["decode_tok_s"] else None,
     "bf16_over_f32_prefill": bf16["prefill_tok_s"] / f32["prefill_tok_s"] if f32 and bf16 and f32["prefill_tok_s"] else None,
