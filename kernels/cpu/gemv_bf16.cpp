@@ -23,13 +23,13 @@ namespace {
 
 // Below this many weight elements one thread does it all (the fork costs more than it saves).
 constexpr int64_t kParallelMinElems = int64_t{1} << 16;
-// Each load of w row r at column k prefetches row r + kPrefetchRows at column k: the same
-// position two row blocks ahead, a steady distance of 8 rows (16 KiB at K = 1024) in the
-// contiguous weight. Rows of decode's weights are short (2-6 KiB), so a prefetch a fixed number
-// of columns ahead within the row mostly lands in rows already being read, and the hardware
-// streamer restarts on every short row; measured on Sapphire Rapids (Qwen3-0.6B's shapes, one
-// thread): 8.6 GB/s with 1 KiB ahead in the row, 10.2 GB/s with 8 rows ahead.
-constexpr int64_t kPrefetchRows = 2 * kGemvRowBlock;
+// Each load of w row r at column k prefetches row r + prefetch_rows(RB) at column k: the same
+// position at least 8 rows (16 KiB at K = 1024) ahead in the contiguous weight, one or two row
+// blocks. Rows of decode's weights are short (2-6 KiB), so a prefetch a fixed number of columns
+// ahead within the row mostly lands in rows already being read, and the hardware streamer
+// restarts on every short row. Measured on Sapphire Rapids (Qwen3-0.6B's shapes, one thread,
+// 4-row blocks): 8.6 GB/s with 1 KiB ahead in the row, 10.2 GB/s with 8 rows ahead.
+constexpr int64_t prefetch_rows(int RB) { return RB >= 8 ? RB : 8; }
 
 template <typename T>
 inline float to_f32(T v) {
@@ -100,7 +100,8 @@ struct Avx512Bf16Block {
       __m512bh xv[MB];
       for (int m = 0; m < MB; ++m) xv[m] = load_pairs(x + m * ldx + k);
       for (int r = 0; r < RB; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + (r + kPrefetchRows) * ldw + k), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (r + prefetch_rows(RB)) * ldw + k),
+                     _MM_HINT_T0);
         const __m512bh wv = load_pairs(w + r * ldw + k);
         for (int m = 0; m < MB; ++m) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], wv, xv[m]);
       }
@@ -146,7 +147,8 @@ struct Avx512Block {
     int64_t k = 0;
     for (; k + 32 <= K; k += 32) {
       for (int r = 0; r < RB; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (r + kPrefetchRows) * ldw + k), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (r + prefetch_rows(RB)) * ldw + k),
+                     _MM_HINT_T0);
       for (int h = 0; h < 32; h += 16) {
         __m512 xv[MB];
         for (int m = 0; m < MB; ++m) xv[m] = load16(x + m * ldx + k + h);
@@ -195,7 +197,8 @@ struct Avx2Block {
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
       for (int r = 0; r < RB; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (r + kPrefetchRows) * ldw + k), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (r + prefetch_rows(RB)) * ldw + k),
+                     _MM_HINT_T0);
       for (int h = 0; h < 16; h += 8) {
         __m256 xv[MB];
         for (int m = 0; m < MB; ++m) xv[m] = load8(x + m * ldx + k + h);
@@ -222,12 +225,16 @@ template <typename X>
 using BlockFn = void (*)(int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
                          float* sums);
 
-// The block function for mb rows of x (1..kMaxMB) and rb rows of w (kGemvRowBlock or 1).
-template <template <int, int, class> class Block, int kMaxMB, typename X, int MB = kMaxMB>
+// The block function for mb rows of x (1..MB) and rb rows of w (1, or RB when mb * RB fits the
+// kAccs accumulator registers).
+template <template <int, int, class> class Block, int kAccs, typename X, int MB, int RB>
 BlockFn<X> pick_block(int mb, int rb) {
   if constexpr (MB > 1)
-    if (mb < MB) return pick_block<Block, kMaxMB, X, MB - 1>(mb, rb);
-  return rb == kGemvRowBlock ? &Block<MB, kGemvRowBlock, X>::run : &Block<MB, 1, X>::run;
+    if (mb < MB) return pick_block<Block, kAccs, X, MB - 1, RB>(mb, rb);
+  if constexpr (MB * RB <= kAccs)
+    if (rb == RB) return &Block<MB, RB, X>::run;
+  KILN_CHECK(rb == 1, "[gemv_bf16] no register block for {} x {} rows", mb, rb);
+  return &Block<MB, 1, X>::run;
 }
 
 // y[m, r] = sums[m * rb + r] + bias[r] for the block's mb x rb outputs.
@@ -238,32 +245,47 @@ inline void store_block(int mb, int rb, const float* sums, const Y* bias, Y* y, 
       y[m * ldy + r] = from_f32<Y>(sums[m * rb + r] + (bias ? to_f32(bias[r]) : 0.0f));
 }
 
-template <template <int, int, class> class Block, int kMaxMB, typename X, typename Y>
-void run_gemv(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
-              const Y* bias, Y* y, int64_t ldy) {
-  constexpr int64_t RB = kGemvRowBlock;
+// One pass over w in blocks of RB rows, each used for all M rows of x, kMaxMB at a time.
+template <template <int, int, class> class Block, int kAccs, int kMaxMB, int RB, typename X,
+          typename Y>
+void run_blocks(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const bf16* w,
+                int64_t ldw, const Y* bias, Y* y, int64_t ldy) {
   const int64_t nblocks = (N + RB - 1) / RB;
   const bool parallel = N * K >= kParallelMinElems && nblocks > 1;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t n0 = b * RB, rows = std::min(RB, N - n0);
-    float sums[kMaxMB * RB];
+    const int64_t n0 = b * RB, rows = std::min<int64_t>(RB, N - n0);
+    float sums[kAccs];
     for (int64_t m0 = 0; m0 < M; m0 += kMaxMB) {
       const int mb = static_cast<int>(std::min<int64_t>(kMaxMB, M - m0));
       const X* xm = x + m0 * ldx;
       Y* ym = y + m0 * ldy + n0;
       if (rows == RB) {
-        pick_block<Block, kMaxMB, X>(mb, RB)(K, xm, ldx, w + n0 * ldw, ldw, sums);
+        pick_block<Block, kAccs, X, kMaxMB, RB>(mb, RB)(K, xm, ldx, w + n0 * ldw, ldw, sums);
         store_block(mb, RB, sums, bias ? bias + n0 : nullptr, ym, ldy);
         continue;
       }
-      const BlockFn<X> one_row = pick_block<Block, kMaxMB, X>(mb, 1);
+      const BlockFn<X> one_row = pick_block<Block, kAccs, X, kMaxMB, RB>(mb, 1);
       for (int64_t r = 0; r < rows; ++r) {
         one_row(K, xm, ldx, w + (n0 + r) * ldw, ldw, sums);
         store_block(mb, 1, sums, bias ? bias + n0 + r : nullptr, ym + r, ldy);
       }
     }
   }
+}
+
+// Row blocks as tall as the kAccs accumulators allow for min(M, kMaxMB) rows of x: more rows of
+// w in flight keep more memory streams busy (one thread, Qwen3-0.6B's shapes, M = 1: 11.7 GB/s
+// with 4-row blocks, 13.5 with 8, 14.4 with 16, as fast as OpenBLAS's f32 sgemv in the same run).
+template <template <int, int, class> class Block, int kAccs, int kMaxMB, typename X, typename Y>
+void run_gemv(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
+              const Y* bias, Y* y, int64_t ldy) {
+  const int64_t rb = kAccs / std::min<int64_t>(M, kMaxMB);
+  if (rb >= 16 && kAccs >= 16)
+    return run_blocks<Block, kAccs, kMaxMB, 16>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+  if (rb >= 8 && kAccs >= 8)
+    return run_blocks<Block, kAccs, kMaxMB, 8>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+  run_blocks<Block, kAccs, kMaxMB, kGemvRowBlock>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
 }
 
 }  // namespace
@@ -279,16 +301,16 @@ void gemv_bf16(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const b
   switch (cpu_isa()) {
     case CpuIsa::Amx:
     case CpuIsa::Avx512Bf16:
-      return run_gemv<Avx512Bf16Block, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+      return run_gemv<Avx512Bf16Block, 16, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
     case CpuIsa::Avx512:
-      return run_gemv<Avx512Block, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+      return run_gemv<Avx512Block, 16, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
     case CpuIsa::Avx2:
-      return run_gemv<Avx2Block, 2>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+      return run_gemv<Avx2Block, 8, 2>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
     case CpuIsa::Scalar:
       break;
   }
 #endif
-  run_gemv<ScalarBlock, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+  run_gemv<ScalarBlock, 16, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
 }
 
 template void gemv_bf16<bf16, bf16>(int64_t, int64_t, int64_t, const bf16*, int64_t, const bf16*,

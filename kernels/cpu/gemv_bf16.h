@@ -7,8 +7,9 @@
 // Products are summed in f32 and rounded once into y.
 //
 // Decode is bound by the bytes of w, so the kernel reads w exactly once from memory: a block of
-// kGemvRowBlock rows of w is used for every row of x before the next block is read (for more
-// x rows than one register block holds, the w block is read again from L1/L2, not from memory).
+// rows of w (16, 8 or kGemvRowBlock, as many as the accumulator registers allow for the rows of
+// x) is used for every row of x before the next block is read (for more x rows than one
+// register block holds, the w block is read again from L1/L2, not from memory).
 // OpenMP threads take contiguous ranges of row blocks, so each thread streams its part of w in
 // order. No scratch is allocated.
 //
@@ -28,7 +29,7 @@
 
 namespace kiln::cpu {
 
-// Rows of w that one register block reads together.
+// The shortest row block (rows of w one register block reads together).
 inline constexpr int64_t kGemvRowBlock = 4;
 
 // X and Y: bf16 or float. bias may be null.
