@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -99,10 +100,39 @@ bool is_float_file_dtype(const std::string& d) {
   return d == "F32" || d == "F16" || d == "BF16" || d == "F64";
 }
 
+// Gives a meta parameter (as built, contiguous) CPU storage: the file's bytes in place when they
+// already hold the parameter's dtype, aligned for it; else CPU memory (Weights) with a converted
+// copy. `owner` keeps the file mappings alive as long as a tensor uses them.
+void materialize_on_cpu(Tensor& p, const io::TensorEntry& e, const std::uint8_t* bytes,
+                        const std::shared_ptr<const void>& owner, const std::string& what) {
+  TensorImpl& impl = *p.impl();
+  KILN_CHECK(p.is_contiguous() && p.offset() == 0,
+             "[load_safetensors] {}: a parameter to load must be a whole contiguous tensor", what);
+  const DType file_dtype = dtype_from_safetensors(e.dtype);
+  if (file_dtype == p.dtype() &&
+      reinterpret_cast<std::uintptr_t>(bytes) % dtype_size(file_dtype) == 0) {
+    impl.storage = std::make_shared<Storage>(bytes, e.nbytes(), MemCategory::Weights, owner);
+    impl.offset = 0;
+    return;
+  }
+  Tensor t;
+  {
+    MemoryScope scope(MemCategory::Temporaries);
+    t = tensor_from_bytes(e.dtype, e.shape, bytes, e.nbytes(), what);
+  }
+  MemoryScope scope(MemCategory::Weights);
+  Tensor dst = Tensor::empty(p.shape(), p.dtype(), Device::cpu());
+  dst.copy_(t);
+  impl.storage = dst.storage();
+  impl.offset = 0;
+}
+
 }  // namespace
 
 void load_safetensors(nn::Module& m, const std::string& path_or_dir, const LoadOptions& options) {
-  Source src;
+  // Shared: tensors used in place from the mappings keep them alive after this returns.
+  auto shared_src = std::make_shared<Source>();
+  Source& src = *shared_src;
   if (fs::is_directory(path_or_dir))
     src.index.emplace(io::SafetensorsIndex::open_dir(path_or_dir));
   else
@@ -141,10 +171,15 @@ void load_safetensors(nn::Module& m, const std::string& path_or_dir, const LoadO
     fail("{}", msg);
   }
 
+  const std::shared_ptr<const void> owner = shared_src;
   for (auto& [name, p] : params) {
-    if (p.device().is_meta()) continue;
+    if (p.device().is_meta() && !options.materialize_on_cpu) continue;
     auto f = src.find(name);
     const io::TensorEntry& e = *f->first;
+    if (p.device().is_meta()) {
+      materialize_on_cpu(p, e, f->second, owner, fmt::format("{} (tensor {})", path_or_dir, name));
+      continue;
+    }
     // The mapped bytes may be unaligned for their type: copy into an aligned
     // scratch tensor first, then convert into the parameter in place.
     MemoryScope scope(MemCategory::Temporaries);

@@ -39,6 +39,11 @@ struct LoadOptions {
   bool ignore_tied_lm_head = false;
   // Other names in the file to skip silently.
   std::vector<std::string> ignore;
+  // Inference on the CPU: parameters on meta (a model built there, no memory) get CPU storage.
+  // Where the file holds a tensor in the parameter's dtype (bf16 weights for a bf16 model), the
+  // tensor is used in place in the read-only file mapping, not copied: the memory report counts
+  // those bytes as mapped, and writing them faults. Other tensors are converted into CPU memory.
+  bool materialize_on_cpu = false;
 };
 
 // Loads a single .safetensors file, or a Hugging Face model folder
@@ -48,7 +53,7 @@ struct LoadOptions {
 // Before any value is copied, every parameter must be present with the right
 // shape and the file must hold no other names; otherwise one kiln::Error lists
 // the missing, unexpected and mis-shaped names. Meta parameters are validated
-// but not written.
+// but not written, unless options.materialize_on_cpu.
 void load_safetensors(nn::Module& m, const std::string& path_or_dir,
                       const LoadOptions& options = {});
 

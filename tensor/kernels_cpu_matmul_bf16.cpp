@@ -11,6 +11,7 @@
 // dry run charges the same bytes.
 #include <algorithm>
 
+#include "kernels/cpu/gemv_bf16.h"
 #include "kernels/cpu/matmul_dnnl.h"
 #include "tensor/kernels_cpu.h"
 #include "tensor/op_args.h"
@@ -160,9 +161,32 @@ void gemm_bf16_dnnl(GemmArgs& a) { run_plan(gemm_plan(a), a.a, a.b, a.c, Tensor(
 
 void matmul_bf16_dnnl(MatmulArgs& a) { run_plan(matmul_plan(a), a.a, a.b, a.out, Tensor()); }
 
-// out (rows, N) = x (rows, K) w^T + bias, the bias fused into the GEMM. The whole bf16 Linear on
-// the CPU: a decode GEMV for small row counts can be routed here before the GEMM.
-void linear_bf16_dnnl(LinearArgs& a) { run_plan(linear_plan(a), a.x, a.w, a.out, a.bias); }
+// Up to this many rows of x (decode, small batches), bf16 Linear is the bandwidth-bound GEMV
+// (kernels/cpu/gemv_bf16.h), which reads the weight once, in place, and allocates nothing. At
+// 16 rows the GEMV is already compute-bound (2.5 GB/s of weights, one loaded thread) while
+// oneDNN's AMX tiles take 16 rows at a time, so the GEMM takes over above a few rows.
+constexpr std::int64_t kLinearGemvMaxRows = 4;
+
+// Whether the GEMV reads this Linear as it is: few rows, x and w row-major (any row stride).
+bool linear_runs_gemv(const LinearArgs& a) {
+  return rows_of(a.x) <= kLinearGemvMaxRows && !rows_operand(a.x).transposed &&
+         !operand(a.w).transposed;
+}
+
+// out (rows, N) = x (rows, K) w^T + bias: the GEMV for decode, else one GEMM with the bias fused.
+void linear_bf16(LinearArgs& a) {
+  if (!linear_runs_gemv(a)) return run_plan(linear_plan(a), a.x, a.w, a.out, a.bias);
+  const Operand ox = rows_operand(a.x), ow = operand(a.w);
+  const std::int64_t N = a.w.size(0), K = a.w.size(1);
+  kiln::cpu::gemv_bf16<bf16, bf16>(rows_of(a.x), N, K, a.x.data<bf16>(), ox.ld, a.w.data<bf16>(),
+                                   ow.ld, a.bias.defined() ? a.bias.data<bf16>() : nullptr,
+                                   a.out.data<bf16>(), N);
+}
+
+ScratchList linear_scratch(const LinearArgs& a, DType d) {
+  if (linear_runs_gemv(a)) return {};
+  return plan_scratch<LinearArgs, linear_plan>(a, d);
+}
 
 }  // namespace
 
@@ -175,10 +199,9 @@ void register_matmul_bf16() {
                               {.run = &matmul_bf16_dnnl,
                                .accepts = &matmul_accepts,
                                .scratch = &plan_scratch<MatmulArgs, matmul_plan>});
-  register_kernel<LinearArgs>(DeviceType::CPU, DType::BF16,
-                              {.run = &linear_bf16_dnnl,
-                               .accepts = &linear_accepts,
-                               .scratch = &plan_scratch<LinearArgs, linear_plan>});
+  register_kernel<LinearArgs>(
+      DeviceType::CPU, DType::BF16,
+      {.run = &linear_bf16, .accepts = &linear_accepts, .scratch = &linear_scratch});
 }
 
 }  // namespace cpu_glue

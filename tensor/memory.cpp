@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "kernels/common/error.h"
@@ -141,6 +142,13 @@ void MemoryTracker::on_reserve(std::int64_t delta) {
   if (s_.reserved > s_.reserved_peak) s_.reserved_peak = s_.reserved;
 }
 
+void MemoryTracker::on_map(MemCategory c, std::int64_t bytes) {
+  std::lock_guard lock(mu_);
+  s_.mapped[static_cast<std::size_t>(c)] += bytes;
+  s_.mapped_total += bytes;
+  s_.mapped_total_peak = std::max(s_.mapped_total_peak, s_.mapped_total);
+}
+
 MemStats MemoryTracker::stats() const {
   std::lock_guard lock(mu_);
   return s_;
@@ -154,6 +162,7 @@ void MemoryTracker::reset_peaks() {
   s_.peak_phase = t_phase;
   s_.peak_label = t_label;
   s_.reserved_peak = s_.reserved;
+  s_.mapped_total_peak = s_.mapped_total;
   events_.clear();
 }
 
@@ -220,6 +229,17 @@ std::string format_memory_summary(const MemStats& s, std::string_view title,
     out += fmt::format("  {:<16} {:>12} {:>12}\n", "allocator slack",
                        format_bytes(s.reserved - s.total),
                        format_bytes(s.reserved_peak - s.total_peak));
+  if (s.mapped_total_peak > 0) {
+    out += fmt::format("  mapped file pages, used in place (not allocated, not in the total):\n");
+    for (std::size_t i = 0; i < kNumMemCategories; ++i)
+      if (s.mapped[i] != 0)
+        out +=
+            fmt::format("  {:<16} {:>12}\n",
+                        fmt::format("{} (mapped)", mem_category_name(static_cast<MemCategory>(i))),
+                        format_bytes(s.mapped[i]));
+    out += fmt::format("  {:<16} {:>12} {:>12}\n", "mapped total", format_bytes(s.mapped_total),
+                       format_bytes(s.mapped_total_peak));
+  }
   if (device) out += format_device_memory(*device);
   out += fmt::format("  global peak in phase '{}'{}\n", phase_name(s.peak_phase),
                      s.peak_label.empty() ? "" : fmt::format(", at {}", s.peak_label));

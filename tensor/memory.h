@@ -118,6 +118,11 @@ struct MemStats {
   std::int64_t reserved_peak = 0;
   std::int64_t num_allocs = 0;
   std::int64_t num_frees = 0;
+  // File pages used in place (a weight tensor inside a read-only safetensors mapping): no
+  // allocator holds them, so they are in none of the figures above. The kernel shares them with
+  // the page cache; they count in the process's RSS once touched.
+  CategoryBytes mapped{};
+  std::int64_t mapped_total = 0, mapped_total_peak = 0;
 };
 
 // One tracker per device type (cpu, cuda, meta). Thread-safe.
@@ -128,6 +133,8 @@ class MemoryTracker {
   void on_alloc(MemCategory c, std::int64_t bytes);
   void on_free(MemCategory c, std::int64_t bytes);
   void on_reserve(std::int64_t delta);  // allocator-level reserve changes
+  // Bytes used in place from a file mapping: + when a tensor starts using them, - when freed.
+  void on_map(MemCategory c, std::int64_t bytes);
 
   MemStats stats() const;
   // Resets peaks to the current values (and clears the timeline); current

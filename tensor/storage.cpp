@@ -161,6 +161,22 @@ Storage::Storage(std::size_t nbytes, Device device, MemCategory category)
   data_ = allocator_for(device).allocate(nbytes, category);
 }
 
-Storage::~Storage() { allocator_for(device_).deallocate(data_, nbytes_, category_); }
+Storage::Storage(const void* data, std::size_t nbytes, MemCategory category,
+                 std::shared_ptr<const void> keep_alive)
+    : data_(const_cast<void*>(data)),
+      nbytes_(nbytes),
+      device_(Device::cpu()),
+      category_(category),
+      keep_alive_(std::move(keep_alive)) {
+  KILN_CHECK(keep_alive_ != nullptr, "[storage] mapped bytes need an owner that keeps them alive");
+  MemoryTracker::get(DeviceType::CPU).on_map(category, static_cast<std::int64_t>(nbytes));
+}
+
+Storage::~Storage() {
+  if (keep_alive_)
+    MemoryTracker::get(DeviceType::CPU).on_map(category_, -static_cast<std::int64_t>(nbytes_));
+  else
+    allocator_for(device_).deallocate(data_, nbytes_, category_);
+}
 
 }  // namespace kiln

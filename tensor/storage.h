@@ -35,6 +35,11 @@ void empty_cpu_cache();
 class Storage {
  public:
   Storage(std::size_t nbytes, Device device, MemCategory category);
+  // Bytes kiln did not allocate, used in place (CPU only): a weight inside a read-only file
+  // mapping. Nothing is allocated or freed; `keep_alive` (the mapping) lives as long as this
+  // Storage. The tracker counts the bytes as mapped in `category`, apart from allocations.
+  Storage(const void* data, std::size_t nbytes, MemCategory category,
+          std::shared_ptr<const void> keep_alive);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -43,12 +48,15 @@ class Storage {
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   MemCategory category() const { return category_; }
+  // True for bytes used in place from a mapping (read-only: writing them faults).
+  bool mapped() const { return keep_alive_ != nullptr; }
 
  private:
   void* data_ = nullptr;
   std::size_t nbytes_;
   Device device_;
   MemCategory category_;
+  std::shared_ptr<const void> keep_alive_;
 };
 
 }  // namespace kiln

@@ -258,7 +258,9 @@ TEST(Budget, Qwen3_8BBytesPerParamAndKvPerToken) {
   for (std::int64_t ctx : {4096, 32768}) {
     s.seq = ctx - 32, s.context = ctx;
     BudgetFigures i = run_budget(s, Device::meta());
-    EXPECT_EQ(i.at_peak[idx(BudgetRow::KVCache)], 147456 * ctx);
+    // The row's own peak: with bf16 Linear native on the CPU (no f32 copy of the LM head), the
+    // global peak of a short context can fall in the model's construction, before the cache.
+    EXPECT_EQ(i.peak[idx(BudgetRow::KVCache)], 147456 * ctx);
     expect_analytic(s);
   }
 }

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# CPU decode and prefill benchmark, bf16 against f32 and the read bandwidth in one run.
+#
+#   bench/run_decode_bench.sh [THREADS=2]
+#
+# 1. Writes a random-weight bf16 Qwen3-0.6B folder (kiln_write_random_safetensors, from
+#    ../shared/data/qwen/Qwen3-0.6B/config.json) and runs `kiln generate --bandwidth` on it
+#    in f32 (weights converted on load) and in bf16 (weights used in place from the mapping):
+#    prefill tokens/s for PROMPT tokens, decode tokens/s for NEW tokens, GB/s of weights and KV
+#    read per second, the fraction of the read bandwidth measured in the same process, load
+#    time and peak RSS.
+# 2. kiln_bench_gemv: the decode step's GEMVs alone, bf16 against f32 (OpenBLAS) and the read
+#    bandwidth, measured round-robin.
+# 3. With MODEL8B=1: the same for Qwen3-8B in bf16 (a 16.4 GB folder written under WORK_DIR,
+#    read once to warm the page cache, deleted afterwards; needs about 20 GB of free disk).
+#    A prompt of PROMPT8B <= 16 tokens keeps prefill on the GEMV too (no f32 weight copies).
+# Prints each figure and writes bench/results/cpu_decode_<date>.json (commit, CPU model, date).
+#
+# Environment: PAIRS (2: f32+bf16 pairs, run alternately; the ratios use each dtype's best run,
+# since other work on the cores slows single runs by up to 10x), PROMPT (128), NEW (32),
+# PROMPT8B (16), NEW8B (8), MODEL8B (0), WORK_DIR (mktemp -d), BUILD_DIR
+# (build-bench next to the repo's build/), OMP_WAIT_POLICY (passed on unchanged).
+set -euo pipefail
+
+THREADS="${1:-2}"
+PROMPT="${PROMPT:-128}"
+NEW="${NEW:-32}"
+NEW8B="${NEW8B:-8}"
+PROMPT8B="${PROMPT8B:-16}"
+MODEL8B="${MODEL8B:-0}"
+PAIRS="${PAIRS:-2}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$ROOT/build-bench}"
+QWEN="$ROOT/../shared/data/qwen"
+WORK_DIR="${WORK_DIR:-$(mktemp -d)}"
+PY=/usr/bin/python3
+NCPU="$(nproc --all)"  # before OMP_NUM_THREADS is set: nproc honours it
+LOADAVG="$(cut -d' ' -f1 /proc/loadavg)"
+export OMP_NUM_THREADS="$THREADS"
+
+if [[ ! -d "$BUILD_DIR" ]]; then
+  cmake -S "$ROOT" -B "$BUILD_DIR" -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+LOG="$(mktemp)"
+if ! cmake --build "$BUILD_DIR" --target kiln kiln_bench_gemv kiln_write_random_safetensors \
+  -j"$NCPU" >"$LOG" 2>&1; then
+  cat "$LOG" >&2
+  exit 1
+fi
+rm -f "$LOG"
+KILN="$BUILD_DIR/apps/kiln"
+cleanup() { rm -rf "$WORK_DIR/qwen3-0.6b" "$WORK_DIR/qwen3-8b"; }
+trap cleanup EXIT
+
+# One `kiln generate` run: prints one JSON line of its figures.
+run_generate() {  # label model dtype new prompt_tokens
+  local err
+  err="$(mktemp)"
+  /usr/bin/time -v "$KILN" generate --model "$2" --dtype "$3" --prompt-ids "$(seq -s, 1 "$5")" \
+    --max-new-tokens "$4" --temperature 0 --bandwidth >/dev/null 2>"$err"
+  "$PY" - "$1" "$3" "$err" <<'EOF'
+import json, re, sys
+label, dtype, path = sys.argv[1:4]
+t = open(path).read()
+def num(pattern):
+    m = re.search(pattern, t)
+    return float(m.group(1).replace(",", "")) if m else None
+print(json.dumps({
+    "run": label, "dtype": dtype,
+    "load_s": num(r"loaded .* in ([0-9.]+) s"),
+    "prefill_tok_s": num(r"prefill\s+([0-9.]+) tokens/s"),
+    "decode_tok_s": num(r"decode\s+([0-9.]+) tokens/s"),
+    "bytes_per_token_mb": num(r"= ([0-9.]+) MB ->"),
+    "decode_gbs": num(r"-> ([0-9.]+) GB/s at the decode rate"),
+    "read_gbs": num(r"read ([0-9.]+) GB/s;"),
+    "fraction_of_read": (num(r"decode reaches ([0-9.]+)% of read") or 0) / 100,
+    "mapped_weights": (re.search(r"weights \(mapped\)\s+(\S+ \S+)", t) or [None, None])[1],
+    "peak_rss_gb": (num(r"Maximum resident set size \(kbytes\): ([0-9]+)") or 0) / 1e6,
+}))
+EOF
+  rm -f "$err"
+}
+
+lines=()
+"$BUILD_DIR/bench/kiln_write_random_safetensors" --config "$QWEN/Qwen3-0.6B/config.json" \
+  --out "$WORK_DIR/qwen3-0.6b" --dtype bf16 2>/dev/null
+for ((i = 0; i < PAIRS; i++)); do
+  for dt in f32 bf16; do
+    l="$(run_generate qwen3-0.6b "$WORK_DIR/qwen3-0.6b" "$dt" "$NEW" "$PROMPT")"
+    echo "$l"
+    lines+=("$l")
+  done
+done
+g="$("$BUILD_DIR/bench/kiln_bench_gemv" --config "$QWEN/Qwen3-0.6B/config.json" --reps 5 | tr '\n' ' ')"
+echo "$g"
+rm -rf "$WORK_DIR/qwen3-0.6b"
+
+if [[ "$MODEL8B" == 1 ]]; then
+  free_gb=$(df -BG --output=avail "$WORK_DIR" | tail -n 1 | tr -dc 0-9)
+  if ((free_gb < 20)); then
+    echo "MODEL8B: only ${free_gb} GB free under $WORK_DIR; skipped" >&2
+  else
+    "$BUILD_DIR/bench/kiln_write_random_safetensors" --config "$QWEN/Qwen3-8B/config.json" \
+      --out "$WORK_DIR/qwen3-8b" --dtype bf16 2>/dev/null
+    cat "$WORK_DIR"/qwen3-8b/*.safetensors >/dev/null  # a warm page cache, as the target says
+    l="$(run_generate qwen3-8b "$WORK_DIR/qwen3-8b" bf16 "$NEW8B" "$PROMPT8B")"
+    echo "$l"
+    lines+=("$l")
+    rm -rf "$WORK_DIR/qwen3-8b"
+  fi
+fi
+
+mkdir -p "$ROOT/bench/results"
+OUT="$ROOT/bench/results/cpu_decode_$(date +%Y%m%d_%H%M%S).json"
+COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
+CPU="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
+"$PY" - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$NCPU" "$THREADS" "$PROMPT" "$NEW" "$g" \
+  "$(printf '%s\n' "${lines[@]}")" "$LOADAVG" <<'EOF'
+import json, sys, datetime
+out, commit, dirty, cpu, ncpu, threads, prompt, new, gemv, runs, loadavg = sys.argv[1:12]
+runs = [json.loads(l) for l in runs.splitlines() if l.strip()]
+gemv = [json.loads(l) for l in gemv.replace("} {", "}\n{").splitlines() if l.strip()]
+def best(dtype, key):
+    v = [r[key] for r in runs if r["run"] == "qwen3-0.6b" and r["dtype"] == dtype and r[key]]
+    return max(v) if v else None
+res = {
+    "bench": "cpu_decode", "date": datetime.datetime.utcnow().isoformat() + "Z",
+    "commit": commit, "dirty_files": int(dirty), "cpu": cpu, "nproc": int(ncpu),
+    "threads": int(threads), "loadavg_1m": float(loadavg), "prompt_tokens": int(prompt),
+    "new_tokens": int(new),
+    "runs": runs, "gemv": gemv,
+}
+for key, name in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
+    f, b = best("f32", key), best("bf16", key)
+    res[f"best_f32_{key}"], res[f"best_bf16_{key}"] = f, b
+    res[f"bf16_over_f32_{name}"] = b / f if f and b else None
+json.dump(res, open(out, "w"), indent=1)
+print(f"bf16/f32 decode {res['bf16_over_f32_decode']}, prefill {res['bf16_over_f32_prefill']}")
+print(f"wrote {out}")
+EOF
