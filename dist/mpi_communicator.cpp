@@ -300,10 +300,16 @@ void MpiCommunicator::barrier() {
 int MpiCommunicator::finalize(int rc) {
   std::fflush(stdout);
   std::fflush(stderr);
-  if (rc != 0 || failed_) {
-    // A peer may wait for this rank in a collective, or be gone: end the whole job now.
-    MPI_Abort(MPI_COMM_WORLD, rc != 0 ? rc : 1);
+  if (failed_) {
+    // A peer is gone (or MPI failed): the other ranks find out by themselves. MPI_Finalize could
+    // wait for the lost rank, so leave without it.
     std::_Exit(rc != 0 ? rc : 1);
+  }
+  if (rc != 0) {
+    // This rank failed on its own (a bad file, a bad flag): its peers may be waiting for it in a
+    // collective, so end the whole job now.
+    MPI_Abort(MPI_COMM_WORLD, rc);
+    std::_Exit(rc);
   }
   if (bf16_sum_ != MPI_OP_NULL) KILN_MPI(*this, MPI_Op_free(&bf16_sum_));
   if (bf16_type_ != MPI_DATATYPE_NULL) KILN_MPI(*this, MPI_Type_free(&bf16_type_));
