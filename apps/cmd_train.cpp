@@ -41,7 +41,8 @@ Run add_train_command(CLI::App& app) {
   // Every numeric flag has a checked range (apps/flags.h): a bad value is refused by name
   // before anything runs, never trained on or divided by.
   constexpr std::int64_t kMaxSteps = 1'000'000'000'000;
-  app.add_option("--batch", o->batch, "Sequences per step")
+  app.add_option("--batch", o->batch,
+                 "Sequences per step (under mpirun: the global batch, split over the ranks)")
       ->capture_default_str()
       ->check(int_in(1, 1 << 20));
   app.add_option("--seq", o->seq, "Tokens per sequence (at most the model's context)")
