@@ -47,6 +47,16 @@ std::vector<std::int64_t> shard_counts(std::int64_t numel, int world) {
   return c;
 }
 
+double wait_timeout_s() {
+  const char* s = std::getenv("KILN_DIST_TIMEOUT_S");
+  if (s == nullptr || *s == '\0') return 600;
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  KILN_CHECK(end != s && *end == '\0' && v > 0 && v <= 1e7,
+             "[dist] KILN_DIST_TIMEOUT_S='{}' must be a number of seconds in (0, 1e7]", s);
+  return v;
+}
+
 double Communicator::all_reduce_scalar(double v, ReduceOp op) {
   if (size() == 1) return v;
   Tensor t = Tensor::empty({1}, DType::F64);

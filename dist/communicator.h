@@ -94,6 +94,9 @@ class LocalCommunicator final : public Communicator {
 void check_buffer(const Tensor& t, std::int64_t numel, const char* op, const char* what);
 std::int64_t sum_counts(std::span<const std::int64_t> counts, int world, const char* op);
 
+// The deadline of every wait, in seconds: KILN_DIST_TIMEOUT_S (default 600), checked.
+double wait_timeout_s();
+
 // The per-rank element counts of one parameter's ZeRO shards (dist/shard.h), rank order.
 std::vector<std::int64_t> shard_counts(std::int64_t numel, int world);
 

@@ -34,16 +34,6 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
     if (kiln_mpi_rc_ != MPI_SUCCESS) (self).fail_mpi(kiln_mpi_rc_, #call); \
   } while (0)
 
-double timeout_from_env() {
-  const char* s = std::getenv("KILN_DIST_TIMEOUT_S");
-  if (s == nullptr || *s == '\0') return 600;
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  KILN_CHECK(end != s && *end == '\0' && v > 0 && v <= 1e7,
-             "[dist] KILN_DIST_TIMEOUT_S='{}' must be a number of seconds in (0, 1e7]", s);
-  return v;
-}
-
 bool process_gone(int pid) {
   if (::kill(pid, 0) != 0) return errno == ESRCH;
   // A killed child stays a zombie until its launcher reaps it.
@@ -60,11 +50,12 @@ class MpiPending final : public PendingOp {
   MpiPending(MpiCommunicator& c, const char* op, Tensor keep_in, Tensor result, bool avg)
       : c_(c), op_(op), in_(std::move(keep_in)), result_(std::move(result)), avg_(avg) {}
   ~MpiPending() override {
-    // Abandoned in flight (an exception unwound past it): the buffers must outlive the request,
-    // so keep them; the job is ending anyway.
-    if (req_ != MPI_REQUEST_NULL && !done_) {
-      new Tensor(in_);
-      new Tensor(result_);
+    // Abandoned in flight (an exception unwound past it; the job is ending): MPI may still write
+    // the buffers, so they must outlive this object.
+    if (!done_ && req_ != MPI_REQUEST_NULL) {
+      static std::vector<Tensor> abandoned;
+      abandoned.push_back(in_);
+      abandoned.push_back(result_);
     }
   }
   bool test() override {
@@ -106,7 +97,7 @@ std::string mpi_error_string(int rc) {
   return std::string(text, static_cast<std::size_t>(len));
 }
 
-MpiCommunicator::MpiCommunicator() : timeout_s_(timeout_from_env()) {
+MpiCommunicator::MpiCommunicator() : timeout_s_(wait_timeout_s()) {
   int initialized = 0;
   if (MPI_Initialized(&initialized) != MPI_SUCCESS) fail("[mpi] MPI_Initialized failed");
   if (!initialized) {
@@ -311,16 +302,17 @@ int MpiCommunicator::finalize(int rc) {
     MPI_Abort(MPI_COMM_WORLD, rc);
     std::_Exit(rc);
   }
-  if (bf16_sum_ != MPI_OP_NULL) KILN_MPI(*this, MPI_Op_free(&bf16_sum_));
-  if (bf16_type_ != MPI_DATATYPE_NULL) KILN_MPI(*this, MPI_Type_free(&bf16_type_));
-  if (comm_ != MPI_COMM_NULL) KILN_MPI(*this, MPI_Comm_free(&comm_));
-  if (own_init_) {
-    const int frc = MPI_Finalize();
-    if (frc != MPI_SUCCESS) {
-      std::fprintf(stderr, "[mpi] MPI_Finalize: %s\n", mpi_error_string(frc).c_str());
-      return 1;
-    }
-  }
+  // After main's handlers: report a failure instead of throwing.
+  auto check = [&](int code, const char* call) {
+    if (code == MPI_SUCCESS) return true;
+    std::fprintf(stderr, "error: [mpi] %s: %s\n", call, mpi_error_string(code).c_str());
+    rc = 1;
+    return false;
+  };
+  if (bf16_sum_ != MPI_OP_NULL) check(MPI_Op_free(&bf16_sum_), "MPI_Op_free");
+  if (bf16_type_ != MPI_DATATYPE_NULL) check(MPI_Type_free(&bf16_type_), "MPI_Type_free");
+  if (comm_ != MPI_COMM_NULL) check(MPI_Comm_free(&comm_), "MPI_Comm_free");
+  if (own_init_) check(MPI_Finalize(), "MPI_Finalize");
   return rc;
 }
 

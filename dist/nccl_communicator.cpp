@@ -75,16 +75,9 @@ class NcclPending final : public PendingOp {
   bool done_ = false;
 };
 
-double timeout_from_env() {
-  const char* s = std::getenv("KILN_DIST_TIMEOUT_S");
-  return s && *s ? std::strtod(s, nullptr) : 600.0;
-}
-
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(MpiCommunicator& mpi)
-    : mpi_(mpi), timeout_s_(timeout_from_env()) {
-  KILN_CHECK(timeout_s_ > 0, "[nccl] KILN_DIST_TIMEOUT_S must be a positive number of seconds");
+NcclCommunicator::NcclCommunicator(MpiCommunicator& mpi) : mpi_(mpi), timeout_s_(wait_timeout_s()) {
   device_ =
       device_for_local_rank(mpi.local_rank(), mpi.local_size(), cuda::device_count(), mpi.host());
   cuda::set_device(device_);
