@@ -209,15 +209,18 @@ void MpiCommunicator::wait(MPI_Request& req, const char* op) {
     }
     if (std::chrono::duration<double>(now - start).count() > timeout_s_) {
       failed_ = true;
-      std::string remote;
-      for (int q = 0; q < size_; ++q)
-        if (peers_[static_cast<std::size_t>(q)].host != host())
-          remote += fmt::format("{}{} (on {})", remote.empty() ? "" : ", ", q,
-                                peers_[static_cast<std::size_t>(q)].host);
+      // No peer on this host is gone: name who could be at fault.
+      std::string local, remote;
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_) continue;
+        const Peer& p = peers_[static_cast<std::size_t>(q)];
+        std::string& list = p.host == host() ? local : remote;
+        list += fmt::format("{}rank {} (pid {} on {})", list.empty() ? "" : ", ", q, p.pid, p.host);
+      }
       fail(
-          "[dist] rank {}: {} did not complete within {:.0f} s (KILN_DIST_TIMEOUT_S); the ranks "
-          "on this host are alive, so a rank on another host was lost or stalled: {}",
-          rank_, op, timeout_s_, remote.empty() ? "none (a peer stalled)" : remote);
+          "[dist] rank {}: {} did not complete within {:.0f} s (KILN_DIST_TIMEOUT_S): a peer "
+          "stalled or was lost. Alive on this host: {}; on other hosts (not probed): {}",
+          rank_, op, timeout_s_, local.empty() ? "none" : local, remote.empty() ? "none" : remote);
     }
   }
 }
