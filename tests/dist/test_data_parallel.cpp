@@ -5,14 +5,17 @@
 // The bound: the two differ only in summation order (a weight's gradient sums its rows' products
 // as two halves, one per rank, added by the all-reduce, instead of one sum over all rows), so one
 // step agrees to about f32's rounding: 1e-6 relative, max |a - b| / max |b| per tensor, for the
-// loss and the gradients (measured 6.2e-7). The weights after AdamW do not keep that bound:
-// AdamW's update is g / (sqrt(v) + eps), about sign(g) * lr on the first step, so an element
-// whose gradient is within rounding of zero moves by a rounding-sized fraction of lr either way.
-// The weights agree to 1e-5 in relative L2 per tensor (measured 5.2e-6 after one step, 3.0e-6
-// after 20) and 1e-3 element-wise (measured 1.5e-4 and 9.4e-5); over 20 steps the losses stay
-// within 1e-6 (measured 9.9e-8). That the difference comes from the summation order is checked
-// too: one process that sums the two halves' gradients as the all-reduce does lands within 1e-6
-// of data parallel's weights element-wise after the step (measured 4.7e-8).
+// loss and the gradients (measured 6.2e-7; 7.1e-7 in the -O1 ASan build). The weights after AdamW
+// do not keep that bound: AdamW's update is g / (sqrt(v) + eps), about sign(g) * lr on the first
+// step, so an element whose gradient is within rounding of zero moves by a rounding-sized fraction
+// of lr either way. One step's weights agree to 1e-5 in relative L2 per tensor (measured 5.2e-6)
+// and 1e-3 element-wise (measured 1.5e-4). Over 20 steps every difference feeds the next step, and
+// the gap depends on the build's summation order: measured (Release / -O1 ASan build) losses
+// 9.9e-8 / 1.7e-6, gradient norms 3.2e-6 / 1.6e-5, weights 3.0e-6 / 3.9e-5 relative L2 and 9.4e-5
+// / 3.7e-4 element-wise; asserted: 1e-5, 1e-4, 2e-4 and 1e-2. That the difference comes from the
+// summation order is checked too: one process that sums the two halves' gradients as the
+// all-reduce does lands within 1e-6 of data parallel's weights element-wise after the step
+// (measured 4.7e-8).
 // ZeRO-1 against data parallel is bit-identical here (2 ranks: a + b either way, and the same
 // AdamW arithmetic per element); it is checked with the same 1e-6 bound.
 // Each test prints what it measured ("measured: ...").
@@ -182,10 +185,12 @@ TEST(DataParallel, TwentyStepsEqualTwentySingleProcessSteps) {
   report("dp 20 steps: grad norm max rel diff", norm_rel);
   report("dp 20 steps: weights max rel L2 diff", w2);
   report("dp 20 steps: weights max element rel diff", w);
-  EXPECT_LE(loss_rel, kBound);
-  EXPECT_LE(norm_rel, 10 * kBound);  // the norm of the (slightly different) weights' gradients
-  EXPECT_LE(w2, 10 * kBound);
-  EXPECT_LE(w, 1000 * kBound);
+  // Loose enough for other builds' summation orders (the -O1 ASan build measured 1.7e-6, 1.6e-5,
+  // 3.9e-5 and 3.7e-4): after 20 AdamW steps the gap depends on every rounding before it.
+  EXPECT_LE(loss_rel, 10 * kBound);
+  EXPECT_LE(norm_rel, 100 * kBound);  // the norm of the (slightly different) weights' gradients
+  EXPECT_LE(w2, 200 * kBound);
+  EXPECT_LE(w, 1e4 * kBound);
 }
 
 // ZeRO-1 against ZeRO-0 after 20 steps; the optimizer state each rank holds, as the tracker counts
