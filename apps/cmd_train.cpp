@@ -6,6 +6,7 @@
 
 #include "apps/commands.h"
 #include "apps/flags.h"
+#include "dist/communicator.h"
 #include "models/config.h"
 #include "models/trainer.h"
 
@@ -40,7 +41,8 @@ Run add_train_command(CLI::App& app) {
   // Every numeric flag has a checked range (apps/flags.h): a bad value is refused by name
   // before anything runs, never trained on or divided by.
   constexpr std::int64_t kMaxSteps = 1'000'000'000'000;
-  app.add_option("--batch", o->batch, "Sequences per step")
+  app.add_option("--batch", o->batch,
+                 "Sequences per step (under mpirun: the global batch, split over the ranks)")
       ->capture_default_str()
       ->check(int_in(1, 1 << 20));
   app.add_option("--seq", o->seq, "Tokens per sequence (at most the model's context)")
@@ -108,6 +110,27 @@ Run add_train_command(CLI::App& app) {
          fmt::format("CPU threads (0: OpenMP default; capped at {} x the cores)", kThreadsPerCore))
       ->capture_default_str()
       ->check(int_in(0, 1 << 20));
+  app.add_option("--zero", o->zero,
+                 "Data parallel: 0 all-reduces gradients; 1 (ZeRO-1) also shards AdamW's m and v "
+                 "(and bf16's f32 masters) over the ranks")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 1}));
+  app.add_option("--bucket-mb", o->bucket_mb,
+                 "Data parallel: MiB of gradients per all-reduce bucket")
+      ->capture_default_str()
+      ->check(real_in(0, 65536, /*lo_open=*/true));
+  app.add_option("--overlap", o->overlap,
+                 "Data parallel: 1 starts each bucket's all-reduce during backward, 0 after it")
+      ->capture_default_str();
+  app.footer(
+      "Data parallel: launch one process per rank with MPI; --batch is the global batch, split "
+      "evenly over the ranks, and rank 0 logs, evaluates and writes checkpoints:\n"
+      "  mpirun -np 2 kiln train --preset stories15M --tokenizer llama2c:tokenizer.bin --data "
+      "tinystories.txt --threads 1\n"
+      "(as root add --allow-run-as-root). On GPUs run one rank per GPU (mpirun -np <GPUs per host> "
+      "... --device cuda): gradients then travel over NCCL, bootstrapped through MPI. Without "
+      "mpirun, kiln train is one process and needs no MPI at run time. A lost rank ends the others "
+      "with an error naming it (KILN_DIST_TIMEOUT_S, default 600 s, bounds every wait).");
   app.add_option("--progress", o->progress,
                  "Progress bar: 1 on, 0 off, -1 when stderr is a terminal")
       ->capture_default_str()
@@ -129,6 +152,7 @@ Run add_train_command(CLI::App& app) {
     const DType dtype = resolve_train_dtype(o->dtype, device);
     set_attention_from_flag(o->attention, "train");
     models::TrainResult r = models::train(*o, device, dtype, std::cout);
+    if (dist::world().rank() != 0) return 0;  // rank 0 reports for the run
     const std::string mfu =
         r.mfu > 0 ? fmt::format("MFU {:.1f}% of {:g} TFLOP/s", 100.0 * r.mfu, r.peak_tflops)
                   : std::string("MFU n/a: unknown peak, pass --peak-tflops");
@@ -139,9 +163,15 @@ Run add_train_command(CLI::App& app) {
         r.final_val_loss, r.best_val_loss, r.checkpoint);
     std::cout << format_memory_summary(
         r.memory,
-        fmt::format("memory ({}{}), by category:", r.device,
-                    r.device_name.empty() ? "" : ", " + r.device_name),
+        fmt::format("memory ({}{}{}), by category:", r.device,
+                    r.device_name.empty() ? "" : ", " + r.device_name,
+                    r.world > 1 ? fmt::format(", rank 0 of {}", r.world) : ""),
         r.device_memory ? &*r.device_memory : nullptr);
+    if (r.memory_max)
+      std::cout << format_memory_summary(
+          *r.memory_max,
+          fmt::format("memory ({}), the max over the {} ranks, by category:", r.device, r.world),
+          nullptr);
     return 0;
   };
 }

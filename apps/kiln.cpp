@@ -5,6 +5,7 @@
 #include <map>
 
 #include "apps/commands.h"
+#include "dist/communicator.h"
 #include "kernels/common/error.h"
 #include "kernels/cpu/isa.h"
 
@@ -14,7 +15,9 @@
 #define KILN_BUILD_KIND "CPU-only"
 #endif
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_kiln(int argc, char** argv) {
   CLI::App app{"kiln: a from-scratch C++/CUDA tensor and autograd framework for small LLMs"};
   app.require_subcommand(1);
   // --version: what this binary was built with and what it will run on here.
@@ -61,3 +64,8 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+// Under mpirun a failing rank ends the whole job (dist::finalize_world), so no peer waits for it.
+int main(int argc, char** argv) { return kiln::dist::finalize_world(run_kiln(argc, argv)); }

@@ -15,7 +15,13 @@ thread_local bool t_grad_enabled = true;
 std::atomic<std::uint64_t> g_seq{0};
 // Leaves whose gradient is returned by grad() instead of accumulated.
 thread_local std::unordered_map<TensorImpl*, Tensor>* t_capture = nullptr;
+thread_local GradReadyHook t_grad_ready;
 }  // namespace
+
+GradReadyHookScope::GradReadyHookScope(GradReadyHook hook) : prev_(std::move(t_grad_ready)) {
+  t_grad_ready = std::move(hook);
+}
+GradReadyHookScope::~GradReadyHookScope() { t_grad_ready = std::move(prev_); }
 
 Node::Node() : seq(g_seq.fetch_add(1)) {}
 
@@ -99,10 +105,14 @@ static void run_backward(const std::vector<Tensor>& roots, const std::vector<Ten
   std::unordered_set<Node*> seen;
   for (const auto& r : roots)
     if (r.grad_fn() && seen.insert(r.grad_fn().get()).second) stack.push_back(r.grad_fn().get());
+  // With a grad-ready hook: how many edges of reachable nodes point at each leaf still to run.
+  const bool report_leaves = t_grad_ready && !t_capture;
+  std::unordered_map<TensorImpl*, int> leaf_uses;
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next) {
+      if (report_leaves && e.leaf) leaf_uses[e.leaf.get()]++;
       if (!e.fn) continue;
       deps[e.fn.get()]++;
       if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
@@ -163,6 +173,11 @@ static void run_backward(const std::vector<Tensor>& roots, const std::vector<Ten
       out[i] = Tensor();
       if (e.fn && --deps[e.fn.get()] == 0) ready.push(e.fn.get());
     }
+    // After the loop: a node may write a leaf's .grad itself (leaf_grad_buffer) without
+    // returning a gradient for the edge.
+    if (report_leaves)
+      for (const Edge& e : n->next)
+        if (e.leaf && --leaf_uses[e.leaf.get()] == 0) t_grad_ready(e.leaf.get());
   }
 }
 

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 
+#include "dist/nccl_communicator.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cuda/runtime.h"
 #include "models/data.h"
@@ -121,6 +122,56 @@ void load_device_checkpoint(const std::string& path, DecoderModel& model, nn::Ad
   opt.step_count = h.opt->step_count;
 }
 
+// Ranks other than 0 log nothing.
+std::ostream& null_stream() {
+  static std::ostream s(nullptr);  // no buffer: every write fails silently
+  return s;
+}
+
+// The communicator of a run: the caller's, else the process's world; on CUDA with more than one
+// rank, NCCL over the MPI world (one rank per GPU).
+dist::Communicator* pick_comm(dist::Communicator* given, Device device,
+                              std::unique_ptr<dist::Communicator>& own) {
+  dist::Communicator* c = given ? given : &dist::world();
+#if defined(KILN_CUDA)
+  if (device.is_cuda() && c->size() > 1 && c->backend() == "mpi") {
+    own = std::make_unique<dist::NcclCommunicator>(static_cast<dist::MpiCommunicator&>(*c));
+    return own.get();
+  }
+#else
+  (void)own;
+#endif
+  KILN_CHECK(!device.is_cuda() || c->size() == 1 || c->backend() == "nccl",
+             "[train] {} ranks on CUDA need the NCCL backend, got {}", c->size(), c->backend());
+  return c;
+}
+
+// Every figure of `m`, the largest over the ranks (a collective).
+MemStats max_over_ranks(dist::Communicator& comm, const MemStats& m) {
+  std::vector<double> v;
+  for (auto x : m.current) v.push_back(static_cast<double>(x));
+  for (auto x : m.peak) v.push_back(static_cast<double>(x));
+  for (auto x : m.at_peak) v.push_back(static_cast<double>(x));
+  for (auto x : {m.total, m.total_peak, m.reserved, m.reserved_peak, m.num_allocs, m.num_frees})
+    v.push_back(static_cast<double>(x));
+  const auto n = static_cast<std::int64_t>(v.size());
+  Tensor mine = Tensor::empty({n}, DType::F64), all = Tensor::empty({n * comm.size()}, DType::F64);
+  std::copy(v.begin(), v.end(), mine.data<double>());
+  comm.all_gather(mine, all, std::vector<std::int64_t>(static_cast<std::size_t>(comm.size()), n));
+  const double* a = all.data<double>();
+  for (int q = 1; q < comm.size(); ++q)
+    for (std::int64_t i = 0; i < n; ++i) v[i] = std::max(v[i], a[q * n + i]);
+  MemStats out = m;
+  std::size_t i = 0;
+  for (auto& x : out.current) x = static_cast<std::int64_t>(v[i++]);
+  for (auto& x : out.peak) x = static_cast<std::int64_t>(v[i++]);
+  for (auto& x : out.at_peak) x = static_cast<std::int64_t>(v[i++]);
+  for (std::int64_t* x : {&out.total, &out.total_peak, &out.reserved, &out.reserved_peak,
+                          &out.num_allocs, &out.num_frees})
+    *x = static_cast<std::int64_t>(v[i++]);
+  return out;
+}
+
 // On --resume the checkpoint must exist and hold the optimizer state.
 CheckpointMeta read_resume_meta(const std::string& ckpt_path) {
   KILN_CHECK(std::filesystem::exists(ckpt_path), "[train] --resume: no checkpoint at {}",
@@ -179,8 +230,13 @@ double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::
   return sum / static_cast<double>(std::max<std::int64_t>(n_batches, 1));
 }
 
-Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream& log)
-    : o_(o), device_(device), log_(log), tracker_(MemoryTracker::get(device.type)) {
+Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream& log,
+                 dist::Communicator* comm)
+    : o_(o),
+      device_(device),
+      comm_(pick_comm(comm, device, own_comm_)),
+      log_(comm_->rank() == 0 ? log : null_stream()),
+      tracker_(MemoryTracker::get(device.type)) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
   KILN_CHECK(o.peak_tflops >= 0, "[train] --peak-tflops must be >= 0");
   KILN_CHECK(o.steps > 0 && o.batch > 0 && o.seq > 0, "[train] steps, batch and seq must be > 0");
@@ -202,6 +258,18 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
   KILN_CHECK(o.eval_batches >= 1, "[train] --eval-batches {} must be >= 1", o.eval_batches);
   KILN_CHECK(o.max_nonfinite_steps >= 1, "[train] --max-nonfinite-steps {} must be >= 1",
              o.max_nonfinite_steps);
+  const int world = comm_->size();
+  KILN_CHECK(o.batch % world == 0,
+             "[train] --batch {} (the global batch) must be divisible by the {} ranks", o.batch,
+             world);
+  KILN_CHECK(o.zero == 0 || o.zero == 1,
+             "[train] --zero {}: the trainer implements 0 and 1 (2 and 3 are `kiln budget` "
+             "what-ifs)",
+             o.zero);
+  KILN_CHECK(o.zero == 0 || device.is_cpu(),
+             "[train] --zero 1 runs on the CPU for now; on CUDA use --zero 0 (NCCL data parallel)");
+  KILN_CHECK(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 1 << 16,
+             "[train] --bucket-mb {} is out of range (0, 65536]", o.bucket_mb);
   namespace fs = std::filesystem;
   fs::create_directories(o.out_dir);
   ckpt_path_ = (fs::path(o.out_dir) / "ckpt.h5").string();
@@ -243,12 +311,21 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
 
   model_ = std::make_unique<DecoderModel>(cfg, o.seed, dtype, device);
   model_->recompute = o.recompute;
-  opt_ = std::make_unique<nn::AdamW>(
-      model_->named_parameters(), nn::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+  const nn::AdamWOptions adamw{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+  if (o.zero == 0) opt_ = std::make_unique<nn::AdamW>(model_->named_parameters(), adamw);
+  if (world > 1 || o.zero > 0) {
+    // Every rank starts from the same weights: the same seed builds the same model, and a resumed
+    // run loads the same file.
+    const auto bucket_bytes = static_cast<std::int64_t>(o.bucket_mb * (1 << 20));
+    dp_ = std::make_unique<nn::DataParallel>(
+        *comm_, model_->named_parameters(), adamw,
+        nn::DataParallelOptions{o.zero, bucket_bytes, o.overlap});
+  }
   if (o.resume)
     resume_from(meta);
   else
-    sampler_.emplace(split_.train, o.batch, o.seq, st_.data_seed, st_.data_position);
+    sampler_.emplace(split_.train, o.batch, o.seq, st_.data_seed, st_.data_position,
+                     comm_->rank() * (o.batch / world), o.batch / world);
 
   res_.device = device.str();
   res_.dtype = std::string(dtype_name(dtype));
@@ -272,16 +349,24 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
       res_.flops_per_token / 1e9, with_commas(static_cast<double>(matmul_params(cfg))),
       res_.peak_tflops > 0 ? fmt::format("a {:.1f} TFLOP/s bf16 peak", res_.peak_tflops)
                            : std::string("an unknown peak (pass --peak-tflops)"));
+  log_ << fmt::format("world {} ({}): global batch {} = {} x {} rows per rank{}\n", world,
+                      comm_->backend(), o.batch, world, o.batch / world,
+                      world > 1 || o.zero > 0
+                          ? fmt::format(", ZeRO-{}, {:g} MiB gradient buckets{}", o.zero,
+                                        o.bucket_mb, o.overlap ? " overlapping backward" : "")
+                          : "");
   if (o.resume) log_ << fmt::format("resumed from {} at step {}\n", ckpt_path_, st_.step);
 
-  open_log(o.resume);
+  if (comm_->rank() == 0) open_log(o.resume);
   progress_ = o.progress < 0 ? isatty(STDERR_FILENO) != 0 : o.progress != 0;
 }
 
 void Trainer::resume() { resume_from(read_resume_meta(ckpt_path_)); }
 
 void Trainer::resume_from(const CheckpointMeta& meta) {
-  if (device_.is_cpu())
+  if (o_.zero == 1)
+    resume_zero1();
+  else if (device_.is_cpu())
     load_checkpoint(ckpt_path_, *model_, opt_.get());
   else
     load_device_checkpoint(ckpt_path_, *model_, *opt_);
@@ -290,7 +375,25 @@ void Trainer::resume_from(const CheckpointMeta& meta) {
   st_.data_seed = meta.state.data_seed;
   st_.best_val_loss = meta.state.best_val_loss;
   first_step_ = st_.step;
-  sampler_.emplace(split_.train, o_.batch, o_.seq, st_.data_seed, st_.data_position);
+  const int world = comm_->size();
+  sampler_.emplace(split_.train, o_.batch, o_.seq, st_.data_seed, st_.data_position,
+                   comm_->rank() * (o_.batch / world), o_.batch / world);
+}
+
+// Every rank reads the whole state and keeps its shards (a full copy while loading, Temporaries).
+void Trainer::resume_zero1() {
+  std::unique_ptr<nn::Optimizer> full = dp_->empty_full_optimizer_state();
+  load_checkpoint(ckpt_path_, *model_, full.get());
+  dp_->scatter_optimizer_state(*full);
+}
+
+// The shards are gathered (on every rank: a collective), and rank 0 writes the file a single
+// process would.
+void Trainer::save_zero1(bool final) {
+  std::unique_ptr<nn::Optimizer> full = dp_->gather_optimizer_state();
+  if (comm_->rank() != 0) return;
+  save_checkpoint(ckpt_path_, *model_, full.get(), st_);
+  if (final) save_checkpoint(final_path_, *model_, nullptr, st_);
 }
 
 StepStats Trainer::step() {
@@ -304,7 +407,8 @@ StepStats Trainer::step() {
   auto t0 = Clock::now();
   StepStats s;
   s.lr = nn::cosine_lr(st_.step, o_.warmup, o_.steps, o_.lr, o_.min_lr);
-  opt_->lr = s.lr;
+  nn::Optimizer& opt = opt_ ? static_cast<nn::Optimizer&>(*opt_) : dp_->shard_optimizer();
+  opt.lr = s.lr;
   batch_ = sampler_->next();
   auto& [x, y] = batch_;
   if (!device_.is_cpu()) {
@@ -318,17 +422,39 @@ StepStats Trainer::step() {
     PhaseScope phase(Phase::Forward);
     loss = model_->loss(x, y);
   }
-  backward(loss);
+  if (dp_) {
+    // Each bucket's all-reduce (or reduce-scatter) starts as soon as its gradients are final.
+    GradReadyHookScope hook(dp_->grad_ready_hook());
+    backward(loss);
+  } else {
+    backward(loss);
+  }
+  if (dp_) s.comm_wait_ms = dp_->finish_backward().wait_ms;
   // Read after backward, so that on a GPU the host queues the backward pass while the
-  // forward still runs (item() waits for the device).
-  s.loss = loss.item();
+  // forward still runs (item() waits for the device). The global batch's loss is the mean of
+  // the ranks' (equal shares).
+  s.loss = comm_->all_reduce_scalar(loss.item(), dist::ReduceOp::Avg);
   loss = Tensor();
   // The non-finite guard: a NaN/inf loss or gradient norm would poison the weights and the AdamW
-  // moments for good. Such a step makes no update (run() stops after max_nonfinite_steps).
-  s.norm = std::isfinite(s.loss) ? nn::clip_grad_norm(model_->parameters(), o_.clip) : NAN;
+  // moments for good. Such a step makes no update (run() stops after max_nonfinite_steps). Every
+  // rank sees the same loss and norm, so all skip together.
+  const bool zero1 = o_.zero == 1;
+  if (std::isfinite(s.loss))
+    s.norm =
+        zero1 ? dp_->clip_grad_norm(o_.clip) : nn::clip_grad_norm(model_->parameters(), o_.clip);
+  else
+    s.norm = NAN;
   s.skipped = !std::isfinite(s.loss) || !std::isfinite(s.norm);
-  if (!s.skipped) opt_->step();
-  opt_->zero_grad();
+  if (!s.skipped) {
+    if (zero1)
+      dp_->step();
+    else
+      opt_->step();
+  }
+  if (zero1)
+    dp_->zero_grad();
+  else
+    opt_->zero_grad();
   sync(device_);
   st_.step++;
   st_.data_position = sampler_->position();
@@ -339,7 +465,7 @@ StepStats Trainer::step() {
   }
   s.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   train_secs_ += s.ms / 1000.0;
-  tokens_done_ += o_.batch * o_.seq;
+  tokens_done_ += o_.batch * o_.seq;  // the global batch
   last_loss_ = s.loss;
   s.step = st_.step;
   s.tok_per_s = static_cast<double>(o_.batch * o_.seq) / (s.ms / 1000.0);
@@ -352,6 +478,11 @@ void Trainer::log_step(const StepStats& s) {
     log_ << fmt::format("memory timeline of step {} written to {}\n", s.step, o_.mem_timeline);
   nlohmann::json rec{{"step", s.step}, {"loss", s.loss},           {"lr", s.lr},  {"norm", s.norm},
                      {"ms", s.ms},     {"tok_per_s", s.tok_per_s}, {"mfu", s.mfu}};
+  if (dp_) {
+    rec["world"] = comm_->size();
+    rec["global_batch"] = o_.batch;
+    rec["comm_wait_ms"] = s.comm_wait_ms;
+  }
   if (s.skipped) rec["skipped"] = true;
   write_log_record(rec);
   if (s.skipped) {
@@ -365,11 +496,12 @@ void Trainer::log_step(const StepStats& s) {
   if (s.step % o_.log_interval == 0 || s.step == 1) {
     clear_progress();
     log_ << fmt::format(
-        "step {}/{} | loss {:.4f} | lr {:.2e} | norm {:.2f} | {:.1f} ms | {} tok/s | MFU {}\n",
-        s.step, o_.steps, s.loss, s.lr, s.norm, s.ms, with_commas(s.tok_per_s), mfu_text(s.mfu));
+        "step {}/{} | loss {:.4f} | lr {:.2e} | norm {:.2f} | {:.1f} ms | {} tok/s | MFU {} | {}\n",
+        s.step, o_.steps, s.loss, s.lr, s.norm, s.ms, with_commas(s.tok_per_s), mfu_text(s.mfu),
+        world_text());
     log_.flush();
   }
-  if (progress_) draw_progress(s.step, o_.steps, s.loss, train_secs_);
+  if (progress_ && comm_->rank() == 0) draw_progress(s.step, o_.steps, s.loss, train_secs_);
 }
 
 double Trainer::evaluate() {
@@ -378,13 +510,18 @@ double Trainer::evaluate() {
   st_.best_val_loss = std::min(st_.best_val_loss, val);
   res_.final_val_loss = val;
   clear_progress();
-  log_ << fmt::format("step {}/{} | val loss {:.4f} | best {:.4f} | {:.1f} s\n", st_.step, o_.steps,
-                      val, st_.best_val_loss, train_secs_);
+  log_ << fmt::format("step {}/{} | val loss {:.4f} | best {:.4f} | {:.1f} s | {}\n", st_.step,
+                      o_.steps, val, st_.best_val_loss, train_secs_, world_text());
   write_log_record({{"step", st_.step}, {"val_loss", val}, {"time_s", train_secs_}});
   return val;
 }
 
 void Trainer::save(bool final) {
+  if (o_.zero == 1) {
+    save_zero1(final);
+    return;
+  }
+  if (comm_->rank() != 0) return;
   if (device_.is_cpu()) {
     save_checkpoint(ckpt_path_, *model_, opt_.get(), st_);
     if (final) save_checkpoint(final_path_, *model_, nullptr, st_);
@@ -396,7 +533,10 @@ void Trainer::save(bool final) {
 TrainResult Trainer::run() {
   while (st_.step < o_.steps) {
     if (o_.stop_at > 0 && st_.step >= o_.stop_at) break;
-    if (o_.time_limit_s > 0 && train_secs_ >= o_.time_limit_s) {
+    // Every rank must stop at the same step: rank 0's clock decides.
+    if (o_.time_limit_s > 0 &&
+        comm_->all_reduce_scalar(comm_->rank() == 0 && train_secs_ >= o_.time_limit_s ? 1 : 0,
+                                 dist::ReduceOp::Sum) > 0) {
       log_ << fmt::format("time limit of {:.0f} s reached at step {}\n", o_.time_limit_s, st_.step);
       break;
     }
@@ -409,15 +549,18 @@ TrainResult Trainer::run() {
                "as it was). Lower --lr, check --beta1/--beta2/--weight-decay, or raise "
                "--max-nonfinite-steps",
                nonfinite_run_, s.step, s.loss, s.norm, ckpt_path_);
-    if (o_.eval_interval > 0 && st_.step % o_.eval_interval == 0) evaluate();
+    if (o_.eval_interval > 0 && st_.step % o_.eval_interval == 0 && comm_->rank() == 0) evaluate();
     if (o_.ckpt_interval > 0 && st_.step % o_.ckpt_interval == 0) save();
   }
   batch_ = {};
-  if (o_.eval_interval <= 0 || st_.step % o_.eval_interval != 0) evaluate();
+  if ((o_.eval_interval <= 0 || st_.step % o_.eval_interval != 0) && comm_->rank() == 0) evaluate();
   clear_progress();
-  // The memory figures of the training itself, before the checkpoint's copies.
+  // The memory figures of the training itself, before the checkpoint's copies: this rank's, and
+  // with several ranks the largest of each figure over them.
   sync(device_);
   res_.memory = tracker_.stats();
+  res_.world = comm_->size();
+  if (comm_->size() > 1) res_.memory_max = max_over_ranks(*comm_, res_.memory);
   if (device_.is_cuda()) res_.device_memory = cuda_device_memory(device_.index);
   save(/*final=*/true);
 
@@ -429,7 +572,12 @@ TrainResult Trainer::run() {
   res_.mfu =
       model_flops_utilization(res_.tokens_per_second, res_.flops_per_token, res_.peak_tflops);
   res_.checkpoint = final_path_;
+  comm_->barrier();  // no rank leaves while rank 0 still writes
   return res_;
+}
+
+std::string Trainer::world_text() const {
+  return fmt::format("world {}, global batch {}", comm_->size(), o_.batch);
 }
 
 Trainer::~Trainer() {
@@ -454,6 +602,7 @@ void Trainer::open_log(bool append) {
 }
 
 void Trainer::write_log_record(const nlohmann::json& record) {
+  if (jsonl_fd_ < 0) return;  // ranks other than 0
   const std::string line = record.dump() + "\n";
   std::size_t done = 0;
   while (done < line.size()) {
@@ -466,11 +615,12 @@ void Trainer::write_log_record(const nlohmann::json& record) {
 
 // Erases the progress bar before a log line, so that the two do not share a terminal row.
 void Trainer::clear_progress() {
-  if (progress_) fmt::print(stderr, "\r{}\r", std::string(80, ' '));
+  if (progress_ && comm_->rank() == 0) fmt::print(stderr, "\r{}\r", std::string(80, ' '));
 }
 
-TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log) {
-  return Trainer(o, device, dtype, log).run();
+TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log,
+                  dist::Communicator* comm) {
+  return Trainer(o, device, dtype, log, comm).run();
 }
 
 }  // namespace kiln::models

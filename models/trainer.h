@@ -24,8 +24,10 @@
 #include <string>
 #include <utility>
 
+#include "dist/communicator.h"
 #include "models/checkpoint.h"
 #include "models/data.h"
+#include "nn/data_parallel.h"
 #include "nn/optim.h"
 #include "tensor/memory.h"
 
@@ -69,6 +71,12 @@ struct TrainOptions {
   int progress = -1;         // -1: when stderr is a terminal
   int threads = 0;           // 0: OpenMP default
   std::string mem_timeline;  // if set: JSON lines of every allocation in the first step
+  // Data parallel (a world of more than one rank, `mpirun -np N kiln train`): `batch` is the
+  // global batch, split evenly over the ranks (rank r takes rows [r B/N, (r+1) B/N) of every
+  // global batch, so the run sees the batches a single process would).
+  int zero = 0;          // 0: gradients all-reduced; 1: ZeRO-1, AdamW state sharded
+  double bucket_mb = 4;  // gradient bucket size in MiB
+  bool overlap = true;   // start each bucket's collective during backward
 
   nlohmann::json to_json() const;
 };
@@ -86,7 +94,9 @@ struct TrainResult {
   std::string device;          // "cpu", "cuda:0"
   std::string device_name;     // the GPU's name on CUDA
   std::string dtype;
-  MemStats memory;                                // the run's device tracker
+  MemStats memory;                                // the run's device tracker, this rank's
+  std::optional<MemStats> memory_max;             // data parallel: each figure's max over ranks
+  int world = 1;                                  // ranks in the run
   std::optional<DeviceMemoryRows> device_memory;  // CUDA: runtime and unattributed rows
   std::string checkpoint;
 };
@@ -96,9 +106,10 @@ struct StepStats {
   std::int64_t step = 0;  // steps done after it: the number the log shows
   double loss = 0;        // the batch's loss, before the update
   double lr = 0;
-  double norm = 0;       // the global gradient norm, before clipping
-  double ms = 0;         // wall time, the device's work included
-  bool skipped = false;  // loss or norm not finite: no update was made
+  double norm = 0;          // the global gradient norm, before clipping
+  double ms = 0;            // wall time, the device's work included
+  double comm_wait_ms = 0;  // data parallel: waiting for gradient buckets after backward
+  bool skipped = false;     // loss or norm not finite: no update was made
   double tok_per_s = 0;
   double mfu = 0;                 // 0 when the peak is unknown
   bool timeline_written = false;  // its allocations went to TrainOptions::mem_timeline
@@ -109,7 +120,10 @@ class Trainer {
   // Reads and tokenizes the data, builds the model and AdamW on `device` in `dtype` (bf16: f32
   // masters and moments), resumes from out_dir/ckpt.h5 when o.resume, and logs the run's header.
   // The attention kernel is whatever ops::set_attention_impl set.
-  Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream& log);
+  // The ranks are `comm`'s (nullptr: dist::world(), a world of one unless under mpirun); only
+  // rank 0 logs, evaluates and writes files.
+  Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream& log,
+          dist::Communicator* comm = nullptr);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   ~Trainer();
@@ -133,6 +147,7 @@ class Trainer {
 
   const TrainState& state() const { return st_; }
   DecoderModel& model() { return *model_; }
+  dist::Communicator& comm() { return *comm_; }
 
  private:
   void resume_from(const CheckpointMeta& meta);
@@ -140,14 +155,21 @@ class Trainer {
   void open_log(bool append);
   void write_log_record(const nlohmann::json& record);
 
+  void save_zero1(bool final);
+  std::string world_text() const;  // "world N, global batch B": the end of every log line
+  void resume_zero1();
+
   TrainOptions o_;
   Device device_;
-  std::ostream& log_;
+  std::unique_ptr<dist::Communicator> own_comm_;  // NCCL over the MPI world, on CUDA
+  dist::Communicator* comm_;
+  std::ostream& log_;  // the caller's on rank 0, a null stream on the others
   std::string ckpt_path_, final_path_;
   TokenSplit split_;  // the token vectors that the samplers view
   TrainState st_;
   std::unique_ptr<DecoderModel> model_;
-  std::unique_ptr<nn::AdamW> opt_;
+  std::unique_ptr<nn::AdamW> opt_;        // ZeRO-0 (null under ZeRO-1: dp_ shards it)
+  std::unique_ptr<nn::DataParallel> dp_;  // world > 1 or ZeRO-1
   std::optional<BatchSampler> sampler_;
   // The last step's batch, freed when the next step starts or run()'s loop ends, as when the loop
   // held it in a local: an evaluation between steps still adds to it in the Inputs peak, so the
@@ -165,7 +187,8 @@ class Trainer {
 };
 
 // Trainer(o, device, dtype, log).run().
-TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log);
+TrainResult train(const TrainOptions& o, Device device, DType dtype, std::ostream& log,
+                  dist::Communicator* comm = nullptr);
 
 // Mean loss over n batches of the sampler's data (no grad), on the model's device.
 double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::int64_t batch,

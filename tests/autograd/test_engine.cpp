@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/ops.h"
 
 namespace kiln {
@@ -52,6 +53,35 @@ TEST(Engine, GradientsAccumulateAcrossBackwardCalls) {
   backward(ag::sum_all(ag::linear(x32, w32)));
   V g2 = w32.grad().to_double_vector();
   for (std::size_t i = 0; i < g1.size(); ++i) EXPECT_NEAR(g2[i], 2 * g1[i], 1e-5);
+}
+
+// The grad-ready hook (data parallelism's bucket trigger): once per leaf, only after every node
+// that feeds the leaf's .grad has run, with the final gradient already there.
+TEST(Engine, GradReadyHookFiresOncePerLeafWhenItsGradientIsFinal) {
+  Tensor x = randt({3, 4}, 1), w = randt({5, 4}, 2), b = randt({5}, 3), unused = randt({2}, 4);
+  // w feeds two linears (two nodes accumulate into w.grad); b one; x is a leaf too.
+  auto loss_fn = [&] { return ag::sum_all(ag::mul(ag::linear(x, w, b), ag::linear(x, w))); };
+  std::vector<std::pair<TensorImpl*, V>> seen;
+  {
+    GradReadyHookScope hook(
+        [&](TensorImpl* leaf) { seen.emplace_back(leaf, Tensor(leaf->grad).to_double_vector()); });
+    backward(loss_fn());
+  }
+  ASSERT_EQ(seen.size(), 3u);  // x, w, b; `unused` is in no graph
+  for (const Tensor* t : {&x, &w, &b}) {
+    int n = 0;
+    for (const auto& [leaf, g] : seen)
+      if (leaf == t->impl()) {
+        ++n;
+        EXPECT_EQ(g, t->grad().to_double_vector());  // final when reported
+      }
+    EXPECT_EQ(n, 1);
+  }
+  // Out of the scope, backward reports nothing.
+  seen.clear();
+  backward(loss_fn());
+  EXPECT_TRUE(seen.empty());
+  (void)unused;
 }
 
 TEST(Engine, NoGradGuardRecordsNothing) {
