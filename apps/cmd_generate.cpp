@@ -34,7 +34,7 @@ namespace {
 // Flags shared by generate and chat; optionals are unset when the flag is absent, so the
 // defaults come from generation_config.json.
 struct CommonOptions {
-  std::string model, config, tokenizer, device = "cpu", dtype = "f32", attention = "kiln";
+  std::string model, config, tokenizer, device = "cpu", dtype = "auto", attention = "kiln";
   bool random_weights = false;
   std::uint64_t weights_seed = 0, seed = 0;
   std::optional<double> temperature, top_p, min_p, repetition_penalty;
@@ -67,7 +67,10 @@ void add_common(CLI::App& app, CommonOptions& o) {
       ->check(real_in(0, 1e6, /*lo_open=*/true));
   app.add_option("--seed", o.seed, "Sampling seed")->capture_default_str()->check(uint64_flag());
   app.add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
-  app.add_option("--dtype", o.dtype, "f32 | bf16 (weights and KV cache)")->capture_default_str();
+  app.add_option("--dtype", o.dtype,
+                 "auto (bf16 on cuda and on CPUs with AVX512-BF16 or AMX, else f32) | f32 | "
+                 "bf16 (weights and KV cache)")
+      ->capture_default_str();
   app.add_option("--attention", o.attention, "CUDA attention kernel: kiln | cudnn")
       ->capture_default_str()
       ->check(CLI::IsMember({"kiln", "cudnn"}));
@@ -92,8 +95,8 @@ models::LoadedModel load(const CommonOptions& o) {
   src.random_weights = o.random_weights;
   src.weights_seed = o.weights_seed;
   src.tokenizer = o.tokenizer;
-  src.dtype = parse_dtype(o.dtype);
   src.device = resolve_device(o.device, "generate");
+  src.dtype = resolve_train_dtype(o.dtype, src.device, "generate");
   set_attention_from_flag(o.attention, "generate");
   KILN_CHECK(o.random_weights || !o.model.empty(),
              "[generate] give --model DIR|file.bin, or --random-weights --config config.json");

@@ -27,7 +27,8 @@ Run add_train_command(CLI::App& app) {
                  "auto (cuda when a GPU is visible, else cpu) | cpu | cuda[:N]")
       ->capture_default_str();
   app.add_option("--dtype", o->dtype,
-                 "auto (bf16 on cuda, f32 on cpu) | bf16 (bf16 weights/activations, f32 "
+                 "auto (bf16 on cuda and on CPUs with AVX512-BF16 or AMX, else f32) | bf16 (bf16 "
+                 "weights/activations, f32 "
                  "masters and moments, on either device) | f32 (checking mode)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "f32", "fp32"}));

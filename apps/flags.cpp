@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "kernels/common/error.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
 
@@ -44,11 +45,12 @@ Device resolve_device(const std::string& spec, std::string_view who) {
   return d;
 }
 
-DType resolve_train_dtype(const std::string& spec, Device device) {
-  if (spec == "auto") return device.is_cuda() ? DType::BF16 : DType::F32;
+DType resolve_train_dtype(const std::string& spec, Device device, std::string_view who) {
+  if (spec == "auto")
+    return device.is_cuda() || cpu::cpu_has(cpu::CpuIsa::Avx512Bf16) ? DType::BF16 : DType::F32;
   if (spec == "f32" || spec == "fp32") return DType::F32;
   if (spec == "bf16") return DType::BF16;
-  fail("[train] unknown dtype '{}' (auto, f32 or bf16)", spec);
+  fail("[{}] unknown dtype '{}' (auto, f32 or bf16)", who, spec);
 }
 
 void set_attention_from_flag(const std::string& impl, std::string_view who) {

@@ -17,8 +17,10 @@ namespace kiln::apps {
 // where there is none fails with a clear "[who] --device ...: ..." message (built without
 // CUDA, or no device found); a CUDA device is made current.
 Device resolve_device(const std::string& spec, std::string_view who);
-// "auto" (bf16 on CUDA, f32 elsewhere), "f32"/"fp32", "bf16".
-DType resolve_train_dtype(const std::string& spec, Device device);
+// "auto", "f32"/"fp32", "bf16". auto is bf16 where bf16 is native and fast: on CUDA, and on a CPU
+// with AVX512-BF16 or AMX (kernels/cpu/isa.h, so KILN_CPU_ISA=avx512 makes it f32); f32
+// elsewhere. f32 is the checking mode.
+DType resolve_train_dtype(const std::string& spec, Device device, std::string_view who = "train");
 // "kiln" | "cudnn" -> ops::set_attention_impl; fails on anything else.
 void set_attention_from_flag(const std::string& impl, std::string_view who);
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "apps/flags.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
 
@@ -13,7 +14,15 @@ using namespace kiln::apps;
 
 TEST(Flags, DevicesAndDtypes) {
   EXPECT_EQ(resolve_device("cpu", "train"), Device::cpu());
-  EXPECT_EQ(resolve_train_dtype("auto", Device::cpu()), DType::F32);
+  EXPECT_EQ(resolve_train_dtype("auto", Device::cpu()),
+            cpu::cpu_has(cpu::CpuIsa::Avx512Bf16) ? DType::BF16 : DType::F32);
+  {
+    cpu::ScopedCpuIsa avx512(cpu::CpuIsa::Avx512 < cpu::cpu_isa_detected()
+                                 ? cpu::CpuIsa::Avx512
+                                 : cpu::cpu_isa_detected());
+    EXPECT_EQ(resolve_train_dtype("auto", Device::cpu()), DType::F32)
+        << "a CPU without AVX512-BF16 trains in f32 by default";
+  }
   EXPECT_EQ(resolve_train_dtype("auto", Device::cuda()), DType::BF16);
   EXPECT_EQ(resolve_train_dtype("fp32", Device::cuda()), DType::F32);
   EXPECT_THROW(resolve_train_dtype("f16", Device::cpu()), Error);
