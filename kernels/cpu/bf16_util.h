@@ -28,23 +28,8 @@
 #include "kernels/common/half.h"
 #include "kernels/cpu/isa.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if KILN_CPU_X86
 #include <immintrin.h>
-#define KILN_CPU_X86 1
-#else
-#define KILN_CPU_X86 0
-#endif
-
-// Per-function ISA targets (kept if a file defined them already: same meaning).
-#ifndef KILN_TARGET_AVX2
-#define KILN_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#endif
-#ifndef KILN_TARGET_AVX512
-#define KILN_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
-#endif
-#ifndef KILN_TARGET_AVX512BF16
-#define KILN_TARGET_AVX512BF16 \
-  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
 
 namespace kiln::cpu {

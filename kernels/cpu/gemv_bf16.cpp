@@ -10,12 +10,8 @@
 #include "kernels/common/error.h"
 #include "kernels/cpu/isa.h"
 
-#if defined(__x86_64__)
+#if KILN_CPU_X86
 #include <immintrin.h>
-#define KILN_GEMV_X86 1
-#define KILN_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-#define KILN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
-#define KILN_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
 namespace kiln::cpu {
@@ -63,7 +59,7 @@ struct ScalarBlock {
   }
 };
 
-#if KILN_GEMV_X86
+#if KILN_CPU_X86
 
 // ---- AVX512-BF16: vdpbf16ps -----------------------------------------------------------------
 
@@ -217,7 +213,7 @@ struct Avx2Block {
   }
 };
 
-#endif  // KILN_GEMV_X86
+#endif  // KILN_CPU_X86
 
 // ---- shared driver ----------------------------------------------------------------------------
 
@@ -297,7 +293,7 @@ void gemv_bf16(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const b
   KILN_CHECK(ldx >= K && ldw >= K && ldy >= N,
              "[gemv_bf16] ldx {} / ldw {} < K {} or ldy {} < N {}", ldx, ldw, K, ldy, N);
   if (M == 0 || N == 0) return;
-#if KILN_GEMV_X86
+#if KILN_CPU_X86
   switch (cpu_isa()) {
     case CpuIsa::Amx:
     case CpuIsa::Avx512Bf16:

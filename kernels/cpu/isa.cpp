@@ -10,9 +10,8 @@
 
 #include "kernels/common/error.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if KILN_CPU_X86
 #include <cpuid.h>
-#define KILN_X86 1
 #endif
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -25,7 +24,7 @@ namespace {
 constexpr int kNoOverride = -1;
 std::atomic<int> g_scoped_cap{kNoOverride};
 
-#if KILN_X86
+#if KILN_CPU_X86
 uint64_t read_xcr0() {
   uint32_t eax = 0, edx = 0;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
@@ -46,7 +45,7 @@ bool request_amx_permission() {
 #endif
 
 CpuIsa detect() {
-#if KILN_X86
+#if KILN_CPU_X86
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return CpuIsa::Scalar;
   const bool osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, avx = (c >> 28) & 1;

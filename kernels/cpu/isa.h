@@ -17,6 +17,18 @@
 #include <string>
 #include <string_view>
 
+// Per-function ISA targets for the kernels' run-time dispatched variants: each level's target
+// includes the ones below it, as the levels do. KILN_CPU_X86 says whether they exist at all.
+#if defined(__x86_64__) || defined(__i386__)
+#define KILN_CPU_X86 1
+#define KILN_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define KILN_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
+#define KILN_TARGET_AVX512BF16 \
+  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")))
+#else
+#define KILN_CPU_X86 0
+#endif
+
 namespace kiln::cpu {
 
 enum class CpuIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3, Amx = 4 };
