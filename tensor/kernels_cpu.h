@@ -17,14 +17,20 @@ void register_float(Kernel<A> k = {}) {
   register_kernel<A>(DeviceType::CPU, DType::F64, k);
 }
 
+// Registers the bf16 instance of a kernel templated on its storage type (computing in f32).
+template <class A, template <class> class K>
+void register_bf16(Kernel<A> k = {}) {
+  k.run = &K<bf16>::run;
+  register_kernel<A>(DeviceType::CPU, DType::BF16, k);
+}
+
 // Registers a kernel templated on its storage type for f32, f64, bf16 and f16: the 16-bit types
 // are read and written as stored and computed in f32 registers (kernels/cpu/bf16_util.h), so
 // the dispatcher converts nothing.
 template <class A, template <class> class K>
 void register_float_storage(Kernel<A> k = {}) {
   register_float<A, K>(k);
-  k.run = &K<bf16>::run;
-  register_kernel<A>(DeviceType::CPU, DType::BF16, k);
+  register_bf16<A, K>(k);
   k.run = &K<f16>::run;
   register_kernel<A>(DeviceType::CPU, DType::F16, k);
 }

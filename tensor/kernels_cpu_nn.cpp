@@ -22,13 +22,6 @@ namespace {
 
 namespace kc = kiln::cpu;
 
-// Registers the bf16 instance of a kernel templated on its storage type (computing in f32).
-template <class A, template <class> class K>
-void register_bf16(Kernel<A> k = {}) {
-  k.run = &K<bf16>::run;
-  register_kernel<A>(DeviceType::CPU, DType::BF16, k);
-}
-
 template <class T>
 struct SoftmaxCpu {
   static void run(SoftmaxArgs& a) {
