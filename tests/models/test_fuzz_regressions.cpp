@@ -9,6 +9,7 @@
 #include <string>
 
 #include "models/config.h"
+#include "tests/error_of.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -34,14 +35,7 @@ class FuzzRegression : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kiln::test::error_of;
 
 }  // namespace
 

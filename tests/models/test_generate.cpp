@@ -14,6 +14,7 @@
 
 #include "models/generation_config.h"
 #include "models/sampling.h"
+#include "tests/error_of.h"
 #include "tests/test_data.h"
 #include "tiny_hf.h"
 
@@ -23,14 +24,7 @@ using namespace kiln::test_hf;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kiln::test::error_of;
 
 // Float64 reference of the sampling distribution: temperature, top-k, top-p, min-p.
 std::vector<double> reference_probs(const std::vector<float>& logits,

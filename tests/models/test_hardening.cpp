@@ -16,6 +16,7 @@
 #include "models/param_count.h"
 #include "models/sampling.h"
 #include "models/trainer.h"
+#include "tests/error_of.h"
 #include "tests/models/tiny_hf.h"
 
 namespace fs = std::filesystem;
@@ -24,16 +25,7 @@ using nlohmann::json;
 
 namespace {
 
-// The error text of f(), "" when it does not throw.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kiln::test::error_of;
 
 json qwen3_json() { return test_hf::hf_config_json(test_hf::tiny_qwen3(true)); }
 
