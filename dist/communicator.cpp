@@ -18,7 +18,144 @@ class DonePending final : public PendingOp {
   void wait() override {}
 };
 
+// Segments packed into one contiguous tensor for the base class's collectives.
+struct Packed {
+  Tensor buf;
+  std::vector<std::int64_t> counts;
+};
+
+std::int64_t segment_numel(const std::vector<Tensor>& pieces) {
+  std::int64_t n = 0;
+  for (const Tensor& t : pieces) n += t.numel();
+  return n;
+}
+
+void check_segments(const Communicator::Segments& s, int world, const char* op) {
+  KILN_CHECK(static_cast<int>(s.size()) == world, "[dist] {}: {} segments for a world of {}", op,
+             s.size(), world);
+  const Tensor* first = nullptr;
+  for (const auto& pieces : s)
+    for (const Tensor& t : pieces) {
+      check_buffer(t, -1, op, "a piece");
+      if (!first) first = &t;
+      KILN_CHECK(t.dtype() == first->dtype() && t.device() == first->device(),
+                 "[dist] {}: pieces of {} on {} and {} on {}", op, dtype_name(first->dtype()),
+                 first->device().str(), dtype_name(t.dtype()), t.device().str());
+    }
+  KILN_CHECK(first != nullptr, "[dist] {}: no pieces", op);
+}
+
+Packed pack(const Communicator::Segments& s, bool copy) {
+  Packed p;
+  const Tensor* first = nullptr;
+  for (const auto& pieces : s) {
+    p.counts.push_back(segment_numel(pieces));
+    if (!first && !pieces.empty()) first = &pieces.front();
+  }
+  std::int64_t total = 0;
+  for (std::int64_t c : p.counts) total += c;
+  MemoryScope scope(MemCategory::Temporaries);
+  p.buf = Tensor::empty({total}, first->dtype(), first->device());
+  if (copy) {
+    std::int64_t off = 0;
+    for (const auto& pieces : s)
+      for (const Tensor& t : pieces) {
+        p.buf.narrow(0, off, t.numel()).copy_(t.view({t.numel()}));
+        off += t.numel();
+      }
+  }
+  return p;
+}
+
+void unpack(const Tensor& buf, const Communicator::Segments& s) {
+  std::int64_t off = 0;
+  for (const auto& pieces : s)
+    for (const Tensor& t : pieces) {
+      Tensor dst = t;
+      dst.view({t.numel()}).copy_(buf.narrow(0, off, t.numel()));
+      off += t.numel();
+    }
+}
+
+// The base class's all_reduce on pieces: the packed buffer is reduce-scattered over the pieces'
+// own segments, then all-gathered and unpacked when done. (A plain all_reduce of the packed
+// buffer would cut it into other segments; with more than two ranks the segment decides the
+// order of the sum, and the backends must agree with each other.)
+class GatherWhenDone final : public PendingOp {
+ public:
+  GatherWhenDone(Communicator& c, Packed p, Communicator::Segments s, ReduceOp op)
+      : c_(c), p_(std::move(p)), s_(std::move(s)) {
+    MemoryScope scope(MemCategory::Temporaries);
+    mine_ = Tensor::empty({p_.counts[static_cast<std::size_t>(c.rank())]}, p_.buf.dtype(),
+                          p_.buf.device());
+    op_ = c.start_reduce_scatter(p_.buf, mine_, p_.counts, op);
+  }
+  bool test() override {
+    if (!done_ && op_->test()) finish();
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    op_->wait();
+    finish();
+  }
+
+ private:
+  void finish() {
+    done_ = true;
+    c_.all_gather(mine_, p_.buf, p_.counts);
+    unpack(p_.buf, s_);
+    p_.buf = mine_ = Tensor();
+  }
+  Communicator& c_;
+  Packed p_;
+  Communicator::Segments s_;
+  Tensor mine_;
+  std::unique_ptr<PendingOp> op_;
+  bool done_ = false;
+};
+
 }  // namespace
+
+std::unique_ptr<PendingOp> Communicator::start_all_reduce(const Segments& s, ReduceOp op) {
+  check_segments(s, size(), "all_reduce");
+  return std::make_unique<GatherWhenDone>(*this, pack(s, true), s, op);
+}
+
+std::unique_ptr<PendingOp> Communicator::start_reduce_scatter(const Segments& in, Tensor& out,
+                                                              ReduceOp op) {
+  check_segments(in, size(), "reduce_scatter");
+  Packed p = pack(in, true);
+  // The packed input must outlive the collective: the returned op holds it.
+  struct KeepInput final : PendingOp {
+    std::unique_ptr<PendingOp> op;
+    Tensor in;
+    bool test() override { return op->test(); }
+    void wait() override { op->wait(); }
+  };
+  auto keep = std::make_unique<KeepInput>();
+  keep->op = start_reduce_scatter(p.buf, out, p.counts, op);
+  keep->in = p.buf;
+  return keep;
+}
+
+void Communicator::all_gather(const Segments& s) {
+  check_segments(s, size(), "all_gather");
+  Packed p = pack(s, false);
+  const auto me = static_cast<std::size_t>(rank());
+  Tensor mine;
+  {
+    MemoryScope scope(MemCategory::Temporaries);
+    mine = Tensor::empty({p.counts[me]}, p.buf.dtype(), p.buf.device());
+  }
+  std::int64_t off = 0;
+  for (const Tensor& t : s[me]) {
+    mine.narrow(0, off, t.numel()).copy_(t.view({t.numel()}));
+    off += t.numel();
+  }
+  all_gather(mine, p.buf, p.counts);
+  unpack(p.buf, s);
+}
 
 void check_buffer(const Tensor& t, std::int64_t numel, const char* op, const char* what) {
   KILN_CHECK(t.defined(), "[dist] {}: {} is undefined", op, what);

@@ -56,6 +56,21 @@ class Communicator {
   virtual void broadcast(Tensor& t, int root) = 0;
   virtual void barrier() = 0;
 
+  // The same three collectives on a buffer given in pieces, so that a caller whose data lives in
+  // many tensors (DataParallel's gradients and parameters) needs no packing copy. segments[q] is
+  // rank q's part: the concatenation of its pieces (contiguous views), which every rank gives in
+  // the same number and sizes. The base class packs the pieces into one tensor and unpacks it;
+  // MpiCommunicator sends and receives the pieces in place.
+  using Segments = std::vector<std::vector<Tensor>>;
+  // Every piece becomes the sum or mean over the ranks of that piece.
+  virtual std::unique_ptr<PendingOp> start_all_reduce(const Segments& s, ReduceOp op);
+  // out (numel of segment rank()) receives the sum or mean of every rank's segment rank(). The
+  // pieces of other segments may be overwritten with partial sums.
+  virtual std::unique_ptr<PendingOp> start_reduce_scatter(const Segments& in, Tensor& out,
+                                                          ReduceOp op);
+  // Segment rank() holds this rank's values; every other segment receives its rank's.
+  virtual void all_gather(const Segments& s);
+
   void all_reduce(Tensor& t, ReduceOp op) { start_all_reduce(t, op)->wait(); }
   void reduce_scatter(const Tensor& in, Tensor& out, std::span<const std::int64_t> counts,
                       ReduceOp op) {
@@ -81,6 +96,9 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "local"; }
+  using Communicator::all_gather;  // the pieces' versions: the base class packs them
+  using Communicator::start_all_reduce;
+  using Communicator::start_reduce_scatter;
   std::unique_ptr<PendingOp> start_all_reduce(Tensor& t, ReduceOp op) override;
   std::unique_ptr<PendingOp> start_reduce_scatter(const Tensor& in, Tensor& out,
                                                   std::span<const std::int64_t> counts,

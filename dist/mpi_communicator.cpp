@@ -12,7 +12,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "kernels/common/half.h"
+#include "dist/mpi_ring.h"
 #include "tensor/ops.h"
 
 namespace kiln::dist {
@@ -20,19 +20,6 @@ namespace kiln::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// bf16 sum for MPI: each pair is added in f32 and rounded once.
-void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const bf16*>(in);
-  auto* b = static_cast<bf16*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
-}
-
-#define KILN_MPI(self, call)                                               \
-  do {                                                                     \
-    const int kiln_mpi_rc_ = (call);                                       \
-    if (kiln_mpi_rc_ != MPI_SUCCESS) (self).fail_mpi(kiln_mpi_rc_, #call); \
-  } while (0)
 
 bool process_gone(int pid) {
   if (::kill(pid, 0) != 0) return errno == ESRCH;
@@ -44,42 +31,6 @@ bool process_gone(int pid) {
   return paren != std::string::npos && paren + 2 < line.size() &&
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
-
-class MpiPending final : public PendingOp {
- public:
-  MpiPending(MpiCommunicator& c, const char* op, Tensor keep_in, Tensor result, bool avg)
-      : c_(c), op_(op), in_(std::move(keep_in)), result_(std::move(result)), avg_(avg) {}
-  ~MpiPending() override {
-    // Abandoned in flight (an exception unwound past it; the job is ending): MPI may still write
-    // the buffers, so they must outlive this object.
-    if (!done_ && req_ != MPI_REQUEST_NULL) {
-      static std::vector<Tensor> abandoned;
-      abandoned.push_back(in_);
-      abandoned.push_back(result_);
-    }
-  }
-  bool test() override {
-    if (!done_ && c_.test(req_, op_)) finish();
-    return done_;
-  }
-  void wait() override {
-    if (done_) return;
-    c_.wait(req_, op_);
-    finish();
-  }
-  MPI_Request req_ = MPI_REQUEST_NULL;
-
- private:
-  void finish() {
-    done_ = true;
-    if (avg_) ops::scale_(result_, 1.0 / c_.size());
-  }
-  MpiCommunicator& c_;
-  const char* op_;
-  Tensor in_, result_;
-  bool avg_;
-  bool done_ = false;
-};
 
 void check_cpu(const Tensor& t, const char* op) {
   KILN_CHECK(t.device().is_cpu(),
@@ -135,7 +86,6 @@ MpiCommunicator::MpiCommunicator() : timeout_s_(wait_timeout_s()) {
 
   KILN_MPI(*this, MPI_Type_contiguous(2, MPI_BYTE, &bf16_type_));
   KILN_MPI(*this, MPI_Type_commit(&bf16_type_));
-  KILN_MPI(*this, MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_));
 }
 
 MpiCommunicator::~MpiCommunicator() = default;  // MPI objects end with finalize()
@@ -152,8 +102,6 @@ MPI_Datatype MpiCommunicator::mpi_type(DType t) const {
       fail("[dist] no MPI type for {}", dtype_name(t));
   }
 }
-
-MPI_Op MpiCommunicator::mpi_op(DType t) const { return t == DType::BF16 ? bf16_sum_ : MPI_SUM; }
 
 std::vector<int> MpiCommunicator::lost_local_peers() const {
   std::vector<int> lost;
@@ -193,10 +141,14 @@ bool MpiCommunicator::test(MPI_Request& req, const char* op) {
 }
 
 void MpiCommunicator::wait(MPI_Request& req, const char* op) {
+  wait_until([&] { return test(req, op); }, op);
+}
+
+void MpiCommunicator::wait_until(const std::function<bool()>& done, const char* op) {
   const auto start = Clock::now();
   auto next_probe = start + std::chrono::seconds(1);
   for (std::uint64_t spin = 0;; ++spin) {
-    if (test(req, op)) return;
+    if (done()) return;
     if (spin % 64 != 63) {
       sched_yield();  // the other ranks may share this core
       continue;
@@ -228,12 +180,22 @@ void MpiCommunicator::wait(MPI_Request& req, const char* op) {
 std::unique_ptr<PendingOp> MpiCommunicator::start_all_reduce(Tensor& t, ReduceOp op) {
   check_buffer(t, -1, "all_reduce", "the tensor");
   check_cpu(t, "all_reduce");
-  KILN_CHECK(t.numel() <= INT_MAX, "[dist] all_reduce: {} elements exceed MPI's int count",
-             t.numel());
-  auto p = std::make_unique<MpiPending>(*this, "all_reduce", Tensor(), t, op == ReduceOp::Avg);
-  KILN_MPI(*this, MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()),
-                                 mpi_type(t.dtype()), mpi_op(t.dtype()), comm_, &p->req_));
-  return p;
+  return start_ring(*this, RingKind::AllReduce, "all_reduce",
+                    contiguous_segments(t, shard_counts(t.numel(), size_)), Tensor(),
+                    op == ReduceOp::Avg);
+}
+
+std::unique_ptr<PendingOp> MpiCommunicator::start_all_reduce(const Segments& s, ReduceOp op) {
+  return start_ring(*this, RingKind::AllReduce, "all_reduce", s, Tensor(), op == ReduceOp::Avg);
+}
+
+std::unique_ptr<PendingOp> MpiCommunicator::start_reduce_scatter(const Segments& in, Tensor& out,
+                                                                 ReduceOp op) {
+  return start_ring(*this, RingKind::ReduceScatter, "reduce_scatter", in, out, op == ReduceOp::Avg);
+}
+
+void MpiCommunicator::all_gather(const Segments& s) {
+  start_ring(*this, RingKind::AllGather, "all_gather", s, Tensor(), false)->wait();
 }
 
 std::unique_ptr<PendingOp> MpiCommunicator::start_reduce_scatter(
@@ -245,31 +207,26 @@ std::unique_ptr<PendingOp> MpiCommunicator::start_reduce_scatter(
   check_cpu(out, "reduce_scatter");
   KILN_CHECK(in.dtype() == out.dtype(), "[dist] reduce_scatter: input {} and output {} differ",
              dtype_name(in.dtype()), dtype_name(out.dtype()));
-  std::vector<int> c(counts.begin(), counts.end());
-  auto p = std::make_unique<MpiPending>(*this, "reduce_scatter", in, out, op == ReduceOp::Avg);
-  // MPI_Ireduce_scatter reads recvcounts when it is called; c need not outlive the request.
-  KILN_MPI(*this, MPI_Ireduce_scatter(in.raw_data(), out.raw_data(), c.data(), mpi_type(in.dtype()),
-                                      mpi_op(in.dtype()), comm_, &p->req_));
-  return p;
+  return start_ring(*this, RingKind::ReduceScatter, "reduce_scatter",
+                    contiguous_segments(in, counts), out, op == ReduceOp::Avg);
 }
 
 void MpiCommunicator::all_gather(const Tensor& in, Tensor& out,
                                  std::span<const std::int64_t> counts) {
   const std::int64_t total = sum_counts(counts, size_, "all_gather");
-  check_buffer(in, counts[static_cast<std::size_t>(rank_)], "all_gather", "the input");
+  const auto me = static_cast<std::size_t>(rank_);
+  check_buffer(in, counts[me], "all_gather", "the input");
   check_buffer(out, total, "all_gather", "the output");
   check_cpu(in, "all_gather");
   check_cpu(out, "all_gather");
   KILN_CHECK(in.dtype() == out.dtype(), "[dist] all_gather: input {} and output {} differ",
              dtype_name(in.dtype()), dtype_name(out.dtype()));
-  KILN_CHECK(total <= INT_MAX, "[dist] all_gather: {} elements exceed MPI's int count", total);
-  std::vector<int> c(counts.begin(), counts.end()), displs(counts.size());
-  for (std::size_t q = 1; q < c.size(); ++q) displs[q] = displs[q - 1] + c[q - 1];
-  MPI_Request req = MPI_REQUEST_NULL;
-  KILN_MPI(*this, MPI_Iallgatherv(in.raw_data(), c[static_cast<std::size_t>(rank_)],
-                                  mpi_type(in.dtype()), out.raw_data(), c.data(), displs.data(),
-                                  mpi_type(out.dtype()), comm_, &req));
-  wait(req, "all_gather");
+  std::int64_t offset = 0;
+  for (std::size_t q = 0; q < me; ++q) offset += counts[q];
+  out.narrow(0, offset, counts[me]).copy_(in);
+  start_ring(*this, RingKind::AllGather, "all_gather", contiguous_segments(out, counts), Tensor(),
+             false)
+      ->wait();
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {
@@ -312,7 +269,6 @@ int MpiCommunicator::finalize(int rc) {
     rc = 1;
     return false;
   };
-  if (bf16_sum_ != MPI_OP_NULL) check(MPI_Op_free(&bf16_sum_), "MPI_Op_free");
   if (bf16_type_ != MPI_DATATYPE_NULL) check(MPI_Type_free(&bf16_type_), "MPI_Type_free");
   if (comm_ != MPI_COMM_NULL) check(MPI_Comm_free(&comm_), "MPI_Comm_free");
   if (own_init_) check(MPI_Finalize(), "MPI_Finalize");

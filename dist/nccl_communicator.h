@@ -22,6 +22,9 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return mpi_.size(); }
   std::string backend() const override { return "nccl"; }
   int device() const { return device_; }
+  using Communicator::all_gather;  // the pieces' versions: the base class packs them
+  using Communicator::start_all_reduce;
+  using Communicator::start_reduce_scatter;
   std::unique_ptr<PendingOp> start_all_reduce(Tensor& t, ReduceOp op) override;
   std::unique_ptr<PendingOp> start_reduce_scatter(const Tensor& in, Tensor& out,
                                                   std::span<const std::int64_t> counts,

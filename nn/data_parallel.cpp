@@ -24,7 +24,6 @@ struct DataParallel::Bucket {
   std::vector<std::int64_t> segment_off;  // per rank: its part's offset
   std::int64_t numel = 0;
   int pending = 0;  // gradients not final yet in this backward
-  Tensor buf;       // packed gradients, rank-major
   Tensor shard;     // ZeRO-1: this rank's part, reduced
   std::unique_ptr<dist::PendingOp> op;
 };
@@ -143,30 +142,37 @@ void DataParallel::start_ready_buckets() {
   }
 }
 
-void DataParallel::start_bucket(Bucket& b) {
-  MemoryScope scope(MemCategory::Temporaries);
-  b.buf = Tensor::empty({b.numel}, b.dtype, b.device);
-  for (std::size_t k : b.params) {
-    const Param& pr = params_[k];
-    const Tensor g = pr.p.grad();
-    for (int q = 0; q < world_; ++q) {
-      const auto qi = static_cast<std::size_t>(q);
+dist::Communicator::Segments DataParallel::segments(const Bucket& b, bool params) const {
+  dist::Communicator::Segments s(static_cast<std::size_t>(world_));
+  for (int q = 0; q < world_; ++q)
+    for (std::size_t k : b.params) {
+      const Param& pr = params_[k];
       const dist::ShardRange r = dist::shard_range(pr.numel, q, world_);
-      if (r.size() == 0) continue;
-      Tensor dst = b.buf.narrow(0, b.segment_off[qi] + pr.in_segment[qi], r.size());
-      if (g.defined())
-        dst.copy_(flat_slice(g, r.begin, r.size()));
-      else
-        ops::fill_(dst, 0.0);  // no gradient reached it on this rank
+      s[static_cast<std::size_t>(q)].push_back(
+          flat_slice(params ? pr.p : pr.p.grad(), r.begin, r.size()));
+    }
+  return s;
+}
+
+void DataParallel::start_bucket(Bucket& b) {
+  for (std::size_t k : b.params) {
+    Tensor& p = params_[k].p;
+    if (!p.grad().defined()) {
+      // No gradient reached it on this rank; it still takes its part (zeros) in the collective,
+      // and afterwards holds the ranks' mean like every other parameter.
+      MemoryScope scope(MemCategory::Gradients);
+      p.set_grad(ops::zeros(p.shape(), p.dtype(), p.device()));
     }
   }
-  stats_.buffer_bytes += static_cast<std::int64_t>(b.buf.nbytes());
+  // The gradients travel in place, as the bucket's rank-major segments (dist::Communicator::
+  // Segments): no packing copy.
   if (o_.zero == 0) {
-    b.op = comm_.start_all_reduce(b.buf, dist::ReduceOp::Avg);
+    b.op = comm_.start_all_reduce(segments(b, false), dist::ReduceOp::Avg);
   } else {
+    MemoryScope scope(MemCategory::Temporaries);
     b.shard = Tensor::empty({b.counts[static_cast<std::size_t>(rank_)]}, b.dtype, b.device);
     stats_.buffer_bytes += static_cast<std::int64_t>(b.shard.nbytes());
-    b.op = comm_.start_reduce_scatter(b.buf, b.shard, b.counts, dist::ReduceOp::Avg);
+    b.op = comm_.start_reduce_scatter(segments(b, false), b.shard, dist::ReduceOp::Avg);
   }
 }
 
@@ -178,20 +184,7 @@ CommStats DataParallel::finish_backward() {
   for (Bucket& b : buckets_) {
     b.op->wait();
     b.op.reset();
-    if (o_.zero == 0) {
-      for (std::size_t k : b.params) {
-        Param& pr = params_[k];
-        Tensor g = pr.p.grad();
-        if (!g.defined()) continue;  // no rank has a gradient for it
-        for (int q = 0; q < world_; ++q) {
-          const auto qi = static_cast<std::size_t>(q);
-          const dist::ShardRange r = dist::shard_range(pr.numel, q, world_);
-          if (r.size() > 0)
-            flat_slice(g, r.begin, r.size())
-                .copy_(b.buf.narrow(0, b.segment_off[qi] + pr.in_segment[qi], r.size()));
-        }
-      }
-    } else {
+    if (o_.zero == 1) {
       // This rank's shard gradients are views of the bucket's reduced part.
       for (std::size_t k : b.params) {
         const dist::ShardRange r = dist::shard_range(params_[k].numel, rank_, world_);
@@ -200,7 +193,6 @@ CommStats DataParallel::finish_backward() {
               b.shard.narrow(0, params_[k].in_segment[static_cast<std::size_t>(rank_)], r.size()));
       }
     }
-    b.buf = Tensor();
   }
   stats_.buckets = static_cast<int>(buckets_.size());
   stats_.wait_ms =
@@ -234,26 +226,8 @@ void DataParallel::step() {
 }
 
 void DataParallel::all_gather_params() {
-  MemoryScope scope(MemCategory::Temporaries);
-  const auto me = static_cast<std::size_t>(rank_);
-  for (Bucket& b : buckets_) {
-    Tensor mine = Tensor::empty({b.counts[me]}, b.dtype, b.device);
-    Tensor all = Tensor::empty({b.numel}, b.dtype, b.device);
-    for (std::size_t k : b.params)
-      if (shard_views_[k].defined())
-        mine.narrow(0, params_[k].in_segment[me], shard_views_[k].numel()).copy_(shard_views_[k]);
-    comm_.all_gather(mine, all, b.counts);
-    for (std::size_t k : b.params) {
-      const Param& pr = params_[k];
-      for (int q = 0; q < world_; ++q) {
-        const auto qi = static_cast<std::size_t>(q);
-        const dist::ShardRange r = dist::shard_range(pr.numel, q, world_);
-        if (q != rank_ && r.size() > 0)
-          flat_slice(pr.p, r.begin, r.size())
-              .copy_(all.narrow(0, b.segment_off[qi] + pr.in_segment[qi], r.size()));
-      }
-    }
-  }
+  // AdamW has updated this rank's shards in place; the other ranks' arrive in place too.
+  for (Bucket& b : buckets_) comm_.all_gather(segments(b, true));
 }
 
 void DataParallel::zero_grad() {

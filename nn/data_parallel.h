@@ -3,21 +3,25 @@
 //
 // Buckets: the parameters in reverse order (the order backward finishes them), cut into buckets of
 // about bucket_bytes. The autograd engine reports each parameter whose gradient is final
-// (GradReadyHookScope); when every gradient of a bucket is final, its gradients are packed into one
-// buffer and its collective starts, non-blocking, and later buckets keep MPI progressing while
-// backward goes on. Buckets start in index order on every rank (collectives must match).
+// (GradReadyHookScope); when every gradient of a bucket is final, its collective starts,
+// non-blocking, and later buckets keep MPI progressing while backward goes on. Buckets start in
+// index order on every rank (collectives must match).
 //
-// A bucket's buffer is rank-major: the part of rank q holds, for each parameter of the bucket,
-// the elements dist::shard_range(numel, q, world) of its gradient. Then
-//   - ZeRO-0 (plain data parallel): the buffer is all-reduced (mean) and unpacked into each .grad,
+// A bucket is rank-major: the part (segment) of rank q is, for each parameter of the bucket, the
+// elements dist::shard_range(numel, q, world) of its gradient. The segments are views of the
+// gradients themselves (dist::Communicator::Segments), which the communicator sends and receives
+// in place: there is no packed copy. Then
+//   - ZeRO-0 (plain data parallel): the bucket is all-reduced (mean) in place in each .grad,
 //     so clipping and AdamW run on the same averaged gradients, identically, on every rank.
-//   - ZeRO-1: the buffer is reduce-scattered (mean): rank r keeps only its part, the gradient of
-//     its shard of every parameter. Each rank clips (the norm is summed over the ranks) and steps
-//     AdamW on its shards only: m and v (and f32 masters of bf16 parameters) hold
-//     shard_range(numel, r, world).size() elements per parameter, charged to OptimizerState
-//     (MasterWeights). Then every rank's updated shards are all-gathered into the parameters.
-// Bucket buffers (and ZeRO-1's shard gradients and all-gather buffers) are Temporaries, freed by
-// the end of the step.
+//   - ZeRO-1: the bucket is reduce-scattered (mean): rank r keeps only its part, the gradient of
+//     its shard of every parameter, in one buffer per bucket. Each rank clips (the norm is summed
+//     over the ranks) and steps AdamW on its shards only: m and v (and f32 masters of bf16
+//     parameters) hold shard_range(numel, r, world).size() elements per parameter, charged to
+//     OptimizerState (MasterWeights). Then every rank's updated shards are all-gathered, in
+//     place, into the parameters.
+// ZeRO-1's shard gradients (and the MPI ring's receive buffer, dist/mpi_ring.h) are Temporaries,
+// freed by the end of the step. A parameter that no backward reached on this rank is given a zero
+// gradient, so that it takes its part in the collective.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +44,7 @@ struct DataParallelOptions {
 // The last step's communication, for logs and the scaling benchmark.
 struct CommStats {
   double wait_ms = 0;             // after backward, waiting for the buckets (the exposed part)
-  std::int64_t buffer_bytes = 0;  // bucket buffers alive at once (Temporaries)
+  std::int64_t buffer_bytes = 0;  // ZeRO-1's shard gradient buffers (Temporaries)
   int buckets = 0;
   int started_in_backward = 0;  // buckets whose collective started before backward ended
 };
@@ -91,6 +95,9 @@ class DataParallel {
   void on_grad_ready(TensorImpl* leaf);
   void start_ready_buckets();
   void start_bucket(Bucket& b);
+  // Bucket b's gradients (or, with params, its parameters) as rank-major segments: segment q
+  // holds, for each parameter of b in order, the elements shard_range(numel, q, world).
+  dist::Communicator::Segments segments(const Bucket& b, bool params) const;
   void all_gather_params();
 
   dist::Communicator& comm_;
