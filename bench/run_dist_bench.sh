@@ -6,10 +6,14 @@
 #
 # Runs, PAIRS times in turn: (a) one process, --threads 2; (b) mpirun -np 2, --threads 1, buckets
 # overlapping backward (--overlap 1); (c) the same with every bucket started after backward
-# (--overlap 0), whose wait is the whole all-reduce. From each run's log.jsonl (steps after WARMUP):
+# (--overlap 0), whose wait is the whole all-reduce; (d) as (b) with --zero 1, where each rank
+# steps AdamW on its half of the parameters only (plain DP repeats the whole AdamW, the gradient
+# norm and its scaling on every rank, where one process splits them over its two threads).
+# From each run's log.jsonl (steps after WARMUP):
 #   tok/s       the median of the steps' global tokens/s (rank 0's step time)
-#   efficiency  tok/s(b) / tok/s(a)      (target >= 90%); also from each kind's fastest step,
-#               which on a shared machine is the closest to an unloaded one
+#   efficiency  tok/s(b) / tok/s(a), and efficiency_zero1 tok/s(d) / tok/s(a) (target >= 90%);
+#               also from each kind's fastest step, which on a shared machine is the closest to
+#               an unloaded one
 #   hidden      1 - wait(b) / wait(c): the fraction of the all-reduce time that backward hides
 #               (wait = comm_wait_ms, the time after backward spent waiting for buckets)
 # and writes bench/results/dist_scaling_<date>.json. The 2 cores are shared with whatever else
@@ -53,6 +57,8 @@ for p in $(seq 1 "$PAIRS"); do
             "$KILN" "${common[@]}" --threads 1 --overlap 1)")
   runs+=("$(OMP_NUM_THREADS=1 run "dp_after_$p" mpirun -np 2 --oversubscribe --bind-to none \
             "$KILN" "${common[@]}" --threads 1 --overlap 0)")
+  runs+=("$(OMP_NUM_THREADS=1 run "dp_zero1_$p" mpirun -np 2 --oversubscribe --bind-to none \
+            "$KILN" "${common[@]}" --threads 1 --overlap 1 --zero 1)")
 done
 
 mkdir -p "$ROOT/bench/results"
@@ -78,6 +84,7 @@ for d in runs:
     by.setdefault(kind, []).append(load(d))
 med = lambda kind, key: statistics.median(r[key] for r in by[kind])
 single, dp, after = med("single", "tok_per_s"), med("dp_overlap", "tok_per_s"), med("dp_after", "tok_per_s")
+zero1 = med("dp_zero1", "tok_per_s")
 wait_overlap, wait_after = med("dp_overlap", "comm_wait_ms"), med("dp_after", "comm_wait_ms")
 best = lambda kind: max(r["best_tok_per_s"] for r in by[kind])
 git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True).stdout.strip()
@@ -95,6 +102,10 @@ res = {
     "tok_per_s_2proc_x1thread_after_backward": after,
     "efficiency": dp / single,
     "efficiency_without_overlap": after / single,
+    "tok_per_s_2proc_x1thread_zero1": zero1,
+    "efficiency_zero1": zero1 / single,
+    "efficiency_zero1_best_steps": best("dp_zero1") / best("single"),
+    "allreduce_wait_ms_zero1": med("dp_zero1", "comm_wait_ms"),
     "best_step_tok_per_s_1proc_x2threads": best("single"),
     "best_step_tok_per_s_2proc_x1thread_overlap": best("dp_overlap"),
     "efficiency_best_steps": best("dp_overlap") / best("single"),
