@@ -14,11 +14,12 @@
 //   - ZeRO-0 (plain data parallel): the bucket is all-reduced (mean) in place in each .grad,
 //     so clipping and AdamW run on the same averaged gradients, identically, on every rank.
 //   - ZeRO-1: the bucket is reduce-scattered (mean): rank r keeps only its part, the gradient of
-//     its shard of every parameter, in one buffer per bucket. Each rank clips (the norm is summed
-//     over the ranks) and steps AdamW on its shards only: m and v (and f32 masters of bf16
-//     parameters) hold shard_range(numel, r, world).size() elements per parameter, charged to
-//     OptimizerState (MasterWeights). Then every rank's updated shards are all-gathered, in
-//     place, into the parameters.
+//     its shard of every parameter, in one buffer per bucket (with more than two ranks the ring
+//     leaves partial sums in the rest of each .grad, which nothing reads before zero_grad()). Each
+//     rank clips (the norm is summed over the ranks) and steps AdamW on its shards only: m and v
+//     (and f32 masters of bf16 parameters) hold shard_range(numel, r, world).size() elements per
+//     parameter, charged to OptimizerState (MasterWeights). Then every rank's updated shards are
+//     all-gathered, in place, into the parameters.
 // ZeRO-1's shard gradients (and the MPI ring's receive buffer, dist/mpi_ring.h) are Temporaries,
 // freed by the end of the step. A parameter that no backward reached on this rank is given a zero
 // gradient, so that it takes its part in the collective.
