@@ -16,8 +16,10 @@
 #               an unloaded one
 #   hidden      1 - wait(b) / wait(c): the fraction of the all-reduce time that backward hides
 #               (wait = comm_wait_ms, the time after backward spent waiting for buckets)
-# and writes bench/results/dist_scaling_<date>.json. The 2 cores are shared with whatever else
-# runs: loadavg_1m is recorded, and the pairs alternate so that drift hits all three alike.
+# Then kiln_bench_collectives (next to the kiln binary's build) times the collectives alone, kiln's
+# MPI ring against MPI's own (collectives_ms). All of it goes to
+# bench/results/dist_scaling_<date>.json. The 2 cores are shared with whatever else runs:
+# loadavg_1m is recorded, and the rounds alternate so that drift hits every kind alike.
 #
 # Environment: PRESET (stories15M), BATCH (8, global), SEQ (256), STEPS (10), WARMUP (3),
 # PAIRS (2), DATA (../shared/data/text/tinyshakespeare.txt), TOKENIZER (llama2c:../shared/data/
@@ -61,11 +63,20 @@ for p in $(seq 1 "$PAIRS"); do
             "$KILN" "${common[@]}" --threads 1 --overlap 1 --zero 1)")
 done
 
+# The collectives alone: kiln's MPI ring against MPI's own, on the same buffers (JSON lines).
+COLL="$(dirname "$KILN")/../bench/kiln_bench_collectives"
+if [[ -x "$COLL" ]]; then
+  OMP_NUM_THREADS=1 mpirun -np 2 --oversubscribe --bind-to none "$COLL" > "$work/collectives.jsonl"
+else
+  echo "note: $COLL not built (cmake --build ... --target kiln_bench_collectives); skipped" >&2
+  : > "$work/collectives.jsonl"
+fi
+
 mkdir -p "$ROOT/bench/results"
 stamp="$(date +%Y%m%d_%H%M%S)"
-python3 - "$ROOT" "$stamp" "$WARMUP" "${runs[@]}" <<'PY'
+python3 - "$ROOT" "$stamp" "$WARMUP" "$work/collectives.jsonl" "${runs[@]}" <<'PY'
 import json, os, statistics, subprocess, sys, datetime
-root, stamp, warmup, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+root, stamp, warmup, coll, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:]
 def load(d):
     recs = [json.loads(l) for l in open(os.path.join(d, "log.jsonl")) if '"loss"' in l]
     recs = [r for r in recs if r["step"] > warmup]
@@ -112,6 +123,7 @@ res = {
     "allreduce_wait_ms_overlap": wait_overlap,
     "allreduce_wait_ms_after_backward": wait_after,
     "allreduce_hidden_fraction": 1 - wait_overlap / wait_after if wait_after > 0 else None,
+    "collectives_ms": [json.loads(l) for l in open(coll) if l.strip()],
 }
 path = os.path.join(root, "bench", "results", f"dist_scaling_{stamp}.json")
 json.dump(res, open(path, "w"), indent=1)
