@@ -210,6 +210,9 @@ void attention_forward<bf16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int6
                              const bf16* v, int64_t kv_batch_stride, bf16* out, float* lse) {
   attn::check_attention("forward", B, Tq, Tk, Hq, Hkv, D, q_offset, kv_batch_stride);
   if (B == 0 || Tq == 0) return;
+  if (attn::amx_forward_supported(Tq, D))
+    return attn::attention_forward_amx(B, Tq, Tk, Hq, Hkv, D, q_offset, float(scale), q, k, v,
+                                       kv_batch_stride, out, lse);
   const attn::ForwardPlan plan(B, Tq, Tk, Hq, Hkv, D);
   const int64_t G = plan.G, ldq = plan.ldq, ldkv = plan.ldkv, max_rows = plan.max_rows;
   const float sc = float(scale);
