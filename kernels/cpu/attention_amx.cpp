@@ -29,7 +29,6 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/bf16_util.h"
 #include "kernels/cpu/isa.h"
@@ -171,36 +170,51 @@ void values_rows(int64_t i, int64_t kcols, int64_t kpad, int64_t D, const bf16* 
               o + i * D + n, D);
 }
 
+// e^x in 16 lanes for x <= 0 (the softmax's shifted scores): x = n ln2 + r, |r| <= ln2 / 2,
+// e^r by the degree-6 polynomial of exp_fast (activation.h), times 2^n by vscalefps (which
+// takes n below the f32 range to 0). Relative error about 2e-7.
+KILN_TARGET_AMX inline __m512 exp16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c :
+       {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The first `count` lanes set (none for count <= 0, all for count >= 16).
+inline __mmask16 first_lanes(int64_t count) {
+  if (count <= 0) return 0;
+  return static_cast<__mmask16>(count >= 16 ? 0xffff : (1u << count) - 1u);
+}
+
 // p[0, kpad) = softmax(scale * s[0, valid)) rounded to bf16, zeros past valid; returns the
-// log-sum-exp. s is overwritten with the unnormalized exponentials.
+// log-sum-exp. s is overwritten with the unnormalized exponentials. kpad % 16 == 0.
 KILN_TARGET_AMX float softmax_row(int64_t valid, int64_t kpad, float scale, float* s, bf16* p) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < valid; ++j) mx = s[j] > mx ? s[j] : mx;
-  const float m = mx * scale;
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < valid; ++j) {
-    const float e = detail::exp_fast(s[j] * scale - m);
-    s[j] = e;
-    sum += e;
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < valid; j += 16)
+    mx = _mm512_mask_max_ps(mx, first_lanes(valid - j), mx, _mm512_loadu_ps(s + j));
+  const float m = _mm512_reduce_max_ps(mx) * scale;
+  const __m512 vscale = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < valid; j += 16) {
+    const __mmask16 k = first_lanes(valid - j);
+    const __m512 e = exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), vscale, vm));
+    _mm512_mask_storeu_ps(s + j, k, e);
+    sum = _mm512_mask_add_ps(sum, k, sum, e);
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / sum);
-  int64_t j = 0;
-  for (; j + 16 <= valid; j += 16)
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(p + j),
-        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(s + j), inv))));
-  if (j < valid) {  // the row's last partial 16 (zeros past valid), then whole zero groups
-    const __mmask16 m16 = static_cast<__mmask16>((1u << (valid - j)) - 1u);
-    const __m512 x = _mm512_maskz_mul_ps(m16, _mm512_maskz_loadu_ps(m16, s + j), inv);
+  const float total = _mm512_reduce_add_ps(sum);
+  const __m512 inv = _mm512_set1_ps(1.0f / total);
+  for (int64_t j = 0; j < kpad; j += 16) {  // zeros past valid
+    const __m512 x = _mm512_maskz_mul_ps(first_lanes(valid - j), _mm512_loadu_ps(s + j), inv);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
-    j += 16;
   }
-  for (; j < kpad; j += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), _mm256_setzero_si256());
-  return m + std::log(sum);
+  return m + std::log(total);
 }
 
 // Per-thread scratch, sized for the largest task.
