@@ -29,6 +29,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/bf16_util.h"
 #include "kernels/cpu/isa.h"
@@ -170,22 +171,6 @@ void values_rows(int64_t i, int64_t kcols, int64_t kpad, int64_t D, const bf16* 
               o + i * D + n, D);
 }
 
-// e^x in 16 lanes for x <= 0 (the softmax's shifted scores): x = n ln2 + r, |r| <= ln2 / 2,
-// e^r by the degree-6 polynomial of exp_fast (activation.h), times 2^n by vscalefps (which
-// takes n below the f32 range to 0). Relative error about 2e-7.
-KILN_TARGET_AMX inline __m512 exp16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  for (const float c :
-       {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 // The first `count` lanes set (none for count <= 0, all for count >= 16).
 inline __mmask16 first_lanes(int64_t count) {
   if (count <= 0) return 0;
@@ -203,7 +188,8 @@ KILN_TARGET_AMX float softmax_row(int64_t valid, int64_t kpad, float scale, floa
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < valid; j += 16) {
     const __mmask16 k = first_lanes(valid - j);
-    const __m512 e = exp16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), vscale, vm));
+    const __m512 e =
+        detail::exp_fast16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j), vscale, vm));
     _mm512_mask_storeu_ps(s + j, k, e);
     sum = _mm512_mask_add_ps(sum, k, sum, e);
   }
