@@ -2,7 +2,8 @@
 // (measured numbers: bench/results/cpu_attention_bf16_*.txt):
 //   bf16@<top>   attention_forward<bf16> at the machine's level: decode reads the bf16 cache
 //                directly, its scores by vdpbf16ps where AVX512-BF16 is there (D % 32 == 0);
-//                other blocks widen their tiles to f32 and call sgemm
+//                other blocks run on AMX tiles at amx (D % 32 == 0), else widen their tiles
+//                to f32 and call sgemm (as at every level below amx)
 //   bf16@avx512  capped at avx512: decode scores by FMAs on cache rows widened in registers
 //   bf16@avx2    capped at avx2: decode widens its tiles too (the "convert tiles" way)
 //   f32          attention_forward<float> on f32 inputs (the peer: what f32 models run)

@@ -9,6 +9,12 @@
 #    prefill tokens/s for PROMPT tokens, decode tokens/s for NEW tokens, GB/s of weights and KV
 #    read per second, the fraction of the read bandwidth measured in the same process, load
 #    time and peak RSS.
+#    With it, kiln_bench_gemm's oneDNN bf16 rate on the layer's five GEMM shapes with PROMPT rows
+#    (q, k/v, o, gate/up, down), FLOP-weighted, and prefill_fraction_of_onednn: the best bf16
+#    prefill's rate in FLOP/s over it. The prefill's work per token: 2 x the layers' matmul
+#    parameters (the LM head runs for the last token only: not counted) + the causal attention
+#    4 x layers x Hq x head_dim x (PROMPT + 1) / 2 (a query sees (PROMPT + 1) / 2 keys on
+#    average); 0.94 GFLOP for Qwen3-0.6B at 512 tokens.
 # 2. kiln_bench_gemv: the decode step's GEMVs alone, bf16 against f32 (OpenBLAS) and the read
 #    bandwidth, measured round-robin.
 # 3. With MODEL8B=1: the same for Qwen3-8B in bf16 (a 16.4 GB folder written under WORK_DIR,
@@ -42,7 +48,8 @@ if [[ ! -d "$BUILD_DIR" ]]; then
   cmake -S "$ROOT" -B "$BUILD_DIR" -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 LOG="$(mktemp)"
-if ! cmake --build "$BUILD_DIR" --target kiln kiln_bench_gemv kiln_write_random_safetensors \
+if ! cmake --build "$BUILD_DIR" --target kiln kiln_bench_gemv kiln_bench_gemm \
+  kiln_write_random_safetensors \
   -j"$NCPU" >"$LOG" 2>&1; then
   cat "$LOG" >&2
   exit 1
@@ -91,6 +98,25 @@ for ((i = 0; i < PAIRS; i++)); do
     lines+=("$l")
   done
 done
+# The prefill's GEMM shapes (--shape PROMPTxNxK each), how many of each a layer runs, and the
+# work per prefill token: "shapes|counts|flop_per_token".
+prefill_work="$("$PY" - "$QWEN/Qwen3-0.6B/config.json" "$PROMPT" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1])); P = int(sys.argv[2])
+H, I, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+hq, hkv = c["num_attention_heads"], c["num_key_value_heads"]
+D = c.get("head_dim") or H // hq
+shapes = [(hq * D, H, 1), (hkv * D, H, 2), (H, hq * D, 1), (I, H, 2), (H, I, 1)]  # N, K, count
+params = L * sum(n * k * cnt for n, k, cnt in shapes)
+flop_token = 2 * params + 4 * L * hq * D * (P + 1) / 2
+print(" ".join(f"--shape {P}x{n}x{k}" for n, k, _ in shapes) + "|" +
+      ",".join(str(cnt) for _, _, cnt in shapes) + f"|{flop_token}")
+EOF
+)"
+IFS='|' read -r gemm_shapes gemm_counts flop_token <<<"$prefill_work"
+# shellcheck disable=SC2086  # the --shape options split on purpose
+gemm="$("$BUILD_DIR/bench/kiln_bench_gemm" --only bf16 $gemm_shapes | tr '\n' ';')"
+echo "$gemm" | tr ';' '\n'
 g="$("$BUILD_DIR/bench/kiln_bench_gemv" --config "$QWEN/Qwen3-0.6B/config.json" --reps 5 | tr '\n' ' ')"
 echo "$g"
 rm -rf "$WORK_DIR/qwen3-0.6b"
@@ -116,9 +142,10 @@ COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 CPU="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
 "$PY" - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$NCPU" "$THREADS" "$PROMPT" "$NEW" "$g" \
-  "$(printf '%s\n' "${lines[@]}")" "$LOADAVG" <<'EOF'
-import json, sys, datetime
+  "$(printf '%s\n' "${lines[@]}")" "$LOADAVG" "$gemm" "$gemm_counts" "$flop_token" <<'EOF'
+import datetime, json, math, sys
 out, commit, dirty, cpu, ncpu, threads, prompt, new, gemv, runs, loadavg = sys.argv[1:12]
+gemm, gemm_counts, flop_token = sys.argv[12], sys.argv[13], float(sys.argv[14])
 runs = [json.loads(l) for l in runs.splitlines() if l.strip()]
 gemv = [json.loads(l) for l in gemv.replace("} {", "}\n{").splitlines() if l.strip()]
 def best(dtype, key):
@@ -135,7 +162,24 @@ for key, name in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
     f, b = best("f32", key), best("bf16", key)
     res[f"best_f32_{key}"], res[f"best_bf16_{key}"] = f, b
     res[f"bf16_over_f32_{name}"] = b / f if f and b else None
+# kiln_bench_gemm rows, in the order of the shapes: "MxNxK  TFLOP/s  -  -  impl". FLOP-weighted
+# rate: the layer's GEMM FLOP over their total time at each shape's rate.
+rows = [r.split() for r in gemm.split(";") if r.strip() and not r.startswith("#")]
+rows = [r for r in rows if r[0] != "MxNxK"]
+counts = [int(c) for c in gemm_counts.split(",")]
+assert len(rows) == len(counts), (gemm, gemm_counts)
+flops = [2.0 * math.prod(map(int, r[0].split("x"))) * c for r, c in zip(rows, counts)]
+onednn = sum(flops) / sum(f / (float(r[1]) * 1e12) for f, r in zip(flops, rows))
+res["onednn_bf16_prefill_shapes"] = [{"shape": r[0], "tflops": float(r[1]), "impl": r[-1],
+                                      "per_layer": c} for r, c in zip(rows, counts)]
+res["onednn_bf16_tflops_flop_weighted"] = onednn / 1e12
+res["prefill_flop_per_token"] = flop_token
+pre = res["best_bf16_prefill_tok_s"]
+res["prefill_fraction_of_onednn"] = pre * flop_token / onednn if pre else None
 json.dump(res, open(out, "w"), indent=1)
 print(f"bf16/f32 decode {res['bf16_over_f32_decode']}, prefill {res['bf16_over_f32_prefill']}")
+if pre:
+    print(f"bf16 prefill {pre} tok/s x {flop_token / 1e9:.3f} GFLOP/token = "
+          f"{res['prefill_fraction_of_onednn']:.3f} of oneDNN's {onednn / 1e12:.3f} TFLOP/s")
 print(f"wrote {out}")
 EOF

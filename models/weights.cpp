@@ -113,6 +113,9 @@ void materialize_on_cpu(Tensor& p, const io::TensorEntry& e, const std::uint8_t*
       reinterpret_cast<std::uintptr_t>(bytes) % dtype_size(file_dtype) == 0) {
     impl.storage = std::make_shared<Storage>(bytes, e.nbytes(), MemCategory::Weights, owner);
     impl.offset = 0;
+    // Page-table entries now rather than faults in the first forward (io::prefault_mapping);
+    // best effort, so a false (an older kernel) changes nothing but when the faults happen.
+    (void)io::prefault_mapping(bytes, e.nbytes());
     return;
   }
   Tensor t;

@@ -144,8 +144,37 @@ void activation_backward(Op op, int64_t n, const T* x, const T* dy, T* dx) {
   KILN_CHECK(found, "[activation] {} is not a pointwise activation", op_name(op));
 }
 
+#if KILN_CPU_X86
+// out[i0, i1) = silu(gate) up on bf16 with AVX-512: (gate s) up in f32, s = 1 / (1 + e^-gate)
+// by exp_fast16, rounded once (the loop through f32 blocks does the same products with
+// exp_fast). The bf16 prefill's MLP runs 1.6M of these per layer, where widening, the 8-wide
+// cloned loop and narrowing took about 4% of a Qwen3-0.6B prefill.
+KILN_TARGET_AVX512 void swiglu_fwd_bf16(int64_t i0, int64_t i1, const bf16* gate, const bf16* up,
+                                        bf16* out) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = i0; i < i1; i += 16) {
+    const int count = static_cast<int>(std::min<int64_t>(16, i1 - i));
+    const __m512 g = count == 16 ? load_bf16x16(gate + i) : load_bf16x16_partial(gate + i, count);
+    const __m512 u = count == 16 ? load_bf16x16(up + i) : load_bf16x16_partial(up + i, count);
+    const __m512 s = _mm512_div_ps(
+        one, _mm512_add_ps(one, detail::exp_fast16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    const __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, s), u);
+    if (count == 16)
+      store_bf16x16(out + i, y);
+    else
+      store_bf16x16_partial(out + i, y, count);
+  }
+}
+#endif
+
 template <typename T>
 void swiglu_forward(int64_t n, const T* gate, const T* up, T* out) {
+#if KILN_CPU_X86
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (cpu_has(CpuIsa::Avx512))
+      return for_chunks(n, [&](int64_t i0, int64_t i1) { swiglu_fwd_bf16(i0, i1, gate, up, out); });
+  }
+#endif
   for_chunks(n, [&](int64_t i0, int64_t i1) {
     through_compute<T, 2, 1>(i0, i1, {gate, up}, {out}, [](int64_t len, auto in, auto o) {
       swiglu_fwd_range(0, len, in[0], in[1], o[0]);

@@ -14,7 +14,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/op_list.h"
+
+#if KILN_CPU_X86
+#include <immintrin.h>
+#endif
 
 // KILN_SIMD_CLONES on a function compiles it twice, for AVX2+FMA (x86-64-v3) and for the
 // baseline, and picks one at load time (GCC ifunc). The library is built for plain x86-64 unless
@@ -88,6 +93,25 @@ inline float exp_fast(float x) {
   return std::bit_cast<float>((std::bit_cast<int32_t>(y) & keep_lo & keep_hi) | inf_bits);
 }
 inline double exp_fast(double x) { return std::exp(x); }
+
+#if KILN_CPU_X86
+// exp_fast in 16 lanes for kernels written with AVX-512 intrinsics: the same reduction and
+// polynomial, 2^n by vscalefps. x is clamped to [-104, 89] first (NaN passes through): below
+// about -87.3 the result is a subnormal or 0 (exp_fast: 0), above 88.73 +inf.
+KILN_TARGET_AVX512 inline __m512 exp_fast16(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c :
+       {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
 
 }  // namespace detail
 }  // namespace kiln::cpu

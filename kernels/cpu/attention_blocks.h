@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/half.h"
+
 namespace kiln::cpu::attn {
 
 constexpr int64_t kBlockQ = 64;  // query rows per block
@@ -102,5 +104,13 @@ template <typename T>
 void backward_block(int64_t rows, int64_t i0, int64_t D, T scale, const T* q_blk, const T* o_blk,
                     const T* do_blk, const T* lse_blk, int64_t ldq, const T* k_blk, const T* v_blk,
                     int64_t ldkv, T* dq_blk, T* dk_blk, T* dv_blk, T* p, T* dp, T* di);
+
+// The bf16 forward's training/prefill blocks on AMX tiles (attention_amx.cpp): whether it takes
+// these sizes at the current level (Tq > 1, D % 32 == 0, cpu_has(Amx)), and the run, with
+// attention_forward<bf16>'s arguments (sizes already checked).
+bool amx_forward_supported(int64_t Tq, int64_t D);
+void attention_forward_amx(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                           int64_t q_offset, float scale, const bf16* q, const bf16* k,
+                           const bf16* v, int64_t kv_batch_stride, bf16* out, float* lse);
 
 }  // namespace kiln::cpu::attn

@@ -7,11 +7,41 @@
 #include <cmath>
 
 #include "kernels/common/error.h"
+#include "kernels/cpu/isa.h"
 
 namespace kiln::cpu {
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 14;  // elements
+
+#if KILN_CPU_X86
+// One bf16 head of RotateHalf with AVX-512 (half % 16 == 0): the loop below's f32 products and
+// difference/sum, 16 pairs at a time, rounded as half.h does (same bits, no FMA contraction).
+// Both halves are read before either is written, so y may alias x. The generic loop runs at
+// the baseline ISA with scalar conversions: about 2.5% of a Qwen3-0.6B bf16 prefill.
+KILN_TARGET_AVX512 void rope_half_bf16(int64_t half, const float* c, const float* s, float sign,
+                                       const bf16* x, bf16* y) {
+  const __m512 vsign = _mm512_set1_ps(sign);
+  for (int64_t i = 0; i < half; i += 16) {
+    const __m512 a = load_bf16x16(x + i), b = load_bf16x16(x + i + half);
+    const __m512 ci = _mm512_loadu_ps(c + i), si = _mm512_mul_ps(vsign, _mm512_loadu_ps(s + i));
+    store_bf16x16(y + i, _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si)));
+    store_bf16x16(y + i + half, _mm512_add_ps(_mm512_mul_ps(a, si), _mm512_mul_ps(b, ci)));
+  }
+}
+#endif
+
+// Whether rope_apply<T> runs its heads through rope_half_bf16.
+template <typename T>
+bool rope_heads_avx512(RopeStyle style, int64_t D) {
+#if KILN_CPU_X86
+  return std::is_same_v<T, bf16> && style == RopeStyle::RotateHalf && D % 32 == 0 &&
+         cpu_has(CpuIsa::Avx512);
+#else
+  (void)style, (void)D;
+  return false;
+#endif
+}
 
 // sign = +1 rotates by +theta (forward), -1 by -theta (backward).
 template <typename T, typename C = compute_t<T>>
@@ -27,6 +57,7 @@ void rope_apply(const char* op, RopeStyle style, int64_t B, int64_t T_, int64_t 
   } else {
     KILN_CHECK(pos_offset >= 0, "[{}] negative position offset {}", op, pos_offset);
   }
+  [[maybe_unused]] const bool avx512_heads = rope_heads_avx512<T>(style, D);
 #pragma omp parallel for schedule(static) if (rows * H * D >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t p = pos ? pos[r] : pos_offset + r % T_;
@@ -35,6 +66,14 @@ void rope_apply(const char* op, RopeStyle style, int64_t B, int64_t T_, int64_t 
     for (int64_t h = 0; h < H; ++h) {
       const T* xr = x + (r * H + h) * D;
       T* yr = y + (r * H + h) * D;
+#if KILN_CPU_X86
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (avx512_heads) {
+          rope_half_bf16(half, c, s, sign, xr, yr);
+          continue;
+        }
+      }
+#endif
       if (style == RopeStyle::Interleaved) {
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {

@@ -89,6 +89,24 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   ::close(fd);  // the mapping stays valid without the descriptor
 }
 
+bool prefault_mapping(const void* p, std::size_t n) {
+  if (n == 0) return true;
+#if defined(__linux__)
+#ifdef MADV_POPULATE_READ
+  constexpr int kPopulateRead = MADV_POPULATE_READ;
+#else
+  constexpr int kPopulateRead = 22;  // Linux 5.14's value; older kernels answer EINVAL
+#endif
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(p) / page * page;
+  const auto end = reinterpret_cast<std::uintptr_t>(p) + n;
+  return ::madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateRead) == 0;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
 MappedFile::~MappedFile() { release(); }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept

@@ -45,6 +45,14 @@ std::string read_regular_file(const std::string& path, std::string_view who,
 // dying of SIGBUS when the file was truncated after it was mapped (see mapped_file.cpp).
 void copy_from_mapping(void* dst, const void* src, std::size_t n, std::string_view what);
 
+// Maps the pages of [p, p + n), a range of a file mapping, into the page tables now
+// (madvise MADV_POPULATE_READ, Linux 5.14+) instead of one fault per 64 KiB on first touch.
+// For weights used in place: a Qwen3-0.6B bf16 prefill of 512 tokens took its 1.1 GiB of page
+// faults (two threads contending for the page-table lock) inside the prefill, about 0.07 s of
+// its 0.47 s; populating at load costs about 0.04 s. Best effort: false where the kernel cannot
+// (older kernels, a file truncated since mapping); the pages then fault in on first use as before.
+bool prefault_mapping(const void* p, std::size_t n);
+
 // Overflow-checked arithmetic for sizes read from files.
 bool checked_mul(uint64_t a, uint64_t b, uint64_t* out);
 bool checked_add(uint64_t a, uint64_t b, uint64_t* out);

@@ -20,6 +20,7 @@
 #include "kernels/common/adamw_scalars.h"
 #include "kernels/common/half.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/optimizer.h"
@@ -76,16 +77,20 @@ std::string str(const Shape& s) {
 // ---- attention forward ------------------------------------------------------------------------
 
 const std::vector<Shape> kForward = {
-    {2, 7, 7, 4, 2, 5, 0},        // odd D: the widening path at every level
-    {2, 33, 33, 6, 6, 48, 0},     // training, MHA
-    {1, 130, 130, 4, 1, 32, 0},   // 64 + 64 + 2 rows, MQA
-    {1, 70, 100, 3, 1, 16, 30},   // chunked prefill
-    {2, 5, 40, 4, 2, 8, 10},      // queries short of the last keys
-    {3, 1, 70, 8, 2, 16, 69},     // decode, grouped heads
-    {2, 1, 33, 6, 6, 32, 32},     // decode, MHA (one row)
-    {1, 1, 129, 6, 1, 128, 128},  // decode, MQA, large D (rows 4 + 2)
-    {1, 1, 50, 3, 1, 80, 49},     // decode, 3 rows, D = 64 + 16
-    {2, 1, 20, 4, 4, 48, 19},     // decode, MHA, D = 48 (stories15M's)
+    {2, 7, 7, 4, 2, 5, 0},       // odd D: the widening path at every level
+    {2, 33, 33, 6, 6, 48, 0},    // training, MHA
+    {1, 130, 130, 4, 1, 32, 0},  // 64 + 64 + 2 rows, MQA
+    {1, 70, 100, 3, 1, 16, 30},  // chunked prefill
+    // D % 32 == 0 and Tq > 1: the AMX tile blocks at the amx level (attention_amx.cpp)
+    {2, 150, 150, 4, 2, 64, 0},     // training, GQA, blocks of 64 + 64 + 22 rows
+    {1, 200, 237, 16, 8, 128, 37},  // chunked prefill, Qwen3's heads, kend not a multiple of 32
+    {1, 3, 45, 4, 2, 32, 42},       // three queries after a cache (one row pair, 13 pad keys)
+    {2, 5, 40, 4, 2, 8, 10},        // queries short of the last keys
+    {3, 1, 70, 8, 2, 16, 69},       // decode, grouped heads
+    {2, 1, 33, 6, 6, 32, 32},       // decode, MHA (one row)
+    {1, 1, 129, 6, 1, 128, 128},    // decode, MQA, large D (rows 4 + 2)
+    {1, 1, 50, 3, 1, 80, 49},       // decode, 3 rows, D = 64 + 16
+    {2, 1, 20, 4, 4, 48, 19},       // decode, MHA, D = 48 (stories15M's)
 };
 
 TEST(AttentionBf16, ForwardMatchesFloat64AtEveryIsa) {
@@ -112,6 +117,18 @@ TEST(AttentionBf16, ForwardMatchesFloat64AtEveryIsa) {
       EXPECT_TRUE(all_close(lse, lse_r, kStat, kStat)) << str(s);
     });
   }
+}
+
+// The shapes above that the AMX blocks take at the amx level do take them (so the test keeps
+// covering that path).
+TEST(AttentionBf16, AmxBlocksTakeTrainingAndPrefillShapes) {
+  if (cpu::cpu_isa_detected() < cpu::CpuIsa::Amx) GTEST_SKIP() << "no AMX on this machine";
+  EXPECT_TRUE(cpu::attn::amx_forward_supported(200, 128));
+  EXPECT_TRUE(cpu::attn::amx_forward_supported(3, 32));
+  EXPECT_FALSE(cpu::attn::amx_forward_supported(1, 128));  // decode reads the cache directly
+  EXPECT_FALSE(cpu::attn::amx_forward_supported(150, 48));
+  cpu::ScopedCpuIsa cap(cpu::CpuIsa::Avx512Bf16);
+  EXPECT_FALSE(cpu::attn::amx_forward_supported(200, 128));
 }
 
 // ---- attention backward -----------------------------------------------------------------------

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "kernels/common/error.h"
+#include "kernels/common/half.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/norm.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -91,6 +93,41 @@ void check_rmsnorm_forward(double tol) {
 TEST(Norm, RmsNormForward) {
   check_rmsnorm_forward<float>(2e-6);
   check_rmsnorm_forward<double>(1e-13);
+}
+
+// bf16 rows at every ISA level this machine has (AVX-512 rows for dim % 16 == 0 from avx512 up,
+// the widening loop otherwise), against float64 on the same bf16 values. Tolerances: y is
+// rounded once to bf16 (2^-9 relative): 2^-8; rstd is f32 from a double sum: 1e-6. Both
+// paths give the same bits (the same f32 products and rounding).
+TEST(Norm, RmsNormForwardBf16AtEveryIsa) {
+  for (int64_t rows : {int64_t(3), int64_t(130)})
+    for (int64_t dim : {int64_t(7), int64_t(128), int64_t(1024)}) {
+      const double eps = 1e-6;
+      std::vector<bf16> x(rows * dim), w(dim);
+      const auto xd = random_normal_vec<double>(rows * dim, rows + dim, 0.5, 2.0);
+      const auto wd = random_uniform_vec<double>(dim, dim, 0.5, 1.5);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(float(xd[i]));
+      for (size_t i = 0; i < w.size(); ++i) w[i] = float_to_bf16(float(wd[i]));
+      std::vector<double> xr(x.size()), wr(w.size());
+      for (size_t i = 0; i < x.size(); ++i) xr[i] = bf16_to_float(x[i]);
+      for (size_t i = 0; i < w.size(); ++i) wr[i] = bf16_to_float(w[i]);
+      const auto r = ref_rmsnorm(rows, dim, eps, xr, wr);
+      std::vector<bf16> first;
+      for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
+        cpu::ScopedCpuIsa cap(static_cast<cpu::CpuIsa>(l));
+        std::vector<bf16> y(rows * dim);
+        std::vector<float> rstd(rows);
+        cpu::rmsnorm_forward<bf16>(rows, dim, eps, x.data(), w.data(), y.data(), rstd.data());
+        std::vector<double> yd(y.size());
+        for (size_t i = 0; i < y.size(); ++i) yd[i] = bf16_to_float(y[i]);
+        const auto name = cpu::cpu_isa_name(static_cast<cpu::CpuIsa>(l));
+        EXPECT_TRUE(all_close(yd, r.y, 1.0 / 256, 1.0 / 256)) << rows << "x" << dim << " " << name;
+        EXPECT_TRUE(all_close(rstd, r.rstd, 1e-6, 1e-6)) << rows << "x" << dim << " " << name;
+        if (l == 0) first = y;
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(y[i].bits, first[i].bits) << rows << "x" << dim << " " << name << " at " << i;
+      }
+    }
 }
 
 template <typename T>
@@ -221,11 +258,11 @@ TEST(Norm, BackwardFloatDeterministic) {
   cpu::layernorm_forward<float>(rows, dim, 1e-5, x.data(), w.data(), b.data(), y.data(),
                                 mean.data(), rstd.data());
   std::vector<float> lw1(dim, 0.f), lb1(dim, 0.f), lw2(dim, 0.f), lb2(dim, 0.f);
-  cpu::layernorm_backward<float>(rows, dim, x.data(), w.data(), mean.data(), rstd.data(),
-                                 dy.data(), dx.data(), lw1.data(), lb1.data());
+  cpu::layernorm_backward<float>(rows, dim, x.data(), w.data(), mean.data(), rstd.data(), dy.data(),
+                                 dx.data(), lw1.data(), lb1.data());
   omp_set_num_threads(nt == 1 ? 3 : 1);
-  cpu::layernorm_backward<float>(rows, dim, x.data(), w.data(), mean.data(), rstd.data(),
-                                 dy.data(), dx2.data(), lw2.data(), lb2.data());
+  cpu::layernorm_backward<float>(rows, dim, x.data(), w.data(), mean.data(), rstd.data(), dy.data(),
+                                 dx2.data(), lw2.data(), lb2.data());
   omp_set_num_threads(nt);
   EXPECT_EQ(lw1, lw2);
   EXPECT_EQ(lb1, lb2);

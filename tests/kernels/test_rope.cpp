@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "kernels/common/error.h"
+#include "kernels/common/half.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/rope.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -55,8 +57,8 @@ void check_rope(RopeStyle style, double tol) {
       for (int64_t i = 0; i < c.B * c.T; ++i) pos[i] = explicit_pos ? rnd[i] : offset + i % c.T;
       const int64_t* pp = explicit_pos ? pos.data() : nullptr;
       std::vector<F> y(n);
-      cpu::rope_forward<F>(style, c.B, c.T, c.H, c.D, cos.data(), sin.data(), pp, offset,
-                           x.data(), y.data());
+      cpu::rope_forward<F>(style, c.B, c.T, c.H, c.D, cos.data(), sin.data(), pp, offset, x.data(),
+                           y.data());
       const auto yr = ref_rope(style, c.B, c.T, c.H, c.D, theta, pos, to_f64(x));
       // Float tables carry the float32 angle rounding: |err| ~ pos * ulp(1) for large pos.
       EXPECT_TRUE(all_close(y, yr, tol, tol)) << c.B << "," << c.T << "," << c.H << "," << c.D;
@@ -67,13 +69,13 @@ void check_rope(RopeStyle style, double tol) {
       EXPECT_EQ(inplace, y);
       // Backward = rotation by -angle; forward then backward is the identity.
       std::vector<F> back(n);
-      cpu::rope_backward<F>(style, c.B, c.T, c.H, c.D, cos.data(), sin.data(), pp, offset,
-                            y.data(), back.data());
+      cpu::rope_backward<F>(style, c.B, c.T, c.H, c.D, cos.data(), sin.data(), pp, offset, y.data(),
+                            back.data());
       EXPECT_TRUE(all_close(back, to_f64(x), 10 * default_atol<F>(), 10 * default_rtol<F>()));
       const auto br = ref_rope(style, c.B, c.T, c.H, c.D, theta, pos, to_f64(x), -1.0);
       std::vector<F> bx(n);
-      cpu::rope_backward<F>(style, c.B, c.T, c.H, c.D, cos.data(), sin.data(), pp, offset,
-                            x.data(), bx.data());
+      cpu::rope_backward<F>(style, c.B, c.T, c.H, c.D, cos.data(), sin.data(), pp, offset, x.data(),
+                            bx.data());
       EXPECT_TRUE(all_close(bx, br, tol, tol));
     }
   }
@@ -89,6 +91,44 @@ TEST(Rope, RotateHalfMatchesRotation) {
   check_rope<double>(RopeStyle::RotateHalf, 1e-12);
 }
 
+// bf16 heads at every ISA level this machine has (AVX-512 RotateHalf heads for D % 32 == 0
+// from avx512 up, the widening loop otherwise), forward and backward, in place too, against
+// float64 on the same bf16 values and f32 tables: the result is rounded once to bf16 (2^-9
+// relative), the f32 table angles add ~pos * 2^-24: 2^-8.
+TEST(Rope, Bf16AtEveryIsa) {
+  const int64_t B = 2, T = 37, H = 3, max_pos = 300;
+  const double theta = 1000000.0;
+  for (int64_t D : {int64_t(8), int64_t(64), int64_t(128)}) {
+    const int64_t half = D / 2, n = B * T * H * D;
+    std::vector<float> cos(max_pos * half), sin(max_pos * half);
+    cpu::rope_tables<float>(max_pos, D, theta, cos.data(), sin.data());
+    const auto xd = random_normal_vec<double>(n, n + D);
+    std::vector<bf16> x(n);
+    std::vector<double> xr(n);
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = float_to_bf16(float(xd[i]));
+      xr[i] = bf16_to_float(x[i]);
+    }
+    std::vector<int64_t> pos(B * T);
+    for (int64_t i = 0; i < B * T; ++i) pos[i] = 250 + i % T;  // offset 250
+    for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
+      cpu::ScopedCpuIsa cap(static_cast<cpu::CpuIsa>(l));
+      const std::string at =
+          std::string(cpu::cpu_isa_name(cpu::CpuIsa(l))) + " D=" + std::to_string(D);
+      for (double sign : {1.0, -1.0}) {
+        std::vector<bf16> y = x;  // in place
+        (sign > 0 ? cpu::rope_forward<bf16>
+                  : cpu::rope_backward<bf16>)(RopeStyle::RotateHalf, B, T, H, D, cos.data(),
+                                              sin.data(), nullptr, 250, y.data(), y.data());
+        std::vector<double> yd(n);
+        for (int64_t i = 0; i < n; ++i) yd[i] = bf16_to_float(y[i]);
+        const auto ref = ref_rope(RopeStyle::RotateHalf, B, T, H, D, theta, pos, xr, sign);
+        EXPECT_TRUE(all_close(yd, ref, 1.0 / 256, 1.0 / 256)) << at << " sign " << sign;
+      }
+    }
+  }
+}
+
 // The two pairings are the same rotation up to a permutation of the head dimension: the
 // interleaved pair (2i, 2i+1) goes to (i, i + D/2).
 TEST(Rope, StylesAgreeUnderPermutation) {
@@ -102,8 +142,8 @@ TEST(Rope, StylesAgreeUnderPermutation) {
       xp[r * D + i] = x[r * D + 2 * i];
       xp[r * D + i + half] = x[r * D + 2 * i + 1];
     }
-  cpu::rope_forward<double>(RopeStyle::Interleaved, B, T, H, D, cos.data(), sin.data(), nullptr,
-                            3, x.data(), yi.data());
+  cpu::rope_forward<double>(RopeStyle::Interleaved, B, T, H, D, cos.data(), sin.data(), nullptr, 3,
+                            x.data(), yi.data());
   cpu::rope_forward<double>(RopeStyle::RotateHalf, B, T, H, D, cos.data(), sin.data(), nullptr, 3,
                             xp.data(), yh.data());
   for (int64_t r = 0; r < n / D; ++r)
@@ -167,8 +207,8 @@ TEST(Rope, TablesFloat32Recipe) {
 
 TEST(Rope, BadArgumentsThrow) {
   std::vector<float> cos(8), sin(8), x(6), y(6);
-  EXPECT_THROW(cpu::rope_forward<float>(RopeStyle::Interleaved, 1, 1, 2, 3, cos.data(),
-                                        sin.data(), nullptr, 0, x.data(), y.data()),
+  EXPECT_THROW(cpu::rope_forward<float>(RopeStyle::Interleaved, 1, 1, 2, 3, cos.data(), sin.data(),
+                                        nullptr, 0, x.data(), y.data()),
                Error);  // odd D
   const int64_t pos = -1;
   EXPECT_THROW(cpu::rope_forward<float>(RopeStyle::RotateHalf, 1, 1, 3, 2, cos.data(), sin.data(),

@@ -1,8 +1,10 @@
 // Safetensors: round trip, every malformed-header case, sharded folders, and a
 // cross-check against an independent Python reader/writer.
 #include <gtest/gtest.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -392,6 +394,27 @@ TEST_F(SafetensorsTest, KilnReadsPythonFile) {
   EXPECT_EQ(d.shape, (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(f.data(d)[5], 1);
   EXPECT_EQ(f.data(d)[1], 0);
+}
+
+// prefault_mapping populates a range of a mapping (unaligned ends included) and leaves its bytes
+// as they are; an empty range is a no-op. Kernels before 5.14 lack MADV_POPULATE_READ: false.
+TEST(MappedFile, PrefaultKeepsTheBytes) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::temp_directory_path() / ("kiln_prefault_" + std::to_string(::getpid()));
+  std::vector<char> bytes(3 * 4096 + 123);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char(i * 7);
+  std::ofstream(p, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  kiln::io::MappedFile m(p.string());
+  EXPECT_TRUE(kiln::io::prefault_mapping(m.data() + 5, 0));
+  const bool populated = kiln::io::prefault_mapping(m.data() + 100, m.size() - 200);
+  utsname u{};
+  ASSERT_EQ(::uname(&u), 0);
+  int major = 0, minor = 0;
+  std::sscanf(u.release, "%d.%d", &major, &minor);
+  if (major > 5 || (major == 5 && minor >= 14)) EXPECT_TRUE(populated) << u.release;
+  EXPECT_EQ(0, std::memcmp(m.data(), bytes.data(), bytes.size()));
+  fs::remove(p);
 }
 
 // A file truncated after it was mapped: reading the lost pages raises SIGBUS, which the guarded
