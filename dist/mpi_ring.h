@@ -2,8 +2,8 @@
 // all_reduce, reduce_scatter and all_gather. Internal to dist/.
 //
 // Why not MPI's own collectives: with two ranks on one host, OpenMPI 4.1's MPI_Ireduce_scatter
-// and MPI_Iallreduce are 3.5-4.4x slower than this ring on stories15M's tied-embedding gradient
-// (9.2M f32: 33.7 ms vs 7.7 ms and 39.9 ms vs 11.6 ms; its all-gather is as fast as ours) and
+// and MPI_Iallreduce are 3.5-5x slower than this ring on stories15M's tied-embedding gradient
+// (9.2M f32: 27-30 ms vs 6-6.5 ms and 38-40 ms vs 9-11 ms; its all-gather is about as fast) and
 // need a user-op for bf16, whose 18 MB reduce-scatter took 20 ms against the ring's 3.3 ms
 // (bench/bench_collectives.cpp, bench/results/collectives_*). Each rank runs on one core of the
 // job's, so every millisecond a collective spends is taken from backward: the collectives are
