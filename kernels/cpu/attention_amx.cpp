@@ -39,9 +39,6 @@ namespace kiln::cpu::attn {
 #if KILN_CPU_X86
 namespace {
 
-#define KILN_TARGET_AMX \
-  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
-
 constexpr int64_t kTile = 16;  // tile rows; a tile row is 64 bytes = 32 bf16 or 16 f32
 constexpr int64_t kPair = 32;  // a 2 x 2 block of tiles covers 32 rows x 32 columns
 

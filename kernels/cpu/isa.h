@@ -25,6 +25,8 @@
 #define KILN_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
 #define KILN_TARGET_AVX512BF16 \
   __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define KILN_TARGET_AMX \
+  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 #else
 #define KILN_CPU_X86 0
 #endif
