@@ -18,19 +18,22 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::add_param(const std::string& name, const Tensor& p, int moments) {
-  KILN_CHECK(is_floating(p.dtype()) && p.dtype() != DType::F64,
-             "[optimizer] parameter {} is {}; expected f32, bf16 or f16", name,
+  KILN_CHECK(is_floating(p.dtype()),
+             "[optimizer] parameter {} is {}; expected f32, bf16, f16 or f64", name,
              dtype_name(p.dtype()));
+  // f64 parameters (a checking mode, CPU AdamW only) keep f64 moments and need no master.
+  const bool f64 = p.dtype() == DType::F64;
   ParamState s{name, p, Tensor(), Tensor(), p.dim() >= 2, Tensor()};
-  if (p.dtype() != DType::F32) {
+  if (p.dtype() != DType::F32 && !f64) {
     MemoryScope scope(MemCategory::MasterWeights);
     s.master = p.to(DType::F32);
     if (s.master.same_storage(p)) s.master = s.master.clone();
   }
   MemoryScope scope(MemCategory::OptimizerState);
   Tensor& w = s.weights();
-  if (moments >= 1) s.m = ops::zeros(w.shape(), DType::F32, w.device());
-  if (moments >= 2) s.v = ops::zeros(w.shape(), DType::F32, w.device());
+  const DType moment_dtype = f64 ? DType::F64 : DType::F32;
+  if (moments >= 1) s.m = ops::zeros(w.shape(), moment_dtype, w.device());
+  if (moments >= 2) s.v = ops::zeros(w.shape(), moment_dtype, w.device());
   state_.push_back(std::move(s));
 }
 
@@ -90,7 +93,11 @@ void AdamW::step() {
 
 Sgd::Sgd(const std::vector<std::pair<std::string, Tensor>>& params, const SgdOptions& o) : opt(o) {
   lr = o.lr;
-  for (const auto& [name, p] : params) add_param(name, p, o.momentum != 0.0 ? 1 : 0);
+  for (const auto& [name, p] : params) {
+    KILN_CHECK(p.dtype() != DType::F64, "[sgd] parameter {} is f64; SGD has f32 kernels only",
+               name);
+    add_param(name, p, o.momentum != 0.0 ? 1 : 0);
+  }
 }
 
 void Sgd::step() {

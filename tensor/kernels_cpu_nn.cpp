@@ -276,6 +276,11 @@ void adamw_cpu(AdamWArgs& a) {
                  static_cast<float>(a.weight_decay), a.step);
 }
 
+void adamw_cpu_f64(AdamWArgs& a) {
+  kc::adamw_step(a.param.numel(), a.param.data<double>(), a.grad.data<double>(), a.m.data<double>(),
+                 a.v.data<double>(), a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.step);
+}
+
 // A bf16/f16 parameter with an f32 master: the master is updated from the gradient read in
 // its own dtype (widened a chunk at a time on the stack), then rounded into the parameter.
 template <class P, class G>
@@ -287,7 +292,7 @@ void adamw_master_item(AdamWTensors& it, const AdamWMultiArgs& a) {
                               static_cast<float>(it.weight_decay), a.step);
 }
 
-// Item by item: f32 parameters as adamw_step_, bf16/f16 ones through their masters.
+// Item by item: f32 (and f64) parameters as adamw_step_, bf16/f16 ones through their masters.
 void adamw_multi_cpu(AdamWMultiArgs& a) {
   for (auto& it : a.items) {
     if (!it.master.defined()) {
@@ -349,6 +354,7 @@ void register_nn() {
   register_float_storage<DropoutArgs, DropoutCpu>();
   register_float_storage<DropoutBackwardArgs, DropoutBackwardCpu>();
   register_kernel<AdamWArgs>(DeviceType::CPU, DType::F32, {.run = &adamw_cpu});
+  register_kernel<AdamWArgs>(DeviceType::CPU, DType::F64, {.run = &adamw_cpu_f64});
   register_kernel<AdamWMultiArgs>(DeviceType::CPU, DType::F32, {.run = &adamw_multi_cpu});
   register_kernel<SgdArgs>(DeviceType::CPU, DType::F32, {.run = &sgd_cpu});
 }

@@ -536,7 +536,7 @@ struct DropoutBackwardArgs {
 
 // ---- optimizers (in place) ------------------------------------------------------------------
 
-struct AdamWArgs {  // param, grad, m, v: contiguous f32 of one shape
+struct AdamWArgs {  // param, grad, m, v: contiguous f32 (or, on the CPU, f64) of one shape
   static constexpr Op kOp = Op::AdamW;
   static constexpr std::string_view kName = "adamw";
   Tensor param, grad, m, v;

@@ -249,18 +249,21 @@ Tensor dropout_backward(const Tensor& dy, const Tensor& mask, double p) {
 
 // ---- optimizers -----------------------------------------------------------------
 
-static void check_opt(const Tensor& p, const Tensor& g, const char* op) {
-  KILN_CHECK(p.dtype() == DType::F32 && g.dtype() == DType::F32 && p.is_contiguous() &&
-                 g.is_contiguous() && p.shape() == g.shape(),
-             "[{}] needs contiguous f32 param and grad of one shape ({} vs {})", op,
-             shape_str(p.shape()), shape_str(g.shape()));
+// f32 tensors; AdamW also takes f64 ones (all of its tensors in f64) on the CPU.
+static void check_opt(const Tensor& p, const Tensor& g, const char* op, bool f64_ok = false) {
+  const bool dtype_ok =
+      p.dtype() == g.dtype() && (p.dtype() == DType::F32 || (f64_ok && p.dtype() == DType::F64));
+  KILN_CHECK(dtype_ok && p.is_contiguous() && g.is_contiguous() && p.shape() == g.shape(),
+             "[{}] needs contiguous {} param and grad of one shape ({} {} vs {} {})", op,
+             f64_ok ? "f32 (or f64)" : "f32", dtype_name(p.dtype()), shape_str(p.shape()),
+             dtype_name(g.dtype()), shape_str(g.shape()));
 }
 
 void adamw_step_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double lr, double beta1,
                  double beta2, double eps, double weight_decay, std::int64_t step) {
-  check_opt(param, grad, "adamw");
-  check_opt(m, v, "adamw");
-  check_opt(param, m, "adamw");
+  check_opt(param, grad, "adamw", true);
+  check_opt(m, v, "adamw", true);
+  check_opt(param, m, "adamw", true);
   AdamWArgs a{param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step};
   run(a);
 }
@@ -277,8 +280,8 @@ void adamw_multi_step_(std::span<AdamWTensors> items, double lr, double beta1, d
   if (items.empty()) return;
   for (auto& it : items) {
     const Tensor& w = it.master.defined() ? it.master : it.param;
-    check_opt(w, it.m, "adamw");
-    check_opt(it.m, it.v, "adamw");
+    check_opt(w, it.m, "adamw", true);
+    check_opt(it.m, it.v, "adamw", true);
     KILN_CHECK(it.grad.shape() == w.shape() && it.grad.is_contiguous() &&
                    it.param.device() == items[0].param.device(),
                "[adamw] gradient {} does not match parameter {}", shape_str(it.grad.shape()),

@@ -62,6 +62,23 @@ void adamw_step(int64_t n, float* param, const float* grad, float* m, float* v, 
     adamw_range(c * kChunk, std::min(n, (c + 1) * kChunk), param, grad, m, v, decay, s);
 }
 
+void adamw_step(int64_t n, double* param, const double* grad, double* m, double* v, double lr,
+                double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  KILN_CHECK(n >= 0, "[adamw] negative size {}", n);
+  KILN_CHECK(step >= 1, "[adamw] step {} must be >= 1 (counted from 1)", step);
+  const double decay = 1.0 - lr * weight_decay;
+  const double neg_step_size = -(lr / (1.0 - std::pow(beta1, double(step))));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(beta2, double(step)));
+  const double one_m_b1 = 1.0 - beta1, one_m_b2 = 1.0 - beta2;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = grad[i];
+    m[i] = m[i] * beta1 + one_m_b1 * g;
+    v[i] = v[i] * beta2 + one_m_b2 * g * g;
+    param[i] = param[i] * decay + neg_step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+  }
+}
+
 template <typename P, typename G>
 void adamw_step_master(int64_t n, P* param, float* master, const G* grad, float* m, float* v,
                        float lr, float beta1, float beta2, float eps, float weight_decay,

@@ -26,6 +26,12 @@ namespace kiln::cpu {
 void adamw_step(int64_t n, float* param, const float* grad, float* m, float* v, float lr,
                 float beta1, float beta2, float eps, float weight_decay, int64_t step);
 
+// f64 parameters (the checking dtype: data-parallel equality tests compare in f64, where the
+// summation order's rounding is too small for AdamW's near-sign first step to amplify): the
+// same update with every scalar and element in double, as PyTorch computes f64 tensors.
+void adamw_step(int64_t n, double* param, const double* grad, double* m, double* v, double lr,
+                double beta1, double beta2, double eps, double weight_decay, int64_t step);
+
 // Mixed precision, the recipe of the CUDA kernel: a bf16/f16 parameter P with an f32 master.
 // The master takes adamw_step's update (same operations, same order, so the same bits) from the
 // gradient G (the parameter's type or f32) widened to f32 a chunk at a time on the stack, then

@@ -64,8 +64,8 @@ inline models::TrainOptions tiny_options(const fs::path& dir, const std::string&
   return o;
 }
 
-// max |a - b| / max |b| over one tensor's elements.
-inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+// max |a - b| / max |b| over one tensor's elements (read in double: exact for every dtype).
+inline double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   double num = 0, den = 0;
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
@@ -76,7 +76,7 @@ inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b)
 }
 
 // ||a - b||_2 / ||b||_2 over one tensor's elements.
-inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
     const double d = static_cast<double>(a[i]) - b[i];
@@ -91,7 +91,8 @@ inline double max_rel_l2(models::DecoderModel& a, models::DecoderModel& b) {
   auto pa = a.named_parameters(), pb = b.named_parameters();
   double worst = 0;
   for (std::size_t i = 0; i < pa.size() && i < pb.size(); ++i)
-    worst = std::max(worst, rel_l2(pa[i].second.to_float_vector(), pb[i].second.to_float_vector()));
+    worst =
+        std::max(worst, rel_l2(pa[i].second.to_double_vector(), pb[i].second.to_double_vector()));
   return worst;
 }
 
@@ -104,7 +105,7 @@ inline double max_rel_diff(models::DecoderModel& a, models::DecoderModel& b, boo
     EXPECT_EQ(pa[i].first, pb[i].first);
     const Tensor ta = grads ? pa[i].second.grad() : pa[i].second;
     const Tensor tb = grads ? pb[i].second.grad() : pb[i].second;
-    worst = std::max(worst, rel_diff(ta.to_float_vector(), tb.to_float_vector()));
+    worst = std::max(worst, rel_diff(ta.to_double_vector(), tb.to_double_vector()));
   }
   return worst;
 }

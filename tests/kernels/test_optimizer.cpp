@@ -1,7 +1,6 @@
 // Tests for kernels/cpu/optimizer.h: AdamW and SGD against float64 references of PyTorch's
 // update rules over several steps, and (when /usr/bin/python3 has torch) against torch itself
 // via tests/kernels/adamw_ref.py.
-#include "tests/test_python.h"
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include "kernels/common/error.h"
 #include "kernels/cpu/optimizer.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/test_python.h"
 
 namespace kiln {
 namespace {
@@ -53,6 +53,43 @@ TEST(AdamW, MatchesFloat64ReferenceOverSteps) {
       EXPECT_TRUE(test::all_close(m, md, 1e-7, 1e-5)) << "n " << n;
       EXPECT_TRUE(test::all_close(v, vd, 1e-9, 1e-5)) << "n " << n;
     }
+  }
+}
+
+// The f64 kernel against the same rules in long double (x87's 64-bit significand): within a few
+// f64 roundings per step.
+TEST(AdamW, Float64MatchesLongDoubleReferenceOverSteps) {
+  for (int64_t n : {1, 7, 40001}) {
+    const double lr = 3e-3, b1 = 0.9, b2 = 0.99, eps = 1e-8, wd = 0.1;
+    auto p32 = test::random_uniform_vec<float>(n, 3 + n);
+    std::vector<double> p = test::to_f64(p32), m(n, 0.0), v(n, 0.0);
+    std::vector<long double> pl(p.begin(), p.end()), ml(n, 0.0L), vl(n, 0.0L);
+    for (int64_t step = 1; step <= 6; ++step) {
+      // Step 3's gradients are tiny: the eps term matters.
+      const auto g32 = test::random_normal_vec<float>(n, 100 * step + n, 0, step == 3 ? 1e-9 : 1);
+      const std::vector<double> g = test::to_f64(g32);
+      cpu::adamw_step(n, p.data(), g.data(), m.data(), v.data(), lr, b1, b2, eps, wd, step);
+      const long double bc1 = 1 - std::pow(static_cast<long double>(b1), step),
+                        bc2 = 1 - std::pow(static_cast<long double>(b2), step);
+      for (int64_t i = 0; i < n; ++i) {
+        pl[i] *= 1 - static_cast<long double>(lr) * wd;
+        ml[i] = b1 * ml[i] + (1 - static_cast<long double>(b1)) * g[i];
+        vl[i] = b2 * vl[i] + (1 - static_cast<long double>(b2)) * g[i] * g[i];
+        pl[i] -= lr * (ml[i] / bc1) / (std::sqrt(vl[i]) / std::sqrt(bc2) + eps);
+      }
+    }
+    // Normwise: the largest error over the largest |reference| (m's elements can cancel to ~0).
+    auto rel = [&](const std::vector<double>& got, const std::vector<long double>& want) {
+      long double err = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        err = std::max(err, std::fabs(got[i] - want[i]));
+        mag = std::max(mag, std::fabs(want[i]));
+      }
+      return double(err / mag);
+    };
+    EXPECT_LE(rel(p, pl), 1e-14) << "n " << n;
+    EXPECT_LE(rel(m, ml), 1e-14) << "n " << n;
+    EXPECT_LE(rel(v, vl), 1e-14) << "n " << n;
   }
 }
 

@@ -1,6 +1,5 @@
 // Optimizers against torch.optim (torch 1.13 via /usr/bin/python3, tests/nn/torch_optim_ref.py),
 // the cosine schedule, and gradient clipping.
-#include "tests/test_python.h"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "nn/optim.h"
+#include "tests/test_python.h"
 
 namespace kiln::nn {
 namespace {
@@ -195,7 +195,8 @@ TEST(Optim, ZeroGradAndMissingGrads) {
   opt.zero_grad();
   EXPECT_EQ(pr.params[0].second.grad().impl(), g.impl());  // memory kept
   for (double v : g.to_double_vector()) EXPECT_EQ(v, 0.0);
-  // bf16 parameters get an f32 master copy (mixed precision); f64 has no kernel.
+  // bf16 parameters get an f32 master copy (mixed precision); f64 ones (a checking mode) keep
+  // f64 moments and no master in AdamW, and SGD, which has no f64 kernel, refuses them.
   Tensor bf = ops::zeros({2}, DType::BF16);
   bf.set_requires_grad(true);
   AdamW mixed({{"bf", bf}}, AdamWOptions{});
@@ -203,7 +204,14 @@ TEST(Optim, ZeroGradAndMissingGrads) {
   EXPECT_EQ(mixed.state()[0].master.dtype(), DType::F32);
   Tensor f64 = ops::zeros({2}, DType::F64);
   f64.set_requires_grad(true);
-  EXPECT_THROW(AdamW({{"f64", f64}}, AdamWOptions{}), Error);
+  AdamW exact({{"f64", f64}}, AdamWOptions{});
+  EXPECT_FALSE(exact.state()[0].master.defined());
+  EXPECT_EQ(exact.state()[0].m.dtype(), DType::F64);
+  EXPECT_EQ(exact.state()[0].v.dtype(), DType::F64);
+  f64.set_grad(ops::full({2}, 0.5, DType::F64));
+  exact.step();  // first step: each weight moves by about -lr (g / |g|)
+  for (double w : f64.to_double_vector()) EXPECT_NEAR(w, -AdamWOptions{}.lr, 1e-9);
+  EXPECT_THROW(Sgd({{"f64", f64}}, SgdOptions{}), Error);
 }
 
 TEST(Optim, CosineSchedule) {
