@@ -160,6 +160,7 @@ LoadedModel load_model(const ModelSource& src) {
         // else a converted copy. load_safetensors checks the config against the files first.
         out.model = std::make_unique<DecoderModel>(cfg, 0, src.dtype, Device::meta());
         lo.materialize_on_cpu = true;
+        if (!cfg.tie_embeddings) lo.read_by_rows = {"model.embed_tokens.weight"};
         load_safetensors(*out.model, src.model, lo);
         if (cfg.uses_rope())
           out.model->rope = std::make_unique<nn::Rope>(

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -104,7 +105,8 @@ bool is_float_file_dtype(const std::string& d) {
 // already hold the parameter's dtype, aligned for it; else CPU memory (Weights) with a converted
 // copy. `owner` keeps the file mappings alive as long as a tensor uses them.
 void materialize_on_cpu(Tensor& p, const io::TensorEntry& e, const std::uint8_t* bytes,
-                        const std::shared_ptr<const void>& owner, const std::string& what) {
+                        const std::shared_ptr<const void>& owner, const std::string& what,
+                        bool prefault) {
   TensorImpl& impl = *p.impl();
   KILN_CHECK(p.is_contiguous() && p.offset() == 0,
              "[load_safetensors] {}: a parameter to load must be a whole contiguous tensor", what);
@@ -115,7 +117,7 @@ void materialize_on_cpu(Tensor& p, const io::TensorEntry& e, const std::uint8_t*
     impl.offset = 0;
     // Page-table entries now rather than faults in the first forward (io::prefault_mapping);
     // best effort, so a false (an older kernel) changes nothing but when the faults happen.
-    (void)io::prefault_mapping(bytes, e.nbytes());
+    if (prefault) (void)io::prefault_mapping(bytes, e.nbytes());
     return;
   }
   Tensor t;
@@ -180,7 +182,10 @@ void load_safetensors(nn::Module& m, const std::string& path_or_dir, const LoadO
     auto f = src.find(name);
     const io::TensorEntry& e = *f->first;
     if (p.device().is_meta()) {
-      materialize_on_cpu(p, e, f->second, owner, fmt::format("{} (tensor {})", path_or_dir, name));
+      const bool by_rows = std::find(options.read_by_rows.begin(), options.read_by_rows.end(),
+                                     name) != options.read_by_rows.end();
+      materialize_on_cpu(p, e, f->second, owner, fmt::format("{} (tensor {})", path_or_dir, name),
+                         !by_rows);
       continue;
     }
     // The mapped bytes may be unaligned for their type: copy into an aligned
