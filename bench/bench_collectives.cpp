@@ -47,7 +47,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   try {
-    auto& c = dynamic_cast<dist::MpiCommunicator&>(dist::world());
+    dist::Communicator& world = dist::world();
+    if (world.backend() != "mpi") {
+      std::fprintf(stderr,
+                   "error: [bench_collectives] needs MPI (a world of ranks to time): run it under "
+                   "mpirun -np 2\n");
+      return 2;
+    }
+    auto& c = static_cast<dist::MpiCommunicator&>(world);
     const int r = c.rank(), n = c.size();
     auto report = [&](const char* op, std::int64_t numel, const char* impl, DType dt, double ms) {
       if (r == 0)
