@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <utility>
 
 #include "dist/mpi_ring.h"
 #include "tensor/ops.h"
@@ -221,11 +222,9 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out,
   check_cpu(out, "all_gather");
   KILN_CHECK(in.dtype() == out.dtype(), "[dist] all_gather: input {} and output {} differ",
              dtype_name(in.dtype()), dtype_name(out.dtype()));
-  std::int64_t offset = 0;
-  for (std::size_t q = 0; q < me; ++q) offset += counts[q];
-  out.narrow(0, offset, counts[me]).copy_(in);
-  start_ring(*this, RingKind::AllGather, "all_gather", contiguous_segments(out, counts), Tensor(),
-             false)
+  Segments segments = contiguous_segments(out, counts);
+  segments[me].front().copy_(in);  // this rank's part, in place; the ring brings the others
+  start_ring(*this, RingKind::AllGather, "all_gather", std::move(segments), Tensor(), false)
       ->wait();
 }
 
