@@ -41,15 +41,8 @@ fi
 PY="$VENV/bin/python"
 
 BIN="$BUILD_DIR/bench/kiln_bench_train_step"
-if [[ ! -d "$BUILD_DIR" ]]; then
-  cmake -S "$ROOT" -B "$BUILD_DIR" -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-LOG="$(mktemp)"
-if ! cmake --build "$BUILD_DIR" --target kiln_bench_train_step -j"$(nproc)" >"$LOG" 2>&1; then
-  cat "$LOG" >&2
-  exit 1
-fi
-rm -f "$LOG"
+source "$ROOT/bench/build_targets.sh"
+bench_build_targets "$ROOT" "$BUILD_DIR" kiln_bench_train_step
 
 common=(--threads "$THREADS" --batch "$BATCH" --seq "$SEQ" --warmup "$WARMUP" --steps "$STEPS")
 LINES="$(mktemp)"

@@ -44,17 +44,9 @@ NCPU="$(nproc --all)"  # before OMP_NUM_THREADS is set: nproc honours it
 LOADAVG="$(cut -d' ' -f1 /proc/loadavg)"
 export OMP_NUM_THREADS="$THREADS"
 
-if [[ ! -d "$BUILD_DIR" ]]; then
-  cmake -S "$ROOT" -B "$BUILD_DIR" -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-LOG="$(mktemp)"
-if ! cmake --build "$BUILD_DIR" --target kiln kiln_bench_gemv kiln_bench_gemm \
-  kiln_write_random_safetensors \
-  -j"$NCPU" >"$LOG" 2>&1; then
-  cat "$LOG" >&2
-  exit 1
-fi
-rm -f "$LOG"
+source "$ROOT/bench/build_targets.sh"
+bench_build_targets "$ROOT" "$BUILD_DIR" kiln kiln_bench_gemv kiln_bench_gemm \
+  kiln_write_random_safetensors
 KILN="$BUILD_DIR/apps/kiln"
 cleanup() { rm -rf "$WORK_DIR/qwen3-0.6b" "$WORK_DIR/qwen3-8b"; }
 trap cleanup EXIT

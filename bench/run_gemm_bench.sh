@@ -17,15 +17,8 @@ MIN_SECONDS="${MIN_SECONDS:-0.3}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build-bench}"
 BIN="$BUILD_DIR/bench/kiln_bench_gemm"
-if [[ ! -d "$BUILD_DIR" ]]; then
-  cmake -S "$ROOT" -B "$BUILD_DIR" -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
-LOG="$(mktemp)"
-if ! cmake --build "$BUILD_DIR" --target kiln_bench_gemm -j"$(nproc)" >"$LOG" 2>&1; then
-  cat "$LOG" >&2
-  exit 1
-fi
-rm -f "$LOG"
+source "$ROOT/bench/build_targets.sh"
+bench_build_targets "$ROOT" "$BUILD_DIR" kiln_bench_gemm
 
 mkdir -p "$ROOT/bench/results"
 OUT="$ROOT/bench/results/cpu_gemm_$(date -u +%Y%m%d_%H%M%S).txt"
