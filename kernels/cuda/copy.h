@@ -38,10 +38,14 @@ struct StridedPlan {
   std::int64_t stride[2][kMaxStridedDims] = {};  // in elements, >= 0 (0 = broadcast)
 };
 
-// Plans a walk over shape[ndim] for one operand (stride1 == nullptr) or two. Strides must be
-// >= 0. Fails with "[op] ..." when more than kMaxStridedDims dims remain after collapsing.
+// Plans a walk over shape[ndim] for one operand or two. The overload called sets the operand
+// count, never the pointers' values: a 0-d tensor's strides are an empty vector whose data() may
+// be null, and its plan must still have the operands the kernel expects. Strides must be >= 0.
+// Fails with "[op] ..." when more than kMaxStridedDims dims remain after collapsing.
 StridedPlan plan_strided(const char* op, int ndim, const std::int64_t* shape,
-                         const std::int64_t* stride0, const std::int64_t* stride1 = nullptr);
+                         const std::int64_t* stride0);
+StridedPlan plan_strided(const char* op, int ndim, const std::int64_t* shape,
+                         const std::int64_t* stride0, const std::int64_t* stride1);
 
 // Largest element offset operand k reaches (0 for an empty or one-element plan).
 std::int64_t plan_max_offset(const StridedPlan& p, int k);

@@ -67,14 +67,16 @@ DimGroup make_group(const char* op, const char* which, int ndim, const std::int6
 
 }  // namespace
 
-StridedPlan plan_strided(const char* op, int ndim, const std::int64_t* shape,
-                         const std::int64_t* stride0, const std::int64_t* stride1) {
+namespace {
+
+// nops operands whose strides are st[0..nops); a pointer may be null only when ndim == 0.
+StridedPlan plan_operands(const char* op, int ndim, const std::int64_t* shape,
+                          const std::int64_t* const* st, int nops) {
   KILN_CHECK(ndim >= 0, "[{}] negative ndim {}", op, ndim);
   StridedPlan p;
-  p.nops = stride1 ? 2 : 1;
+  p.nops = nops;
   p.numel = checked_numel(op, ndim, shape);
   if (p.numel == 0) return p;
-  const std::int64_t* st[2] = {stride0, stride1};
   Collapsed c = collapse(op, ndim, shape, st, p.nops);
   KILN_CHECK(c.shape.size() <= static_cast<std::size_t>(kMaxStridedDims),
              "[{}] a {}-d view that collapses to {} dims; CUDA kernels handle at most {}", op, ndim,
@@ -85,6 +87,20 @@ StridedPlan plan_strided(const char* op, int ndim, const std::int64_t* shape,
     for (int k = 0; k < p.nops; ++k) p.stride[k][d] = c.stride[k][d];
   }
   return p;
+}
+
+}  // namespace
+
+StridedPlan plan_strided(const char* op, int ndim, const std::int64_t* shape,
+                         const std::int64_t* stride0) {
+  const std::int64_t* st[1] = {stride0};
+  return plan_operands(op, ndim, shape, st, 1);
+}
+
+StridedPlan plan_strided(const char* op, int ndim, const std::int64_t* shape,
+                         const std::int64_t* stride0, const std::int64_t* stride1) {
+  const std::int64_t* st[2] = {stride0, stride1};
+  return plan_operands(op, ndim, shape, st, 2);
 }
 
 std::int64_t plan_max_offset(const StridedPlan& p, int k) {

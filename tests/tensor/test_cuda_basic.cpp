@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cuda/runtime.h"
+#include "tensor/kernel_table.h"
 #include "tensor/ops.h"
 
 #if defined(KILN_CUDA)
@@ -126,6 +127,52 @@ TEST(CudaBasicPlan, EmptyScalarAndErrors) {
   const std::vector<I64> neg{-1, 1};
   const std::vector<I64> s2{2, 2};
   EXPECT_THROW(cuda::plan_strided("t", 2, s2.data(), neg.data()), Error);
+}
+
+// The plans of real tensors, built exactly as the glue builds them (shape().data(),
+// strides().data()). A 0-d tensor's strides are an empty vector, whose data() is null: the
+// two-operand plan must still have two operands, or every 0-d copy to or from the device (the
+// loss scalar) is refused by copy_strided ("the plan needs a source and a destination operand").
+// This failed on the first GPU run (2026-11-26) with a 1-operand plan.
+TEST(CudaBasicPlan, ZeroDimEmptyAndOneDimTensorsKeepTheirOperands) {
+  const Tensor scalar = ops::full({}, 2.5, DType::F32);
+  ASSERT_EQ(scalar.dim(), 0);
+  const Tensor empty = ops::zeros({3, 0}, DType::F32), vec = ops::zeros({5}, DType::F32);
+  const Tensor every_other = ops::zeros({5, 2}, DType::F32).narrow(1, 0, 1);  // (5, 1), stride 2
+  const Tensor cases[] = {scalar, empty, vec, ops::zeros({1}, DType::F32)};
+  for (const Tensor& t : cases) {
+    SCOPED_TRACE("shape " + std::to_string(t.dim()) + "-d, numel " + std::to_string(t.numel()));
+    const cuda::StridedPlan one =
+        cuda::plan_strided("copy", t.dim(), t.shape().data(), t.strides().data());
+    const cuda::StridedPlan two = cuda::plan_strided("copy", t.dim(), t.shape().data(),
+                                                     t.strides().data(), t.strides().data());
+    EXPECT_EQ(one.nops, 1);
+    EXPECT_EQ(two.nops, 2);
+    EXPECT_EQ(one.numel, t.numel());
+    EXPECT_EQ(two.numel, t.numel());
+    EXPECT_LE(two.ndim, 1);
+    if (t.numel() > 0) {
+      EXPECT_TRUE(cuda::plan_is_dense(two, 0));
+      EXPECT_TRUE(cuda::plan_is_dense(two, 1));
+      I64 off[2] = {-1, -1};
+      const I64 last = t.numel() - 1;
+      cuda::plan_offsets<2>(cuda::to_index_plan<I64>(two), last, off);
+      EXPECT_EQ(off[0], last);
+      EXPECT_EQ(off[1], last);
+    }
+  }
+  // Null stride pointers with ndim 0 are two operands too (what an empty strides vector gives).
+  EXPECT_EQ(cuda::plan_strided("copy", 0, nullptr, nullptr, nullptr).nops, 2);
+  EXPECT_EQ(cuda::plan_strided("copy", 0, nullptr, nullptr).nops, 1);
+  // A column view (5, 1) with row stride 2 into a dense (5, 1): two operands, one dim after
+  // the size-1 dim is dropped, strides 2 and 1.
+  const Tensor col = ops::zeros({5, 1}, DType::F32);
+  const cuda::StridedPlan p = cuda::plan_strided(
+      "copy", 2, every_other.shape().data(), every_other.strides().data(), col.strides().data());
+  EXPECT_EQ(p.nops, 2);
+  ASSERT_EQ(p.ndim, 1);
+  EXPECT_EQ(p.stride[0][0], 2);
+  EXPECT_EQ(p.stride[1][0], 1);
 }
 
 TEST(CudaBasicPlan, Fits32Bits) {
@@ -706,7 +753,8 @@ TEST(CudaBasic, UnsupportedDtypesFailClearly) {
     ops::add(a, a);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "[binary] i32 is not supported on CUDA");
+    EXPECT_EQ(std::string(e.what()),
+              ops::detail::no_kernel_message("binary", DeviceType::CUDA, DType::I32));
   }
   EXPECT_THROW(ops::sum(ops::zeros({4}, DType::F64, kGpu), 0), Error);
 }
