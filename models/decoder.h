@@ -64,6 +64,9 @@ class DecoderModel : public nn::Module {
   // Mean cross-entropy over targets != ignore_index.
   Tensor loss(const Tensor& ids, const Tensor& targets, std::int32_t ignore_index = -100);
   const Tensor& lm_head_weight() const;
+  // Where the model's inputs must live: the token embedding table's device. Callers that build
+  // token ids on the host (generation, training batches) move them here before forward().
+  Device device() const { return model->embed_tokens->weight.device(); }
 
   ModelConfig cfg;
   bool recompute = false;  // per-layer activation checkpointing in training

@@ -141,7 +141,10 @@ std::vector<float> GenerationSession::forward_last(std::span<const std::int32_t>
   Tensor x;
   {
     MemoryScope in(MemCategory::Inputs);
-    x = ops::from_vector(std::vector<std::int32_t>(ids.begin(), ids.end()), {1, T});
+    // Built on the host, then moved to the model's device: on CUDA (or the meta device that
+    // simulates it) a host id tensor would be refused by the embedding as a mixed-device op.
+    x = ops::from_vector(std::vector<std::int32_t>(ids.begin(), ids.end()), {1, T})
+            .to(model_.device());
   }
   Tensor logits;
   {

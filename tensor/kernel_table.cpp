@@ -57,8 +57,13 @@ void ensure_registered() {
   });
 }
 
+std::string no_kernel_message(std::string_view kernel, DeviceType dev, DType dt) {
+  return fmt::format("[{}] no {} kernel takes {} tensors", kernel, device_type_name(dev),
+                     dtype_name(dt));
+}
+
 void no_kernel(std::string_view kernel, DeviceType dev, DType dt) {
-  fail("[{}] no {} kernel takes {} tensors", kernel, device_type_name(dev), dtype_name(dt));
+  fail("{}", no_kernel_message(kernel, dev, dt));
 }
 
 void not_runnable(std::string_view kernel, DeviceType dev, DType dt) {

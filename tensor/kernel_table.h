@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -94,6 +95,8 @@ std::array<Kernel<A>, kNumDevices * kNumDTypes>& table() {
 }
 
 void note_registration(const Registration& r, bool present);
+// no_kernel's message, for the tests that check it (they read this, not a copy of the text).
+std::string no_kernel_message(std::string_view kernel, DeviceType dev, DType dt);
 void ensure_registered();
 [[noreturn]] void no_kernel(std::string_view kernel, DeviceType dev, DType dt);
 [[noreturn]] void not_runnable(std::string_view kernel, DeviceType dev, DType dt);
@@ -174,6 +177,23 @@ bool has_native_kernel(Device d, DType dt) {
   return find_kernel<A>(kernel_device(d), dt) != nullptr;
 }
 
+// Every tensor an op visits lives on the op's device, on every backend: a CPU tensor handed to
+// a CUDA op is refused here with the same message on CUDA, on the CPU and on the meta device
+// that simulates either, so a misplaced tensor (host token ids fed to a device model) fails a
+// CPU-only test (SimulatedCuda.*) exactly as it fails on a GPU. Ops that move data between
+// devices (copy) declare kCrossDevice.
+template <class A>
+void check_devices(A& a) {
+  if constexpr (!requires { A::kCrossDevice; }) {
+    const Device device = args_device(a);
+    a.slots([&](Slot, Tensor& t) {
+      if (t.defined() && t.device() != device)
+        fail("[{}] tensors on different devices: {} and {}", A::kName, device.str(),
+             t.device().str());
+    });
+  }
+}
+
 // Runs a chosen kernel: converts what it cannot read, runs it (or, on meta, charges its
 // scratch), and puts converted outputs back. An empty anchor tensor runs nothing.
 template <class A>
@@ -181,6 +201,7 @@ void run_chosen(A& a, const Chosen<A>& c) {
   const Kernel<A>& k = *c.kernel;
   const Device device = args_device(a);
   const bool meta = device.is_meta();
+  check_devices(a);
   if (a.anchor().numel() == 0) return;
   std::array<detail::Swap, 12> swaps;
   int nswaps = 0, index = 0;

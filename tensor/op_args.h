@@ -27,6 +27,7 @@ namespace kiln::ops {
 struct CopyArgs {  // dst = src, any dtypes (converting), src expanded to dst's shape
   static constexpr Op kOp = Op::Copy;
   static constexpr std::string_view kName = "copy";
+  static constexpr bool kCrossDevice = true;  // host <-> device copies
   Tensor dst, src;
   Device device() const { return dst.device().is_cuda() ? dst.device() : src.device(); }
   const Tensor& anchor() const { return dst; }

@@ -141,6 +141,11 @@ std::int64_t Tensor::size(int d) const { return impl_->shape[wrap_dim(d, dim(), 
 std::int64_t Tensor::stride(int d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  // An empty tensor has no element to misplace: contiguous whatever its strides (as in PyTorch).
+  // Without this, zeros({5, 0}) (strides (1, 1)) failed its own fill on CUDA ("[fill] tensor
+  // must be contiguous", CudaMatmul.EmptyInnerDimension on the first GPU run).
+  for (std::int64_t s : impl_->shape)
+    if (s == 0) return true;
   std::int64_t acc = 1;
   for (int i = dim() - 1; i >= 0; --i) {
     if (impl_->shape[i] == 1) continue;
@@ -441,6 +446,9 @@ double Tensor::item() const {
 
 std::vector<double> Tensor::to_double_vector() const {
   if (device().is_cuda()) return to(Device::cpu()).to_double_vector();
+  // A meta tensor has no values; it reads as zeros, so that a dry run (the budget's, the
+  // SimulatedCuda tests') follows the real control flow: a loss is logged, a token sampled.
+  if (device().is_meta()) return std::vector<double>(static_cast<std::size_t>(numel()), double(0));
   KILN_CHECK(device().is_cpu(), "[tensor] reading values of a {} tensor", device().str());
   std::vector<double> out(static_cast<std::size_t>(numel()));
   if (out.empty()) return out;
@@ -454,6 +462,9 @@ std::vector<double> Tensor::to_double_vector() const {
 
 std::vector<float> Tensor::to_float_vector() const {
   if (device().is_cuda()) return to(Device::cpu()).to_float_vector();
+  // A meta tensor has no values; it reads as zeros, so that a dry run (the budget's, the
+  // SimulatedCuda tests') follows the real control flow: a loss is logged, a token sampled.
+  if (device().is_meta()) return std::vector<float>(static_cast<std::size_t>(numel()), float(0));
   KILN_CHECK(device().is_cpu(), "[tensor] reading values of a {} tensor", device().str());
   std::vector<float> out(static_cast<std::size_t>(numel()));
   if (out.empty()) return out;

@@ -69,6 +69,26 @@ TEST(Coverage, CudaCapabilitiesAreKnownInEveryBuild) {
   EXPECT_NE(find_kernel<SoftmaxArgs>(DeviceType::CUDA, DType::BF16), nullptr);
   EXPECT_NE(find_kernel<AttentionBackwardArgs>(DeviceType::CUDA, DType::BF16), nullptr);
   EXPECT_EQ(find_kernel<SoftmaxArgs>(DeviceType::CUDA, DType::F64), nullptr);
+  // The CUDA random kernel is instantiated for double and its glue takes f64; the registration
+  // once left it out, and CudaBasic.RandomMatchesCpuStream failed on the first GPU run with
+  // "[random] no cuda kernel takes f64 tensors".
+  for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::F16})
+    EXPECT_NE(find_kernel<RandomArgs>(DeviceType::CUDA, dt), nullptr) << dtype_name(dt);
+}
+
+// A tensor on another device than its op's is refused by the dispatcher on every backend, with
+// one message; copy, which moves data between devices, is the exception.
+TEST(Coverage, MixedDevicesAreRefusedByTheDispatcher) {
+  Tensor y = Tensor::empty({4}, DType::F32, Device::meta());
+  const Tensor x = ops::zeros({4}, DType::F32);
+  AxpyArgs a{y, x, 1.0};
+  try {
+    run(a);
+    ADD_FAILURE() << "a host tensor in a meta op was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "[axpy] tensors on different devices: meta and cpu");
+  }
+  EXPECT_NO_THROW(y.copy_(x));  // a copy to the device is no mixed-device op
 }
 
 }  // namespace

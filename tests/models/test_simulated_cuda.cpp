@@ -1,0 +1,149 @@
+// SimulatedCuda: whole training steps and whole generations on the simulated CUDA device, in CPU
+// CI, where no GPU exists.
+//
+// The simulated device is the meta device with set_meta_simulates(DeviceType::CUDA), the path
+// `kiln budget --simulate cuda` takes: every tensor has its real shape, dtype and device, every
+// allocation goes through the simulated CUDA caching allocator, every op asks the kernel table
+// for its CUDA kernel (conversions and scratch included), and no kernel runs (values read as
+// zeros). What these tests catch is host logic that only a GPU run used to reveal: a tensor left
+// on the host and handed to a device op. The dispatcher refuses a tensor on another device than
+// its op's, on every backend, with one message (tensor/kernel_table.h: check_devices), so a
+// misplaced tensor fails here as it fails on CUDA.
+//
+// The first GPU run (H200, 2026-11-26) died on `kiln generate --device cuda` with "[embedding]
+// tensors on different devices: cpu and cuda": GenerationSession built the prompt's ids on the
+// host and never moved them. SimulatedCuda.GenerateKeepsEveryTensorOnTheDevice failed the same
+// way before the fix ("cpu and meta").
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "models/decoder.h"
+#include "models/sampling.h"
+#include "models/trainer.h"
+#include "tensor/memory.h"
+#include "tensor/ops.h"
+#include "tensor/storage.h"
+#include "tests/error_of.h"
+#include "tests/models/tiny_hf.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The meta device simulates CUDA inside one scope (the allocator's rounding, the CUDA kernels'
+// registrations), as `kiln budget --simulate cuda` does.
+class SimulateCuda {
+ public:
+  SimulateCuda() : prev_(meta_simulates()) { set_meta_simulates(DeviceType::CUDA); }
+  ~SimulateCuda() { set_meta_simulates(prev_); }
+  SimulateCuda(const SimulateCuda&) = delete;
+  SimulateCuda& operator=(const SimulateCuda&) = delete;
+
+ private:
+  DeviceType prev_;
+};
+
+std::string words(std::size_t n) {
+  const std::string w[] = {"the ", "king ", "and ", "queen ", "of ", "rome ", "said, ", "now.\n"};
+  std::string s;
+  std::uint32_t x = 7;
+  while (s.size() < n) {
+    x = x * 1664525u + 1013904223u;
+    s += w[(x >> 16) % 8];
+  }
+  return s;
+}
+
+}  // namespace
+
+// Two optimizer steps of the real Trainer (batches moved to the device, forward, backward, loss
+// read back, clipping, AdamW with f32 masters) with the model on the simulated CUDA device in
+// bf16, as `kiln train --device cuda` runs them.
+TEST(SimulatedCuda, TrainStepKeepsEveryTensorOnTheDevice) {
+  SimulateCuda sim;
+  const fs::path dir = fs::temp_directory_path() / "kiln_test_simulated_cuda_train";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "data.txt") << words(20000);
+  models::TrainOptions o;
+  o.device = "cuda";
+  o.data_path = (dir / "data.txt").string();
+  o.preset = "stories260K";
+  o.tokenizer = "char";
+  o.batch = 2;
+  o.seq = 32;
+  o.steps = 2;
+  o.warmup = 1;
+  o.eval_interval = 0;
+  o.log_interval = 1000;
+  o.out_dir = (dir / "run").string();
+  o.progress = 0;
+  std::ostringstream log;
+  MemoryTracker& tracker = MemoryTracker::get(DeviceType::Meta);
+  tracker.reset_peaks();
+  models::Trainer t(o, Device::meta(), DType::BF16, log);
+  for (int i = 1; i <= 2; ++i) {
+    const models::StepStats s = t.step();
+    EXPECT_EQ(s.step, i);
+    EXPECT_FALSE(s.skipped) << "a zero loss and norm are finite: the step must update";
+  }
+  // The step charged the device's categories as a CUDA run does: weights (bf16 and the f32
+  // masters), gradients and AdamW moments, activations at the peak.
+  const MemStats m = tracker.stats();
+  for (MemCategory c : {MemCategory::Weights, MemCategory::Gradients, MemCategory::OptimizerState,
+                        MemCategory::Activations})
+    EXPECT_GT(m.peak[static_cast<int>(c)], 0) << mem_category_name(c);
+  fs::remove_all(dir);
+}
+
+// A whole generation (prefill, then decode token by token through the KV cache) with the model
+// on the simulated CUDA device, as `kiln generate --device cuda` runs it.
+TEST(SimulatedCuda, GenerateKeepsEveryTensorOnTheDevice) {
+  SimulateCuda sim;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    models::DecoderModel model(test_hf::tiny_qwen3(/*tied=*/false), 1, dt, Device::meta());
+    ASSERT_TRUE(model.device().is_meta());
+    models::GenerationSession session(model, 32);
+    EXPECT_TRUE(session.cache().k.front().device().is_meta());
+    models::GenerateOptions g;
+    g.max_new_tokens = 5;
+    g.sampling.temperature = 0;  // greedy
+    std::vector<std::int32_t> seen;
+    const std::vector<std::int32_t> prompt = {1, 2, 3, 4, 5, 6, 7};
+    const models::GenerationStats st = session.generate(prompt, g, [&](std::int32_t id) {
+      seen.push_back(id);
+      return true;
+    });
+    EXPECT_EQ(st.new_tokens, 5);
+    EXPECT_EQ(seen.size(), 5u);
+    // Prompt + 4 fed-back tokens are in the cache; the last sampled one is pending.
+    EXPECT_EQ(session.cached(), 7 + 4);
+  }
+}
+
+// The refusal these tests rely on: a host tensor handed to a device op fails by name, from the
+// front end and from the dispatcher alike, on the simulated device as on CUDA.
+TEST(SimulatedCuda, MixedDevicesAreRefusedAsOnCuda) {
+  SimulateCuda sim;
+  models::DecoderModel model(test_hf::tiny_qwen3(/*tied=*/true), 1, DType::BF16, Device::meta());
+  const Tensor host_ids = ops::from_vector(std::vector<std::int32_t>{1, 2, 3}, {1, 3});
+  {
+    NoGradGuard no_grad;
+    const std::string e = test::error_of([&] { (void)model.hidden(host_ids); });
+    EXPECT_NE(e.find("tensors on different devices"), std::string::npos) << e;
+    EXPECT_NE(e.find("cpu"), std::string::npos) << e;
+    EXPECT_NE(e.find("meta"), std::string::npos) << e;
+  }
+  // An op whose front end does not compare devices: the dispatcher refuses it.
+  const Tensor w = ops::zeros({8}, DType::BF16, Device::meta());
+  const Tensor x = ops::zeros({2, 8}, DType::BF16);  // host
+  const std::string e = test::error_of([&] { (void)ops::rmsnorm(x, w, 1e-6); });
+  EXPECT_NE(e.find("[rmsnorm] tensors on different devices"), std::string::npos) << e;
+}
