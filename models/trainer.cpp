@@ -341,7 +341,9 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
       with_commas(static_cast<double>(split_.train.size())),
       with_commas(static_cast<double>(split_.val.size())), o.batch, o.seq,
       device.is_cuda()
-          ? fmt::format("{} ({}), {}{}", device.str(), res_.device_name, dtype_name(dtype), masters)
+          // cuda:N always (Device::str() says "cuda" for the first GPU): which GPU of several.
+          ? fmt::format("cuda:{} ({}), {}{}", device.index, res_.device_name, dtype_name(dtype),
+                        masters)
           : fmt::format("cpu ({}), {}{}, {} threads", kiln::cpu::cpu_isa_summary(),
                         dtype_name(dtype), masters, omp_get_max_threads()));
   log_ << fmt::format(

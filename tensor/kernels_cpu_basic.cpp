@@ -148,7 +148,8 @@ struct MatmulCpu {
 template <class T>
 struct LinearCpu {
   static void run(LinearArgs& a) {
-    const std::int64_t N = a.w.size(0), K = a.w.size(1), rows = rows_of(a.x);
+    // Rows from the output: with K == 0 the input (rows, 0) has no elements to count rows by.
+    const std::int64_t N = a.w.size(0), K = a.w.size(1), rows = N > 0 ? a.out.numel() / N : 0;
     T* out = a.out.template data<T>();
     T beta = T(0);
     if (a.bias.defined()) {

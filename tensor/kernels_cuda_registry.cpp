@@ -159,7 +159,10 @@ void register_cuda_kernels() {
   constexpr Layout S = Layout::Strided;
   register_cuda<CopyArgs>(&copy_cuda, kAll, {.layout = S});
   register_cuda<FillArgs>(&fill_cuda, kAll, {.layout = S});
-  register_cuda<RandomArgs>(&random_cuda, kFloat, {.layout = S});
+  // f64 too: the Philox stream matches the CPU's in every float dtype (random.cu instantiates
+  // double, and CudaBasic.RandomMatchesCpuStream compares it).
+  register_cuda<RandomArgs>(&random_cuda, {DType::F32, DType::BF16, DType::F16, DType::F64},
+                            {.layout = S});
   register_cuda<BinaryArgs>(&binary_cuda, kFloat, {.layout = S});
   register_cuda<UnaryArgs>(&unary_cuda, kFloat, {.layout = S});
   register_cuda<AffineArgs>(&affine_cuda, kFloat, {.layout = S});

@@ -24,8 +24,12 @@ void check_args(const char* op, bool ta, bool tb, int64_t M, int64_t N, int64_t 
              "[{}] size exceeds BLAS int range (M={} N={} K={} lda={} ldb={} ldc={})", op, M, N, K,
              lda, ldb, ldc);
   const int64_t a_cols = ta ? M : K, b_cols = tb ? K : N;
-  KILN_CHECK(lda >= std::max<int64_t>(1, a_cols), "[{}] lda {} < {}", op, lda, a_cols);
-  KILN_CHECK(ldb >= std::max<int64_t>(1, b_cols), "[{}] ldb {} < {}", op, ldb, b_cols);
+  // K == 0: A and B are empty and never read (blas_gemm only scales C), whatever their strides
+  // (an empty (5, 0) tensor's leading stride may be 0 or 1).
+  if (K > 0) {
+    KILN_CHECK(lda >= std::max<int64_t>(1, a_cols), "[{}] lda {} < {}", op, lda, a_cols);
+    KILN_CHECK(ldb >= std::max<int64_t>(1, b_cols), "[{}] ldb {} < {}", op, ldb, b_cols);
+  }
   KILN_CHECK(ldc >= std::max<int64_t>(1, N), "[{}] ldc {} < {}", op, ldc, N);
 }
 

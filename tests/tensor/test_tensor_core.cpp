@@ -252,6 +252,28 @@ TEST(Copies, DTypeRoundTrips) {
     for (int i = 0; i < 3; ++i) EXPECT_EQ(tv[j * 3 + i], v[i * 4 + j]);
 }
 
+// An empty tensor is contiguous whatever its strides: zeros({5, 0}) has strides (1, 1) and must
+// still take its own fill (on CUDA the fill kernel refuses non-contiguous tensors; the first GPU
+// run failed CudaMatmul.EmptyInnerDimension there), and the products with an empty inner
+// dimension are zeros (or the bias, or beta * c).
+TEST(Copies, EmptyTensorsAreContiguous) {
+  for (const Shape& s : {Shape{5, 0}, Shape{0, 7}, Shape{0}, Shape{2, 0, 3}}) {
+    const Tensor t = ops::zeros(s);
+    EXPECT_TRUE(t.is_contiguous()) << shape_str(s);
+    EXPECT_TRUE(t.transpose(0, -1).is_contiguous()) << shape_str(s);
+    EXPECT_EQ(t.numel(), 0);
+  }
+  const Tensor a = ops::zeros({5, 0}), b = ops::zeros({0, 7});
+  EXPECT_EQ(ops::matmul(a, b).to_double_vector(), std::vector<double>(35, 0.0));
+  const Tensor bias = ops::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6, 7}, {7}, DType::F32);
+  const std::vector<double> y = ops::linear(a, ops::zeros({7, 0}), bias).to_double_vector();
+  ASSERT_EQ(y.size(), 35u);
+  for (std::size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], static_cast<double>(i % 7 + 1));
+  Tensor c = ops::full({5, 7}, 1.5);
+  ops::gemm_(c, a, b, false, false, 1.0, 2.0);
+  EXPECT_EQ(c.to_double_vector(), std::vector<double>(35, 3.0));
+}
+
 TEST(Printing, StrShowsValuesAndShape) {
   Tensor a = ops::from_vector(std::vector<float>{1.5f, -2.f, 3.25f, 4.f, 5.f, 6.f}, {2, 3});
   std::string s = a.str();
@@ -284,7 +306,9 @@ TEST(Meta, OpsAllocateAndTrackWithoutData) {
     Tensor x = Tensor::empty({3, 5, 16}, DType::F32, Device::meta());
     EXPECT_EQ(x.raw_data(), nullptr);
     EXPECT_EQ(total(M) - base, round64(3 * 5 * 16 * 4));
-    EXPECT_THROW(x.to_double_vector(), Error);
+    // No values: it reads as zeros (a dry run follows the real control flow), one per element.
+    EXPECT_EQ(x.to_double_vector(), std::vector<double>(3 * 5 * 16, 0.0));
+    EXPECT_EQ(x.to_float_vector(), std::vector<float>(3 * 5 * 16, 0.0f));
     Tensor w = Tensor::empty({24, 16}, DType::F32, Device::meta());
     Tensor b = Tensor::empty({24}, DType::F32, Device::meta());
     std::int64_t before = total(M);
