@@ -23,7 +23,11 @@
 # run produced a result, 1 otherwise, 2 without a GPU.
 #
 # Environment: WARMUP (3), STEPS (10), CONFIGS ("stories15M:256:256 stories42M:1024:128",
-# name:seq:max_batch), ATTN_SEQS ("1024 4096 8192"), RUN_TIMEOUT (seconds per run, 420).
+# name:seq:max_batch), ATTN_SEQS ("1024 4096 8192"; both lists split on spaces or commas),
+# RUN_TIMEOUT (seconds per run, 420), SEARCH (1; 0 compares at max_batch without searching,
+# for batches known to fit).
+# Timings never run with synchronous launches: CUDA_LAUNCH_BLOCKING is set to 0 for every run
+# whatever it was (the JSON's "env" records both).
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,10 +42,18 @@ py=${KILN_PYTHON:-python3}
 WARMUP=${WARMUP:-3}
 STEPS=${STEPS:-10}
 CONFIGS=${CONFIGS:-"stories15M:256:256 stories42M:1024:128"}
+CONFIGS=${CONFIGS//,/ }
 ATTN_SEQS=${ATTN_SEQS:-"1024 4096 8192"}
+ATTN_SEQS=${ATTN_SEQS//,/ }
 RUN_TIMEOUT=${RUN_TIMEOUT:-420}
+SEARCH=${SEARCH:-1}
 
 say() { echo "run_gpu_bench: $*" >&2; }
+inherited_launch_blocking=${CUDA_LAUNCH_BLOCKING-unset}
+if [ "$inherited_launch_blocking" != unset ] && [ "$inherited_launch_blocking" != 0 ]; then
+  say "CUDA_LAUNCH_BLOCKING=$inherited_launch_blocking in the environment: set to 0 for the timings"
+fi
+export CUDA_LAUNCH_BLOCKING=0
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   say "no NVIDIA GPU found"
   exit 2
@@ -84,17 +96,22 @@ batch_of() { "$py" -c 'import json,sys; d=json.loads(sys.argv[1]); print(d.get("
 export PYTHONUNBUFFERED=1
 for spec in $CONFIGS; do
   IFS=: read -r cfg seq maxb <<<"$spec"
-  say "$cfg seq $seq: batch search (PyTorch eager, kiln)"
-  t=$(record "search_torch_eager_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" \
-    --seq "$seq" --batch 0 --max-batch "$maxb" --warmup 1 --steps 2)
-  k=$(record "search_kiln_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 \
-    --preset "$cfg" --seq "$seq" --batch 0 --max-batch "$maxb" --warmup 1 --steps 2)
-  bt=$(batch_of "$t")
-  bk=$(batch_of "$k")
-  b=$bt
-  [ "$bk" -gt 0 ] && { [ "$b" = 0 ] || [ "$bk" -lt "$b" ]; } && b=$bk
-  [ "$b" -gt 0 ] || { say "$cfg: no batch fits for either peer"; status=1; continue; }
-  say "$cfg: max batch PyTorch $bt, kiln $bk; comparing at $b"
+  if [ "$SEARCH" = 0 ]; then
+    b=$maxb
+    say "$cfg seq $seq: batch $b (no search)"
+  else
+    say "$cfg seq $seq: batch search (PyTorch eager, kiln)"
+    t=$(record "search_torch_eager_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" \
+      --seq "$seq" --batch 0 --max-batch "$maxb" --warmup 1 --steps 2)
+    k=$(record "search_kiln_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 \
+      --preset "$cfg" --seq "$seq" --batch 0 --max-batch "$maxb" --warmup 1 --steps 2)
+    bt=$(batch_of "$t")
+    bk=$(batch_of "$k")
+    b=$bt
+    [ "$bk" -gt 0 ] && { [ "$b" = 0 ] || [ "$bk" -lt "$b" ]; } && b=$bk
+    [ "$b" -gt 0 ] || { say "$cfg: no batch fits for either peer"; status=1; continue; }
+    say "$cfg: max batch PyTorch $bt, kiln $bk; comparing at $b"
+  fi
   record "kiln_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 --preset "$cfg" \
     --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" >/dev/null
   record "torch_eager_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" --seq "$seq" \
@@ -120,19 +137,26 @@ else
 fi
 
 commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo "${KILN_BUNDLE_COMMIT:-unknown}")
-"$py" - "$lines" "$base" "$card" "$commit" "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)" <<'PY'
+"$py" - "$lines" "$base" "$card" "$commit" "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)" \
+  "$inherited_launch_blocking" "$WARMUP" "$STEPS" "$CONFIGS" "$ATTN_SEQS" "$RUN_TIMEOUT" "$SEARCH" <<'PY'
 import datetime, json, sys
 lines_path, base, card, commit, driver = sys.argv[1:6]
+inherited, warmup, steps, configs, attn_seqs, run_timeout, search = sys.argv[6:13]
 runs = [json.loads(l) for l in open(lines_path) if l.strip()]
 by_kind = {r["kind"]: r["result"] for r in runs}
 res = {"benchmark": "gpu", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-       "commit": commit, "card": card, "driver": driver, "runs": runs, "ratios": {}}
+       "commit": commit, "card": card, "driver": driver,
+       "env": {"CUDA_LAUNCH_BLOCKING": "0", "CUDA_LAUNCH_BLOCKING_inherited": inherited,
+               "WARMUP": warmup, "STEPS": steps, "CONFIGS": configs, "ATTN_SEQS": attn_seqs,
+               "RUN_TIMEOUT": run_timeout, "SEARCH": search},
+       "runs": runs, "ratios": {}}
 
 def ok(r):
     return r is not None and "tok_per_s" in r
 
 md = [f"# kiln vs PyTorch on {card}", "",
-      f"commit {commit}, {res['date']}, driver {driver}", "",
+      f"commit {commit}, {res['date']}, driver {driver}; CUDA_LAUNCH_BLOCKING=0 (inherited: {inherited}), "
+      f"warmup {warmup}, steps {steps}" + ("" if search != "0" else ", batches given (no search)"), "",
       "## Training step (bf16; kiln: bf16 weights + f32 masters/moments; PyTorch: fp32 params, bf16 autocast, SDPA, fused AdamW)", "",
       "| config | seq | batch | peer | tok/s | MFU | peak alloc | driver used | kiln / peer tok/s | kiln / peer peak |",
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

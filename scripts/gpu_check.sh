@@ -3,7 +3,7 @@
 # window (10 minutes a command; see docs/gpu_window.md for the commands of a window).
 #
 #   KILN_GPU_CHECK_STAGES   which stages, in this order (spaces or commas; default "smoke"):
-#     smoke       (~1 min) nvidia-smi; ldd of one binary; a probe printing the loaded driver,
+#     smoke       (~5 s) nvidia-smi; ldd of one binary; a probe printing the loaded driver,
 #                 runtime, cuBLASLt, cuDNN and NCCL versions and the library files actually
 #                 mapped (/proc/self/maps); the CUDA runtime tests; a 2-step
 #                 `kiln train --device cuda` and a 4-token `kiln generate --device cuda`.
@@ -13,8 +13,23 @@
 #                 on the runtime, allocator and backend-ops tests and on kiln train/generate;
 #                 racecheck on two attention tests. The deliberate OOM and guard-overrun tests
 #                 are excluded.
-#     bench       one configuration of each benchmark, 120 s per run.
-#     all         all four (longer than one command: use it only without a time limit).
+#     bench       the GPU benchmarks against PyTorch, bench/run_gpu_bench.sh (training steps of
+#                 stories15M:256:64 and stories42M:1024:16, attention at T 1024 and 4096), <= 300 s.
+#     decode      Qwen3-8B bf16 decode (64 prompt ids, 128 new tokens, greedy) from a random
+#                 16.4 GB folder with the real config: `kiln generate --device cuda`, then HF
+#                 transformers' static-cache decode of the same folder and PyTorch's
+#                 device-to-device copy rate (bench/hf_decode_peer.py); decode_8b.json. The folder
+#                 is written in the background from the moment the GPU is found (paused during
+#                 timing steps) to KILN_GPU_CHECK_DECODE_DIR (/tmp/kiln_gpu_check_qwen3_8b_bf16;
+#                 a complete one from an earlier call is reused).
+#     memcheck-apps  the sanitizer stage's memcheck of kiln train and kiln generate alone.
+#     window      the one-command window: smoke cuda-tests bench decode memcheck-apps, most
+#                 important first (docs/gpu_window.md).
+#     all         smoke cuda-tests sanitizer bench decode (longer than one command: use it only
+#                 without a time limit).
+#   Timing steps (bench, decode_kiln, decode_hf) run with CUDA_LAUNCH_BLOCKING=0, whatever the
+#   environment; every other step with CUDA_LAUNCH_BLOCKING=1. results.json records each step's
+#   environment (steps.NAME.env).
 #   KILN_GPU_CHECK_DEADLINE seconds for the whole command (default 480): no step starts with
 #                 fewer than 15 s left, a running step is stopped 10 s before it, and the
 #                 results are written either way; the steps not run are listed.
@@ -24,12 +39,15 @@
 #                 build-gpu/bundle.tar.xz or .tar.gz when absent).
 #   KILN_GPU_CHECK_CUDA_HOMES  where to look for CUDA libraries before PyTorch's nvidia-* wheels
 #                 (default: $CUDA_HOME $CUDA_PATH /usr/local/cuda /usr/local/cuda-*).
+#   KILN_GPU_CHECK_DECODE_DIR, KILN_GPU_CHECK_DECODE_MIN_GB (free space needed, 18),
+#   KILN_GPU_CHECK_WRITE_WAIT (seconds the decode stage waits for the folder, 180).
 #
-# Every step's log, exit status and gtest XML go to a work folder; after every step, OUTDIR gets
-# results.json, summary.md and logs.tar.gz (logs and XML only, each log cut to its head and tail,
-# the archive under 8 MiB), so whatever kills the command, what ran so far comes back. OUTDIR
-# holds at most 8 files: results.json, summary.md, logs.tar.gz, gpu_check.log, nvidia-smi.txt,
-# libs.txt, gpu_bench.json, gpu_bench.md.
+# Every step's log, exit status, environment and gtest XML go to a work folder; after every step,
+# OUTDIR gets results.json, summary.md and logs.tar.gz (logs and XML only, each log cut to its
+# head and tail, the archive under 8 MiB; nvidia-smi.txt and libs.txt are in it too, and the
+# probe's version lines in summary.md), so whatever kills the command, what ran so far comes
+# back. OUTDIR holds at most 7 files: results.json, summary.md, logs.tar.gz, gpu_check.log, and
+# from bench gpu_bench.json and gpu_bench.md, from decode decode_8b.json.
 #
 # Skips: on a GPU machine a skipped CUDA test is a failure, unless its message carries
 # "[expected-skip]" (a test meant to skip where a GPU is present).
@@ -65,10 +83,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/kiln_gpu_check.XXXXXX")
 logs=$work/logs
 mkdir -p "$logs" "$work/run"
 rm -f "$out/results.json" "$out/summary.md" "$out/logs.tar.gz" "$out/libs.txt" \
-  "$out/gpu_bench.json" "$out/gpu_bench.md" "$out/nvidia-smi.txt"
+  "$out/gpu_bench.json" "$out/gpu_bench.md" "$out/nvidia-smi.txt" "$out/decode_8b.json"
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 gpu_found=0
 status=running
+bg_pid="" bg_paused_at="" bg_paused_s=0
+decode_dir=${KILN_GPU_CHECK_DECODE_DIR:-/tmp/kiln_gpu_check_qwen3_8b_bf16}
+decode_ok=0 decode_fail_how=fail decode_stamp=""
 
 say() { echo "gpu_check: $*"; }
 note() {
@@ -88,13 +109,14 @@ write_results() {
     printf '{"schema": 2, "status": "%s", "gpu_found": %s, "notes": ["python3 not found"]}\n' \
       "$st" "$([ "$gpu_found" = 1 ] && echo true || echo false)" >"$out/results.json"
     echo "# kiln gpu_check: $st (python3 missing; see gpu_check.log)" >"$out/summary.md"
-    tar -C "$work" -czf "$out/logs.tar.gz" logs notes.txt 2>/dev/null
+    tar -C "$work" -czf "$out/logs.tar.gz" logs notes.txt nvidia-smi.txt libs.txt 2>/dev/null
   fi
 }
 
 finish() {
   local st=$1 code=$2
   status=$st
+  stop_background
   write_results "$st"
   say "status $st after $(($(date +%s) - t0)) s; results in $out/results.json and $out/summary.md"
   [ -f "$out/summary.md" ] && cat "$out/summary.md"
@@ -108,6 +130,24 @@ on_signal() {
   note "stopped by a signal during ${current_step:-setup}"
   [ -n "${current_step:-}" ] && echo "143 $(($(date +%s) - step_t0)) killed" >"$logs/$current_step.rc"
   finish interrupted 1
+}
+
+# detect_gpu: nvidia-smi.txt and gpus.csv in the work folder; gpu_found=1 when a GPU answers.
+detect_gpu() {
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi >"$work/nvidia-smi.txt" 2>&1
+    if nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
+      >"$work/gpus.csv" 2>/dev/null && [ -s "$work/gpus.csv" ]; then
+      gpu_found=1
+      say "GPU: $(head -1 "$work/gpus.csv")"
+    fi
+  else
+    echo "nvidia-smi not found" >"$work/nvidia-smi.txt"
+  fi
+}
+finish_no_gpu() {
+  note "no NVIDIA GPU found (see nvidia-smi.txt in logs.tar.gz): nothing run; exit status 2"
+  finish no_gpu 2
 }
 
 main() {
@@ -128,6 +168,8 @@ main() {
   fi
   if [ ! -f "$bundle/manifest.env" ]; then
     note "no bundle at $bundle: run scripts/bundle_gpu.sh on a build machine and carry build-gpu/bundle.tar.xz"
+    detect_gpu
+    [ "$gpu_found" = 1 ] || finish_no_gpu
     finish no_bundle 3
   fi
   cp "$bundle/manifest.env" "$work/manifest.env"
@@ -150,23 +192,11 @@ main() {
     # Which copies load, and their versions, even when there is no GPU (the probe needs none).
     echo "# probe before the GPU check (tests/test_kernels --gtest_filter=CudaProbe.*)"
     (cd "$bundle/tests" && timeout 30 ./test_kernels --gtest_filter='CudaProbe.*') 2>&1 | grep '^probe:'
-  } >"$out/libs.txt" 2>&1
+  } >"$work/libs.txt" 2>&1
 
   # ---- the GPU --------------------------------------------------------------------------------
-  if command -v nvidia-smi >/dev/null; then
-    nvidia-smi >"$out/nvidia-smi.txt" 2>&1
-    if nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
-      >"$work/gpus.csv" 2>/dev/null && [ -s "$work/gpus.csv" ]; then
-      gpu_found=1
-      say "GPU: $(head -1 "$work/gpus.csv")"
-    fi
-  else
-    echo "nvidia-smi not found" >"$out/nvidia-smi.txt"
-  fi
-  if [ "$gpu_found" = 0 ]; then
-    note "no NVIDIA GPU found (see nvidia-smi.txt): nothing run; exit status 2"
-    finish no_gpu 2
-  fi
+  detect_gpu
+  [ "$gpu_found" = 1 ] || finish_no_gpu
 
   # ---- paths the tests read --------------------------------------------------------------------
   # The tests find their scripts and binaries through KILN_SOURCE_DIR / KILN_BINARY_DIR, compiled
@@ -251,41 +281,77 @@ find_cuda_libs() {
   [ -z "${missing// /}" ] || note "libraries not found anywhere: $missing"
 }
 
-# Runs one planned step (see gpu_check_lib.sh) within the deadline, then refreshes the results.
-run_step() {
-  local name=$1 kind=$2 limit=$3 dir=$4 envs=$5 cmd=$6
-  local now t w
-  now=$(date +%s)
-  t=$(gpu_check_step_limit "$limit" "$now" "$deadline")
-  if [ "$t" = 0 ]; then
-    echo "$name" >>"$work/not_run"
-    return 1
-  fi
-  local -a argv=()
-  for w in $cmd; do
+# resolve_argv CMD: the words of a planned command, with the paths put in (argv).
+resolve_argv() {
+  local - w
+  set -f  # words like --gtest_filter=*BackendOpsCuda* are not globs
+  argv=()
+  for w in $1; do
     case "$w" in
       @kiln) argv+=("$bundle/apps/kiln") ;;
       %memcheck | %racecheck)
         argv+=("$sanitizer_bin" --tool "${w#%}" --error-exitcode 99 --print-limit 20) ;;
+      %python) argv+=("${KILN_PYTHON:-python3}") ;;
+      %decode_dir) argv+=("$decode_dir") ;;
       ^*) argv+=("$repo/${w#^}") ;;
       =work/*) mkdir -p "$work/${w#=work/}" && argv+=("$work/${w#=work/}") ;;
       =bundle/*) argv+=("$bundle/${w#=bundle/}") ;;
       *) argv+=("$w") ;;
     esac
   done
+}
+
+# logs/NAME.env: the step's own VAR=value words, then the CUDA_LAUNCH_BLOCKING it ran with.
+write_step_env() {
+  local - w
+  set -f
+  { for w in $2; do echo "$w"; done
+    echo "CUDA_LAUNCH_BLOCKING=$(gpu_check_launch_blocking "$2")"; } >"$logs/$1.env"
+}
+
+# record_unrun NAME KIND MESSAGE: a step that was not started, recorded as failed.
+record_unrun() {
+  echo "$3" >"$logs/$1.log"
+  echo "1 0 done $2 0" >"$logs/$1.rc"
+  say "$1: $3"
+  write_results running
+}
+
+# Runs one planned step (see gpu_check_lib.sh) within the deadline, then refreshes the results.
+# A timing step (KIND bench) runs only without synchronous launches, and with the background
+# step (the random folder's writer) paused.
+run_step() {
+  local name=$1 kind=$2 limit=$3 dir=$4 envs=$5 cmd=$6
+  local now t clb
+  now=$(date +%s)
+  t=$(gpu_check_step_limit "$limit" "$now" "$deadline")
+  if [ "$t" = 0 ]; then
+    echo "$name" >>"$work/not_run"
+    return 1
+  fi
+  clb=$(gpu_check_launch_blocking "$envs")
+  if [ "$kind" = bench ] && ! gpu_check_timing_env_ok "$clb"; then
+    write_step_env "$name" "$envs"
+    record_unrun "$name" "$kind" "refused: a timing step with CUDA_LAUNCH_BLOCKING=$clb (timings never run with synchronous launches)"
+    return 0
+  fi
+  resolve_argv "$cmd"
   [ "$kind" = gtest ] && argv+=("--gtest_output=xml:$logs/$name.xml")
   local rundir=$work/run
   [ "$dir" = run ] || rundir=$bundle/$dir
+  write_step_env "$name" "$envs"
+  [ "$kind" = bench ] && pause_background "$name"
   say "$name (limit ${t} s)"
   current_step=$name
   step_t0=$now
   # shellcheck disable=SC2086  # envs is a list of VAR=value words
-  (cd "$rundir" && env $envs timeout -k 5 "$t" "${argv[@]}") >"$logs/$name.log" 2>&1
+  (cd "$rundir" && env $envs timeout -k 5 "$t" "${argv[@]}") </dev/null >"$logs/$name.log" 2>&1
   local rc=$? secs=$(($(date +%s) - now))
   current_step=""
+  [ "$kind" = bench ] && resume_background
   # A step stopped at its own limit timed out (a failure); one the deadline cut short did not
   # finish (the stage is incomplete, not failed).
-  local how=done
+  local how="done"
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     how=timeout
     [ "$t" -lt "$limit" ] && how=deadline && echo "$name" >>"$work/not_run"
@@ -294,6 +360,177 @@ run_step() {
   [ "$rc" = 0 ] || say "$name: exit status $rc after $secs s ($how)"
   write_results running
   return 0
+}
+
+# ---- the background step: the decode stage's random folder, written while the GPU works -------
+# start_background NAME KIND LIMIT DIR ENV CMD: starts a plan line in the background. timeout
+# makes itself a process-group leader, so the group -bg_pid is the writer and its timeout.
+start_background() {
+  local name=$1 limit=$3 dir=$4 envs=$5 cmd=$6 now t
+  now=$(date +%s)
+  t=$(gpu_check_step_limit "$limit" "$now" "$deadline")
+  if [ "$t" = 0 ]; then
+    echo "$name" >>"$work/not_run"
+    return 1
+  fi
+  resolve_argv "$cmd"
+  local rundir=$work/run
+  [ "$dir" = run ] || rundir=$bundle/$dir
+  write_step_env "$name" "$envs"
+  say "$name: started in the background (limit $t s)"
+  # shellcheck disable=SC2086  # envs is a list of VAR=value words
+  (cd "$rundir" && exec env $envs timeout -k 5 "$t" "${argv[@]}") </dev/null >"$logs/$name.log" 2>&1 &
+  bg_pid=$! bg_name=$name bg_t0=$now bg_limit=$t bg_plan_limit=$limit
+  sleep 1  # timeout's setpgid, before anyone signals the group
+}
+
+# pause_background STEP / resume_background: SIGSTOP/SIGCONT of the background step around a
+# timing step (the time it was paused goes to the results).
+pause_background() {
+  { [ -n "$bg_pid" ] && [ -z "$bg_paused_at" ] && kill -0 "$bg_pid" 2>/dev/null; } || return 0
+  if kill -STOP -- "-$bg_pid" 2>/dev/null; then
+    bg_paused_at=$(date +%s)
+    say "$bg_name: paused during $1"
+  fi
+}
+resume_background() {
+  [ -n "$bg_paused_at" ] || return 0
+  kill -CONT -- "-$bg_pid" 2>/dev/null
+  bg_paused_s=$((bg_paused_s + $(date +%s) - bg_paused_at))
+  bg_paused_at=""
+  echo "paused_s=$bg_paused_s" >>"$work/decode.txt"
+}
+
+# kill_background: TERM (then KILL) to the background step's process group, running or paused.
+kill_background() {
+  kill -TERM -- "-$bg_pid" 2>/dev/null
+  kill -CONT -- "-$bg_pid" 2>/dev/null
+  for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$bg_pid" 2>/dev/null || return 0; sleep 1; done
+  kill -KILL -- "-$bg_pid" 2>/dev/null
+}
+
+# join_background CAP HOW: waits at most CAP seconds for the background step (then stops it and
+# records HOW: timeout, or deadline where the deadline shortened the wait); records its result.
+# Succeeds when it exited 0.
+join_background() {
+  [ -n "$bg_pid" ] || return 1
+  local cap=$1 cut_how=$2 end rc secs how="done"
+  end=$(($(date +%s) + cap))
+  resume_background
+  kill -0 "$bg_pid" 2>/dev/null && say "waiting for $bg_name (at most $cap s)"
+  while kill -0 "$bg_pid" 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
+  if kill -0 "$bg_pid" 2>/dev/null; then
+    kill_background
+    how=$cut_how
+  fi
+  wait "$bg_pid"
+  rc=$?
+  secs=$(($(date +%s) - bg_t0))
+  if [ "$how" = "done" ] && { [ "$rc" = 124 ] || [ "$rc" = 137 ]; }; then
+    how=timeout
+    [ "$bg_limit" -lt "$bg_plan_limit" ] && how=deadline
+  fi
+  [ "$how" = deadline ] && echo "$bg_name" >>"$work/not_run"
+  echo "$rc $secs $how cmd $bg_limit" >"$logs/$bg_name.rc"
+  [ "$rc" = 0 ] || say "$bg_name: exit status $rc after $secs s ($how)"
+  bg_pid=""
+  [ "$rc" = 0 ] && [ "$how" = "done" ]
+}
+
+# stop_background: at the end of the run, a background step still running is stopped and listed
+# as not run (killed when a signal ended the run).
+stop_background() {
+  [ -n "${bg_pid:-}" ] || return 0
+  if kill -0 "$bg_pid" 2>/dev/null; then
+    say "stopping $bg_name"
+    kill_background
+    local how=deadline
+    [ "$status" = interrupted ] && how=killed
+    echo "143 $(($(date +%s) - bg_t0)) $how cmd $bg_limit" >"$logs/$bg_name.rc"
+    [ "$how" = deadline ] && echo "$bg_name" >>"$work/not_run"
+  fi
+  wait "$bg_pid" 2>/dev/null
+  bg_pid=""
+}
+
+# prepare_decode_dir: 0 when $decode_dir is to be written (decode_stamp set), 0 with decode_ok=1
+# when a complete folder from an earlier call is there, 1 (with a note) when it cannot be.
+prepare_decode_dir() {
+  local cfg=$bundle/data/qwen/Qwen3-8B/config.json parent avail min_gb=${KILN_GPU_CHECK_DECODE_MIN_GB:-18}
+  if [ ! -f "$cfg" ]; then
+    note "decode: no Qwen3-8B config at $cfg (scripts/get_data.sh lays it out)"
+    return 1
+  fi
+  decode_stamp="$(sha256sum "$cfg" | cut -d' ' -f1) bf16 seed 0"
+  echo "dir=$decode_dir" >>"$work/decode.txt"
+  if [ -f "$decode_dir/.kiln_gpu_check_complete" ] &&
+    [ "$(cat "$decode_dir/.kiln_gpu_check_complete")" = "$decode_stamp" ]; then
+    decode_ok=1
+    echo "reused=1" >>"$work/decode.txt"
+    return 0
+  fi
+  if [ -e "$decode_dir" ]; then
+    if [ ! -d "$decode_dir" ] || find "$decode_dir" -mindepth 1 -maxdepth 1 ! -name config.json \
+      ! -name generation_config.json ! -name 'model*.safetensors*' ! -name .kiln_gpu_check_complete |
+      grep -q .; then
+      note "decode: $decode_dir exists and is not a random folder of an earlier call: left alone, not written"
+      return 1
+    fi
+    rm -rf "$decode_dir"  # an unfinished folder of an earlier call
+  fi
+  parent=$(dirname "$decode_dir")
+  mkdir -p "$parent" || { note "decode: cannot create $parent"; return 1; }
+  avail=$(df -P -k "$parent" | awk 'NR == 2 {print int($4 / 1000000)}')
+  if [ "${avail:-0}" -lt "$min_gb" ]; then
+    note "decode: ${avail:-?} GB free under $parent, the 16.4 GB folder needs $min_gb: not written"
+    return 1
+  fi
+  return 0
+}
+
+# start_decode_folder: before the first stage, when decode is one: the random folder's writer
+# (the decode plan's background line) starts, unless an earlier call's folder is there.
+start_decode_folder() {
+  local name kind limit dir envs cmd need=1
+  if [ -n "${KILN_GPU_CHECK_ONLY:-}" ]; then  # only when a decode step is selected
+    need=0
+    while IFS='|' read -r name _; do
+      [ "$name" != decode_write ] && [[ "$name" =~ $KILN_GPU_CHECK_ONLY ]] && need=1
+    done < <(gpu_check_plan decode)
+  fi
+  [ "$need" = 1 ] || return 0
+  decode_fail_how=fail
+  if ! prepare_decode_dir; then
+    record_unrun decode_write cmd "the random Qwen3-8B folder was not written (see the notes)"
+    return 0
+  fi
+  if [ "$decode_ok" = 1 ]; then
+    echo "reusing $decode_dir (complete, written by an earlier call for the same config)" >"$logs/decode_write.log"
+    echo "0 0 done cmd 0" >"$logs/decode_write.rc"
+    say "decode_write: reusing $decode_dir"
+    return 0
+  fi
+  IFS='|' read -r name kind limit dir envs cmd < <(gpu_check_plan decode | grep '^decode_write|')
+  start_background "$name" "$kind" "$limit" "$dir" "$envs" "$cmd" || decode_fail_how=deadline
+}
+
+# finish_decode_folder: at the decode stage, waits for the writer (KILN_GPU_CHECK_WRITE_WAIT,
+# 180 s, at most, and never past the deadline) and marks the folder complete.
+finish_decode_folder() {
+  [ -n "$bg_pid" ] && [ "$bg_name" = decode_write ] || return 0
+  local cap=${KILN_GPU_CHECK_WRITE_WAIT:-180} left how=timeout
+  left=$((deadline - $(date +%s) - 25))
+  [ "$left" -lt "$cap" ] && cap=$left how=deadline
+  [ "$cap" -ge 0 ] || cap=0
+  if join_background "$cap" "$how"; then
+    echo "$decode_stamp" >"$decode_dir/.kiln_gpu_check_complete"
+    decode_ok=1
+  else
+    decode_fail_how=$(read -r _ _ h _ <"$logs/decode_write.rc"; [ "$h" = deadline ] && echo deadline || echo fail)
+    [ "$decode_fail_how" = deadline ] ||
+      note "decode_write failed (logs/decode_write.log): the decode steps did not run"
+  fi
+  write_results running
 }
 
 # suites_<binary>: the CUDA suites of each test binary of the bundle (gpu_check_cuda_suites).
@@ -310,29 +547,45 @@ list_cuda_suites() {
 run_stages() {
   local stage name kind limit dir envs cmd
   sanitizer_bin=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  # The random Qwen3-8B folder takes CPU and disk, not the GPU: it is written from now on, while
+  # the stages before decode run (paused during their timing steps).
+  case " $stages " in *" decode "*) start_decode_folder ;; esac
   for stage in $stages; do
     [ "$stage" = cuda-tests ] && list_cuda_suites
-    if [ "$stage" = sanitizer ] && [ ! -x "$sanitizer_bin" ]; then
-      note "compute-sanitizer not found (PATH, /usr/local/cuda/bin): the sanitizer stage did not run"
+    if { [ "$stage" = sanitizer ] || [ "$stage" = memcheck-apps ]; } && [ ! -x "$sanitizer_bin" ]; then
+      note "compute-sanitizer not found (PATH, /usr/local/cuda/bin): the $stage stage did not run"
       echo "compute-sanitizer-missing" >>"$work/failed_setup"
       continue
     fi
     say "---- stage $stage"
     while IFS='|' read -r name kind limit dir envs cmd; do
       [ -n "$name" ] || continue
+      if [ "$kind" = background ]; then  # decode_write, started before the first stage
+        finish_decode_folder
+        continue
+      fi
       if [ -n "${KILN_GPU_CHECK_ONLY:-}" ] && ! [[ "$name" =~ $KILN_GPU_CHECK_ONLY ]]; then continue; fi
+      if [ "$stage" = decode ] && [ "$decode_ok" != 1 ]; then
+        if [ "$decode_fail_how" = deadline ]; then
+          echo "$name" >>"$work/not_run"
+        else
+          record_unrun "$name" "$kind" "not run: no random Qwen3-8B folder (see decode_write and the notes)"
+        fi
+        continue
+      fi
       run_step "$name" "$kind" "$limit" "$dir" "$envs" "$cmd"
     done < <(gpu_check_plan "$stage")
     if [ "$stage" = smoke ] && [ -f "$logs/smoke_probe.log" ]; then
-      { echo "# probe (tests/test_kernels --gtest_filter=CudaProbe.*)"; grep '^probe:' "$logs/smoke_probe.log"; } >>"$out/libs.txt"
+      { echo "# probe (tests/test_kernels --gtest_filter=CudaProbe.*)"; grep '^probe:' "$logs/smoke_probe.log"; } >>"$work/libs.txt"
     fi
     if [ "$stage" = bench ]; then
       for f in "$work"/bench_gpu/gpu_*.json; do [ -e "$f" ] && cp "$f" "$out/gpu_bench.json"; done
       for f in "$work"/bench_gpu/gpu_*.md; do [ -e "$f" ] && cp "$f" "$out/gpu_bench.md"; done
     fi
   done
+  stop_background  # a writer whose decode stage the deadline cut
   if [ -s "$work/not_run" ]; then
-    note "the deadline (${deadline_s} s) stopped the run before: $(tr '\n' ' ' <"$work/not_run")"
+    note "the deadline (${deadline_s} s) stopped the run before: $(sort -u "$work/not_run" | tr '\n' ' ')"
   fi
   local verdict
   verdict=$(python3 "$repo/scripts/gpu_check_results.py" --work "$work" --verdict 2>/dev/null || echo failed)
@@ -349,7 +602,25 @@ if [ "${KILN_GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
   bundle_exes="tests/test_kernels tests/test_tensor apps/kiln"
   [ -f "$bundle/manifest.env" ] && bundle_exes=$(sed -n "s/^KILN_BUNDLE_EXES='\(.*\)'$/\1/p" "$bundle/manifest.env")
   case " $stages " in *" cuda-tests "*) list_cuda_suites ;; esac
-  for stage in $stages; do gpu_check_plan "$stage"; done
+  expected=${GPU_CHECK_EXPECTED_S[setup]}
+  for stage in $stages; do expected=$((expected + ${GPU_CHECK_EXPECTED_S[$stage]:-0})); done
+  echo "# gpu_check plan: stages $stages; deadline ${deadline_s} s (no step starts with < 15 s left;"
+  echo "# a running one is stopped 10 s before it); expected about ${expected} s on an H200, setup"
+  echo "# (unpacking the bundle, ldd, the probe) ~${GPU_CHECK_EXPECTED_S[setup]} s. Lines: NAME|KIND|LIMIT (s)|DIR|ENV|COMMAND."
+  for stage in $stages; do
+    echo "# stage $stage (expected ~${GPU_CHECK_EXPECTED_S[$stage]:-?} s)"
+    case "$stage" in
+      cuda-tests) [ -n "$(gpu_check_plan cuda-tests)" ] ||
+        echo "#   (one step per CUDA suite of the test binaries of the bundle; none at $bundle to list them)" ;;
+      decode) echo "#   decode_write starts in the background when the GPU is found (before smoke), is paused" \
+        "during timing steps and waited for here (<= ${KILN_GPU_CHECK_WRITE_WAIT:-180} s); %decode_dir = $decode_dir" ;;
+    esac
+    gpu_check_plan "$stage"
+  done
+  files="results.json summary.md logs.tar.gz gpu_check.log"
+  case " $stages " in *" bench "*) files="$files gpu_bench.json gpu_bench.md" ;; esac
+  case " $stages " in *" decode "*) files="$files decode_8b.json" ;; esac
+  echo "# files back in OUTDIR: $files (nvidia-smi.txt, libs.txt and the logs of every step in logs.tar.gz)"
   rm -rf "$work"
   exit 0
 fi

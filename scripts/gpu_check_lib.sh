@@ -10,29 +10,50 @@
 # space-separated VAR=value pairs for this step; COMMAND: the command line, words separated by
 # spaces (no quoting needed: plans use no spaces inside arguments).
 
-# Every stage runs with synchronous launches, so a fault is reported by the kernel that caused it.
+# The correctness stages run with synchronous launches, so a fault is reported by the kernel that
+# caused it. Timing steps (KIND bench) never do: they run with GPU_CHECK_TIMING_ENV, and
+# gpu_check.sh refuses to start one whose CUDA_LAUNCH_BLOCKING is anything but 0 or unset.
+# shellcheck disable=SC2034  # read by name (${!b}) in gpu_check_plan
 GPU_CHECK_BASE_ENV="CUDA_LAUNCH_BLOCKING=1"
-GPU_CHECK_STAGES_ALL="smoke cuda-tests sanitizer bench"
+# shellcheck disable=SC2034
+GPU_CHECK_TIMING_ENV="CUDA_LAUNCH_BLOCKING=0"
+# Stages in the order they run. memcheck-apps is the sanitizer stage's kiln train/generate
+# memcheck alone (dropped when sanitizer itself is selected).
+GPU_CHECK_STAGES_ORDER="smoke cuda-tests sanitizer bench decode memcheck-apps"
+GPU_CHECK_STAGES_ALL="smoke cuda-tests sanitizer bench decode"
+# The one-command window (docs/gpu_window.md), most important first: if the deadline cuts it,
+# what was cut is the least important.
+GPU_CHECK_STAGES_WINDOW="smoke cuda-tests bench decode memcheck-apps"
+# Expected seconds of each stage on an H200 (first run, 2026-11-26; decode and its peer are
+# estimates), for the dry run's plan: the limits bound a hang, these what a good run takes.
+# shellcheck disable=SC2034  # read by gpu_check.sh's dry run
+declare -A GPU_CHECK_EXPECTED_S=([setup]=10 [smoke]=5 [cuda-tests]=30 [sanitizer]=100 [bench]=110
+  [decode]=110 [memcheck-apps]=15)
 
 # gpu_check_stages "LIST": the stages named in LIST (spaces or commas), in the order above;
-# "all" means every stage. Fails (status 64, message on stderr) for an unknown name.
+# "all" means GPU_CHECK_STAGES_ALL, "window" GPU_CHECK_STAGES_WINDOW. Fails (status 64, message
+# on stderr) for an unknown name.
 gpu_check_stages() {
-  local list=${1//,/ } s known out=""
+  local list=${1//,/ } s k known out="" expanded=""
   for s in $list; do
-    if [ "$s" = all ]; then
-      echo "$GPU_CHECK_STAGES_ALL"
-      return 0
-    fi
-    known=0
-    for k in $GPU_CHECK_STAGES_ALL; do [ "$s" = "$k" ] && known=1; done
-    if [ "$known" = 0 ]; then
-      echo "gpu_check: unknown stage '$s' (stages: $GPU_CHECK_STAGES_ALL, all)" >&2
-      return 64
-    fi
+    case "$s" in
+      all) expanded="$expanded $GPU_CHECK_STAGES_ALL" ;;
+      window) expanded="$expanded $GPU_CHECK_STAGES_WINDOW" ;;
+      *)
+        known=0
+        for k in $GPU_CHECK_STAGES_ORDER; do [ "$s" = "$k" ] && known=1; done
+        if [ "$known" = 0 ]; then
+          echo "gpu_check: unknown stage '$s' (stages: $GPU_CHECK_STAGES_ORDER, all, window)" >&2
+          return 64
+        fi
+        expanded="$expanded $s"
+        ;;
+    esac
   done
-  for k in $GPU_CHECK_STAGES_ALL; do
-    for s in $list; do [ "$s" = "$k" ] && { out="$out $k"; break; }; done
+  for k in $GPU_CHECK_STAGES_ORDER; do
+    for s in $expanded; do [ "$s" = "$k" ] && { out="$out $k"; break; }; done
   done
+  case " $out " in *" sanitizer "*) out=${out/ memcheck-apps/} ;; esac
   echo "${out# }"
 }
 
@@ -49,6 +70,24 @@ gpu_check_step_limit() {
   else
     echo "$limit"
   fi
+}
+
+# gpu_check_launch_blocking "ENV": the CUDA_LAUNCH_BLOCKING a step with ENV (VAR=value words)
+# runs with: its own, else the one this shell passes on, else "unset".
+gpu_check_launch_blocking() {
+  local - w v=${CUDA_LAUNCH_BLOCKING-unset}
+  set -f
+  for w in $1; do
+    case "$w" in CUDA_LAUNCH_BLOCKING=*) v=${w#CUDA_LAUNCH_BLOCKING=} ;; esac
+  done
+  echo "$v"
+}
+
+# gpu_check_timing_env_ok VALUE: whether a timing step may run with CUDA_LAUNCH_BLOCKING=VALUE
+# (0, empty or unset: asynchronous launches).
+gpu_check_timing_env_ok() {
+  case "$1" in 0 | "" | unset) return 0 ;; esac
+  return 1
 }
 
 # gpu_check_cuda_suites: the CUDA tests among `--gtest_list_tests` output (stdin), as lines
@@ -77,10 +116,12 @@ gpu_check_cuda_suites() {
 
 # gpu_check_plan STAGE: the steps of STAGE (format above). Needs: $bundle_exes (the bundle's
 # executables, relative paths), and for cuda-tests $suites_<binary> (gpu_check_cuda_suites'
-# lines).
+# lines). Words gpu_check.sh resolves when it runs a step: @kiln (the bundle's kiln), %memcheck
+# and %racecheck (compute-sanitizer with that tool), %python ($KILN_PYTHON), %decode_dir (the
+# random Qwen3-8B folder), ^PATH (this checkout), =bundle/PATH, =work/PATH (a folder it creates).
 gpu_check_plan() {
-  local b=GPU_CHECK_BASE_ENV
-  local e=${!b}
+  local b=GPU_CHECK_BASE_ENV tb=GPU_CHECK_TIMING_ENV
+  local e=${!b} te=${!tb}
   case "$1" in
     smoke)
       echo "smoke_probe|gtest|60|tests|$e|./test_kernels --gtest_filter=CudaProbe.*"
@@ -108,24 +149,38 @@ gpu_check_plan() {
       echo "memcheck_runtime|sanitizer|180|tests|$e|%memcheck ./test_kernels --gtest_filter=CudaDevices.*:CudaDevice.*-CudaDevice.OutOfMemoryIsAClearErrorAndNotSticky"
       echo "memcheck_allocator|sanitizer|180|tests|$e|%memcheck ./test_tensor --gtest_filter=CudaCachingAllocator.*:DeviceMemoryRows.*-CudaCachingAllocator.GuardBytesCatchADeviceOverrun"
       echo "memcheck_backend_ops|sanitizer|300|tests|$e $m|%memcheck ./test_tensor --gtest_filter=*BackendOpsCuda*"
-      echo "memcheck_train_bf16|sanitizer|240|run|$e $m|%memcheck @kiln train --device cuda --dtype bf16 --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 --eval-batches 1 --progress 0 --log-interval 1 --out train_memcheck --overwrite"
-      echo "memcheck_generate|sanitizer|180|run|$e $m|%memcheck @kiln generate --device cuda --dtype bf16 --random-weights --config config.json --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
+      gpu_check_plan memcheck-apps
       echo "memcheck_generate_cudnn|sanitizer|240|run|$e $m|%memcheck @kiln generate --device cuda --dtype bf16 --attention cudnn --random-weights --config config.json --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
       # racecheck: kiln's flash attention (shared memory, cp.async, ldmatrix), a few shapes.
       echo "racecheck_attention_decode|sanitizer|180|tests|$e|%racecheck ./test_tensor --gtest_filter=CudaAttentionGpu.KvCacheViewsWithOffset"
       echo "racecheck_attention_train|sanitizer|240|tests|$e|%racecheck ./test_tensor --gtest_filter=CudaAttentionGpu.FlashAndGenericAgreeAndDkDvAreDeterministic"
       ;;
+    memcheck-apps)
+      # kiln train and generate (kiln's attention) under memcheck, one cudaMalloc per tensor.
+      local m="KILN_NO_CACHING=1 KILN_GUARD_BYTES=64"
+      echo "memcheck_train_bf16|sanitizer|240|run|$e $m|%memcheck @kiln train --device cuda --dtype bf16 --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 --eval-batches 1 --progress 0 --log-interval 1 --out train_memcheck --overwrite"
+      echo "memcheck_generate|sanitizer|180|run|$e $m|%memcheck @kiln generate --device cuda --dtype bf16 --random-weights --config config.json --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
+      ;;
     bench)
-      local rel
-      for rel in $bundle_exes; do
-        case "$rel" in bench/*) ;; *) continue ;; esac
-        case "$(basename "$rel")" in
-          kiln_bench_train_step | kiln_bench_attention) ;;  # driven by run_gpu_bench.sh below
-          *) echo "bench_$(basename "$rel")|bench|120|bench|$e|./$(basename "$rel") --benchmark_min_time=0.2s" ;;
-        esac
-      done
-      # kiln vs PyTorch, one configuration each: stories15M at seq 256, attention at T = 1024.
-      echo "bench_gpu_vs_torch|bench|420|bench|$e CONFIGS=stories15M:256:64 ATTN_SEQS=1024 RUN_TIMEOUT=120 WARMUP=2 STEPS=5|^bench/run_gpu_bench.sh =work/bench_gpu =bundle/bench"
+      # The GPU benchmarks only, kiln against PyTorch in the same call (bench/run_gpu_bench.sh):
+      # training steps of stories15M (seq 256, batch 64) and stories42M (seq 1024, batch 16)
+      # against PyTorch eager and torch.compile, attention against cuDNN at T = 1024 and 4096.
+      # The batches are the ones that fit on an H100/H200 (the first H200 run's search), so no
+      # search (SEARCH=0). Never with synchronous launches.
+      echo "bench_gpu_vs_torch|bench|300|bench|$te CONFIGS=stories15M:256:64,stories42M:1024:16 ATTN_SEQS=1024,4096 SEARCH=0 RUN_TIMEOUT=120 WARMUP=3 STEPS=10|^bench/run_gpu_bench.sh =work/bench_gpu =bundle/bench"
+      ;;
+    decode)
+      # Qwen3-8B decode (bf16, 64 prompt ids, 128 new tokens, greedy) from a random-weight
+      # folder with the real config: kiln, then Hugging Face transformers' static-cache decode
+      # of the same folder and PyTorch's device-to-device copy rate (the roofline) in one
+      # process. decode_write (KIND background, 16.4 GB, CPU and disk only) starts in the
+      # background as soon as the GPU is found, is paused during every timing step, and is
+      # waited for here; gpu_check.sh reuses a complete folder from an earlier call.
+      local ids
+      ids=$(seq -s, 1 64)
+      echo "decode_write|background|420|run||nice -n 10 =bundle/bench/kiln_write_random_safetensors --config =bundle/data/qwen/Qwen3-8B/config.json --out %decode_dir --dtype bf16"
+      echo "decode_kiln|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_dir --prompt-ids $ids --max-new-tokens 128 --temperature 0"
+      echo "decode_hf|bench|240|run|$te PYTHONUNBUFFERED=1|%python ^bench/hf_decode_peer.py --model %decode_dir --prompt-len 64 --new-tokens 128 --copy-gib 2 --copies 10"
       ;;
   esac
 }

@@ -5,9 +5,13 @@ after every step from the work folder, so that a killed command still returns wh
 The work folder (gpu_check.sh writes it):
   logs/NAME.log   a step's output;  logs/NAME.rc  "exit_status seconds how kind limit"
                   (how: done, timeout, deadline (cut by the deadline) or killed);  logs/NAME.xml  gtest XML (gtest steps)
-  notes.txt, gpus.csv, manifest.env, libdirs, missing_libs, not_run (steps the deadline skipped)
+  logs/NAME.env   the step's VAR=value words, the last line the CUDA_LAUNCH_BLOCKING it ran with
+  notes.txt, gpus.csv, manifest.env, libdirs, missing_libs, not_run (steps the deadline skipped),
+  nvidia-smi.txt, libs.txt (ldd, RPATH, the probe's lines), decode.txt (the decode stage's
+  random folder: dir=, reused=, paused_s=)
 
-  gpu_check_results.py --work W --out O --status S ...   write the three files
+  gpu_check_results.py --work W --out O --status S ...   write the three files (and
+                                                          decode_8b.json once a decode step ran)
   gpu_check_results.py --work W --verdict                 print ok, failed or incomplete
 Standard library only (the GPU machine has a bare Python).
 """
@@ -87,6 +91,16 @@ def read_text(path, limit=None):
         return ""
 
 
+def read_env(path):
+    """logs/NAME.env as a dict (the last CUDA_LAUNCH_BLOCKING line is the one the step ran with)."""
+    env = {}
+    for line in read_text(path).splitlines():
+        k, sep, v = line.strip().partition("=")
+        if sep:
+            env[k] = v
+    return env
+
+
 def collect_steps(work, gpu_found):
     steps = {}
     for rc_file in sorted(glob.glob(f"{work}/logs/*.rc"), key=os.path.getmtime):
@@ -98,6 +112,8 @@ def collect_steps(work, gpu_found):
         s = {"kind": kind, "exit_code": rc, "seconds": secs, "how": how}
         if len(f) > 4:
             s["limit"] = int(f[4])
+        if os.path.exists(f"{work}/logs/{name}.env"):
+            s["env"] = read_env(f"{work}/logs/{name}.env")
         ok = rc == 0
         if kind == "gtest":
             xml = f"{work}/logs/{name}.xml"
@@ -136,7 +152,8 @@ def compact(data, head=64 << 10, tail=192 << 10):
 def write_archive(work, path):
     """logs/*.log|xml|rc and the notes as a .tar.gz under ARCHIVE_LIMIT (no training outputs)."""
     files = sorted(glob.glob(f"{work}/logs/*")) + [
-        f"{work}/{n}" for n in ("notes.txt", "manifest.env", "gpus.csv", "libdirs", "not_run")]
+        f"{work}/{n}" for n in ("notes.txt", "manifest.env", "gpus.csv", "libdirs", "not_run",
+                                "nvidia-smi.txt", "libs.txt", "decode.txt")]
     for head, tail in ((64 << 10, 192 << 10), (16 << 10, 48 << 10), (4 << 10, 12 << 10)):
         tmp = path + ".tmp"
         with tarfile.open(tmp, "w:gz") as tar:
@@ -161,6 +178,114 @@ def write_atomic(path, text):
     os.replace(path + ".tmp", path)
 
 
+def num(pattern, text, cast=float):
+    m = re.search(pattern, text)
+    return cast(m.group(1)) if m else None
+
+
+def parse_kiln_generate(log):
+    """The figures of `kiln generate` output (tokens/s, bytes per token, the generated ids)."""
+    r = {
+        "load_s": num(r"loaded \S+ from .* in ([0-9.]+) s", log),
+        "prompt_tokens": num(r"--- (\d+) prompt tokens", log, int),
+        "new_tokens": num(r"prompt tokens, (\d+) new", log, int),
+        "ttft_ms": num(r"time to first token\s+([0-9.]+) ms", log),
+        "prefill_tok_s": num(r"prefill\s+([0-9.]+) tokens/s", log),
+        "decode_tok_s": num(r"decode\s+([0-9.]+) tokens/s", log),
+        "decode_tokens": num(r"decode\s+[0-9.]+ tokens/s \((\d+) tokens in", log, int),
+        "decode_s": num(r"decode\s+[0-9.]+ tokens/s \(\d+ tokens in ([0-9.]+) s\)", log),
+        "bytes_per_token_mb": num(r"= ([0-9.]+) MB ->", log),
+        "decode_gbs": num(r"-> ([0-9.]+) GB/s at the decode rate", log),
+    }
+    if r["new_tokens"] and r["ttft_ms"] is not None and r["decode_s"] is not None:
+        r["tok_per_s_with_prefill"] = round(r["new_tokens"] / (r["ttft_ms"] / 1e3 + r["decode_s"]), 2)
+    m = re.search(r"^[0-9 ]+\| ([0-9 ]+)", log, re.M)  # "prompt ids | generated ids"
+    if m:
+        r["first_tokens"] = [int(x) for x in m.group(1).split()[:32]]
+    return r
+
+
+def last_json_line(text):
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def ratio(x, y, nd=3):
+    return round(x / y, nd) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
+
+
+def decode_report(work, steps, card, commit):
+    """decode_8b.json's content (None before any decode step ran): kiln's Qwen3-8B decode, HF
+    transformers' static-cache decode of the same folder, the copy roofline and the ratios."""
+    if not any(n in steps for n in ("decode_write", "decode_kiln", "decode_hf")):
+        return None
+    info = read_env(f"{work}/decode.txt")  # dir=, reused=, paused_s= (the last one counts)
+    w = steps.get("decode_write", {})
+    rep = {"bench": "decode_8b", "card": card, "commit": commit,
+           "model": "Qwen3-8B config (data/qwen/Qwen3-8B/config.json), random bf16 weights",
+           "prompt_ids": "1..64", "sampling": "greedy",
+           "folder": {"dir": info.get("dir"), "reused": info.get("reused") == "1",
+                      "write_result": w.get("result"), "write_s": w.get("seconds"),
+                      "write_paused_s": int(info.get("paused_s", 0))},
+           "kiln": None, "hf": None, "copy_gbs": None, "ratios": {}}
+    k = steps.get("decode_kiln")
+    if k:
+        rep["kiln"] = dict(parse_kiln_generate(read_text(f"{work}/logs/decode_kiln.log")),
+                           result=k["result"], env=k.get("env"), seconds=k["seconds"])
+    h = steps.get("decode_hf")
+    if h:
+        line = last_json_line(read_text(f"{work}/logs/decode_hf.log")) or {}
+        rep["hf"] = dict(line, result=h["result"], env=dict(h.get("env") or {}, **line.get("env", {})),
+                         seconds=h["seconds"])
+        rep["copy_gbs"] = line.get("copy_gbs")
+    kd, hd = rep["kiln"] or {}, rep["hf"] or {}
+    bpt = kd.get("bytes_per_token_mb")
+    if bpt and hd.get("decode_tok_s"):
+        hd["decode_gbs"] = round(bpt * hd["decode_tok_s"] / 1e3, 1)
+    rep["ratios"] = {k: v for k, v in {
+        "decode_tok_s_kiln_over_hf": ratio(kd.get("decode_tok_s"), hd.get("decode_tok_s")),
+        "tok_per_s_with_prefill_kiln_over_hf": ratio(kd.get("tok_per_s_with_prefill"),
+                                                     hd.get("tok_per_s_with_prefill")),
+        "kiln_decode_gbs_over_copy": ratio(kd.get("decode_gbs"), rep["copy_gbs"]),
+        "hf_decode_gbs_over_copy": ratio(hd.get("decode_gbs"), rep["copy_gbs"]),
+    }.items() if v is not None}
+    a, b = kd.get("first_tokens"), hd.get("first_tokens")
+    if a and b:  # the same weights, greedy: the first generated ids should agree
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        rep["first_tokens_agree"] = f"{n} of {min(len(a), len(b))}"
+    return rep
+
+
+def decode_markdown(rep):
+    kd, hd = rep["kiln"] or {}, rep["hf"] or {}
+    f = lambda v, fmt="{:.1f}": "" if v is None else fmt.format(v)
+    md = ["", "## Qwen3-8B decode (random bf16 folder, 64 prompt ids, 128 new tokens, greedy)", "",
+          "| peer | result | decode tok/s | tok/s with prefill | decode GB/s | of copy |",
+          "| --- | --- | --- | --- | --- | --- |"]
+    for name, d, key in (("kiln", kd, "kiln_decode_gbs_over_copy"),
+                         ("HF transformers, static cache", hd, "hf_decode_gbs_over_copy")):
+        if d:
+            md.append(f"| {name} | {d.get('result', '')}{' (' + d['error'][:80] + ')' if d.get('error') else ''} "
+                      f"| {f(d.get('decode_tok_s'))} | {f(d.get('tok_per_s_with_prefill'))} "
+                      f"| {f(d.get('decode_gbs'))} | {f(rep['ratios'].get(key), '{:.3f}')} |")
+    fo = rep["folder"]
+    md += ["", f"- copy roofline (PyTorch d2d, read + write): {f(rep['copy_gbs'])} GB/s",
+           "- ratios: " + (", ".join(f"{k} {v}" for k, v in rep["ratios"].items()) or "none yet"),
+           f"- folder: {fo['dir']}, " + ("reused" if fo["reused"] else
+                                         f"written in {fo['write_s']} s ({fo['write_result']}; "
+                                         f"paused {fo['write_paused_s']} s for timing steps)")]
+    if "first_tokens_agree" in rep:
+        md.append(f"- first generated ids, kiln vs HF: {rep['first_tokens_agree']} agree")
+    return md
+
+
 def write(a):
     work, out = a.work, a.out
     gpu_found = a.gpu_found == "1"
@@ -179,16 +304,26 @@ def write(a):
     notes = [n for n in read_text(f"{work}/notes.txt").splitlines() if n]
     keys = ("passed", "failed", "skipped", "cuda_skipped", "expected_skipped", "total")
     totals = {k: sum(s.get(k, 0) for s in steps.values()) for k in keys}
+    probe = sorted({line for line in read_text(f"{work}/libs.txt").splitlines()
+                    if line.startswith("probe:")})
+    card = gpus[0]["name"] if gpus else None
+    decode = decode_report(work, steps, card, a.commit)
     res = {
-        "schema": 2, "status": a.status, "date": a.started, "seconds": a.seconds,
+        "schema": 3, "status": a.status, "date": a.started, "seconds": a.seconds,
         "host": socket.gethostname(), "commit": a.commit, "bundle": manifest,
         "stages": a.stages.split(), "gpu_found": gpu_found, "gpus": gpus,
-        "card": gpus[0]["name"] if gpus else None,
+        "card": card,
         "cuda_lib_dirs": [d for d in read_text(f"{work}/libdirs").strip().split(":") if d],
         "missing_libs": read_text(f"{work}/missing_libs").split(),
+        "probe": probe,
+        "timing_env": {n: s.get("env", {}).get("CUDA_LAUNCH_BLOCKING") for n, s in steps.items()
+                       if s["kind"] == "bench"},
         "steps": steps, "not_run": not_run, "totals": totals, "notes": notes,
+        "decode_8b": decode,
     }
     write_atomic(f"{out}/results.json", json.dumps(res, indent=2) + "\n")
+    if decode is not None:
+        write_atomic(f"{out}/decode_8b.json", json.dumps(decode, indent=2) + "\n")
 
     md = [f"# kiln gpu_check: {a.status}", "",
           f"- stages: {a.stages}; date {a.started} ({a.seconds} s), host {res['host']}",
@@ -215,13 +350,22 @@ def write(a):
     if failed:
         md += ["", "Failed:", *[f"- {t}" for t in failed[:60]]]
     if not_run:
-        md += ["", "Not run (deadline): " + ", ".join(not_run)]
+        md += ["", "Not run (deadline): " + ", ".join(dict.fromkeys(not_run))]
+    if res["timing_env"]:
+        md += ["", "Timing steps ran with: " + ", ".join(
+            f"{n} CUDA_LAUNCH_BLOCKING={v}" for n, v in res["timing_env"].items())]
+    if decode is not None:
+        md += decode_markdown(decode)
+    if probe:
+        md += ["", "Libraries loaded (the probe; libs.txt and nvidia-smi.txt are in logs.tar.gz):",
+               *[f"- {p}" for p in probe[:12]]]
     skipped = [t for s in steps.values() for t in s.get("skipped_tests", [])]
     if skipped:
         md += ["", "Skipped tests:", *[f"- {t}" for t in skipped[:30]]]
     if notes:
         md += ["", "Notes:", *[f"- {n}" for n in notes]]
-    md += ["", "Logs: logs.tar.gz (logs/STEP.log, STEP.xml, STEP.rc)."]
+    md += ["", "Logs: logs.tar.gz (logs/STEP.log, STEP.xml, STEP.rc, STEP.env; logs/libs.txt, "
+           "logs/nvidia-smi.txt)."]
     write_atomic(f"{out}/summary.md", "\n".join(md) + "\n")
     write_archive(work, f"{out}/logs.tar.gz")
 

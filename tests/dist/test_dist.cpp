@@ -265,10 +265,14 @@ TEST(Dist, NcclBootstrapMapsOneRankPerGpu) {
 
 TEST(Dist, NcclCollectivesOnGpus) {
   const int gpus = cuda::device_count();
-  if (!cuda::compiled_with_cuda() || gpus < comm().size() || comm().size() < 2)
-    GTEST_SKIP() << "NCCL needs one GPU per rank and 2+ ranks: this is a "
+  if (!cuda::compiled_with_cuda() || gpus < comm().size() || comm().size() < 2) {
+    // Fewer than 2 GPUs: no launch can run it, so on a 1-GPU machine the skip is expected
+    // (scripts/gpu_check.sh counts an unmarked skip that names a GPU as a failure).
+    GTEST_SKIP() << (gpus < 2 ? "[expected-skip] " : "")
+                 << "NCCL needs one GPU per rank and 2+ ranks: this is a "
                  << (cuda::compiled_with_cuda() ? "CUDA" : "CPU-only") << " build with " << gpus
                  << " GPU(s) for " << comm().size() << " rank(s)";
+  }
 #if defined(KILN_CUDA)
   dist::NcclCommunicator nccl(static_cast<dist::MpiCommunicator&>(comm()));
   const Device d = Device::cuda(nccl.device());

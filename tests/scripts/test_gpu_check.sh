@@ -19,10 +19,21 @@ source "$repo/scripts/gpu_check_lib.sh"
 
 # ---- stage selection --------------------------------------------------------------------------
 check "stages keep their order" [ "$(gpu_check_stages 'bench,smoke')" = "smoke bench" ]
-check "stages: all" [ "$(gpu_check_stages all)" = "smoke cuda-tests sanitizer bench" ]
+check "stages: all" [ "$(gpu_check_stages all)" = "smoke cuda-tests sanitizer bench decode" ]
+check "stages: window, most important first" \
+  [ "$(gpu_check_stages window)" = "smoke cuda-tests bench decode memcheck-apps" ]
+check "stages: memcheck-apps dropped beside sanitizer" \
+  [ "$(gpu_check_stages 'window sanitizer')" = "smoke cuda-tests sanitizer bench decode" ]
 check "stages: duplicates once" [ "$(gpu_check_stages 'sanitizer sanitizer')" = "sanitizer" ]
 gpu_check_stages "smoke typo" 2>/dev/null
 check "stages: unknown refused" [ $? = 64 ]
+
+# ---- timing steps never with synchronous launches ---------------------------------------------
+check "launch blocking: the step's own" [ "$(CUDA_LAUNCH_BLOCKING=1 gpu_check_launch_blocking 'A=1 CUDA_LAUNCH_BLOCKING=0')" = 0 ]
+check "launch blocking: inherited" [ "$(CUDA_LAUNCH_BLOCKING=1 gpu_check_launch_blocking 'A=1')" = 1 ]
+check "launch blocking: unset" [ "$(unset CUDA_LAUNCH_BLOCKING; gpu_check_launch_blocking '')" = unset ]
+check "timing env: 0 and unset only" bash -c "source '$repo/scripts/gpu_check_lib.sh'; gpu_check_timing_env_ok 0 &&
+  gpu_check_timing_env_ok unset && ! gpu_check_timing_env_ok 1"
 
 # ---- step limits under the deadline -----------------------------------------------------------
 check "limit: plenty of time" [ "$(gpu_check_step_limit 120 1000 1480)" = 120 ]
@@ -48,7 +59,7 @@ KILN_BUNDLE_COMMIT='unknown'
 KILN_BUNDLE_DATE='2026-01-01T00:00:00Z'
 KILN_BUNDLE_BUILD_OK='1'
 KILN_BUNDLE_NVCC='nvcc 13.0'
-KILN_BUNDLE_EXES='tests/test_kernels tests/test_tensor apps/kiln'
+KILN_BUNDLE_EXES='tests/test_kernels tests/test_tensor apps/kiln bench/kiln_bench_train_step bench/kiln_bench_attention bench/kiln_bench_gemm bench/kiln_write_random_safetensors'
 EOF
 # A gtest binary: lists two CUDA suites and a host suite; writes XML for the filter it is given.
 # FAKE_SKIP: the skip message of its one skipped test; FAKE_SLEEP: seconds before finishing.
@@ -79,8 +90,59 @@ cat >"$xml" <<XML
 XML
 EOF
 cp "$bundle/tests/test_kernels" "$bundle/tests/test_tensor"
-printf '#!/usr/bin/env bash\necho "kiln $*"; mkdir -p train_smoke; head -c 3000000 /dev/urandom >train_smoke/final.h5\n' >"$bundle/apps/kiln"
-chmod +x "$bundle"/tests/* "$bundle/apps/kiln"
+# kiln: train writes an output the archive must leave out; generate --model prints what the
+# decode stage parses.
+cat >"$bundle/apps/kiln" <<'EOF'
+#!/usr/bin/env bash
+echo "kiln $*"
+echo "CUDA_LAUNCH_BLOCKING=${CUDA_LAUNCH_BLOCKING:-unset}"
+mkdir -p train_smoke
+head -c 3000000 /dev/urandom >train_smoke/final.h5
+case " $* " in *" --model "*) cat <<'OUT' ;; esac
+loaded qwen3 from <dir> in 6.56 s (bf16, cuda, 36 layers, vocab 151936, no tokenizer)
+1 2 3 4 | 66365 1210 23758 52585
+--- 64 prompt tokens, 128 new (stop: max-new-tokens); sampling: temperature 0
+time to first token       111.5 ms
+prefill                  574.24 tokens/s (64 tokens in 0.111 s)
+decode                   100.05 tokens/s (127 tokens in 1.269 s)
+bytes read per decode token: 15136.8 MB weights + 18.87 MB KV (mean context 128) = 15155.7 MB -> 1516.27 GB/s at the decode rate
+OUT
+EOF
+mkdir -p "$bundle/bench" "$bundle/data/qwen/Qwen3-8B"
+echo '{"model_type": "qwen3"}' >"$bundle/data/qwen/Qwen3-8B/config.json"
+# The GPU benchmarks (recording the CUDA_LAUNCH_BLOCKING they saw), a CPU benchmark that must
+# not run, and the random-folder writer (FAKE_WRITE_SLEEP: seconds before it writes).
+cat >"$bundle/bench/kiln_bench_train_step" <<'EOF'
+#!/usr/bin/env bash
+echo "{\"tok_per_s\": 2000.0, \"batch\": 4, \"seq\": 256, \"mfu\": 0.2, \"peak_bytes\": 100, \"clb\": \"${CUDA_LAUNCH_BLOCKING:-unset}\"}"
+EOF
+cat >"$bundle/bench/kiln_bench_attention" <<'EOF'
+#!/usr/bin/env bash
+for t in 1024 4096; do for impl in kiln cudnn; do
+  echo "{\"bench\": \"attention\", \"T\": $t, \"B\": 8, \"H\": 16, \"impl\": \"$impl\", \"fwd_tflops\": 100.0, \"bwd_tflops\": 90.0, \"fwd_bwd_tflops\": 95.0, \"clb\": \"${CUDA_LAUNCH_BLOCKING:-unset}\"}"
+done; done
+EOF
+printf '#!/usr/bin/env bash\necho "a CPU benchmark: must not run"\n' >"$bundle/bench/kiln_bench_gemm"
+cat >"$bundle/bench/kiln_write_random_safetensors" <<'EOF'
+#!/usr/bin/env bash
+out=""
+while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+sleep "${FAKE_WRITE_SLEEP:-0}"
+mkdir "$out" && echo '{}' >"$out/config.json" && echo x >"$out/model-00001-of-00001.safetensors"
+EOF
+# Python for the peers (PyTorch training step, HF decode); anything else goes to python3.
+cat >"$tmp/bin/fakepy" <<'EOF'
+#!/usr/bin/env bash
+clb=${CUDA_LAUNCH_BLOCKING:-unset}
+case "${1:-}" in
+  */torch_train_step_gpu.py) echo "{\"tok_per_s\": 1000.0, \"batch\": 4, \"seq\": 256, \"mfu\": 0.1, \"peak_bytes\": 200, \"clb\": \"$clb\"}" ;;
+  */hf_decode_peer.py) echo "{\"copy_gbs\": 4221.0, \"decode_tok_s\": 110.0, \"tok_per_s_with_prefill\": 104.7, \"first_tokens\": [66365, 1210, 5], \"env\": {\"CUDA_LAUNCH_BLOCKING\": \"$clb\"}}" ;;
+  *) exec python3 "$@" ;;
+esac
+EOF
+# compute-sanitizer: runs the command after its six option words and reports no errors.
+printf '#!/usr/bin/env bash\nshift 6\n"$@"\necho "========= ERROR SUMMARY: 0 errors"\n' >"$tmp/bin/compute-sanitizer"
+chmod +x "$bundle"/tests/* "$bundle/apps/kiln" "$bundle"/bench/* "$tmp/bin/fakepy" "$tmp/bin/compute-sanitizer"
 cat >"$tmp/bin/nvidia-smi" <<'EOF'
 #!/usr/bin/env bash
 case "$*" in *--query-gpu*) echo "NVIDIA H100 80GB HBM3, 580.00, 81559 MiB, 9.0" ;; *) echo "fake nvidia-smi" ;; esac
@@ -94,6 +156,7 @@ run_check() {  # run_check OUT PATHDIR VAR=value...: gpu_check.sh on the fake bu
     "$repo/scripts/gpu_check.sh" "$o" >"$o.out" 2>&1
 }
 json() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1/results.json"; }
+steps_of() { grep -v '^#' | cut -d'|' -f1 | tr '\n' ' '; }  # a plan's step names
 
 # ---- the plan of each stage (dry run) ---------------------------------------------------------
 plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=sanitizer "$repo/scripts/gpu_check.sh" "$tmp/dry")
@@ -108,10 +171,31 @@ check "cuda-tests: host suites left to CI" bash -c "! grep -q CudaAttentionHost 
 plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=smoke,bench "$repo/scripts/gpu_check.sh" "$tmp/dry")
 check "smoke + bench: smoke steps" grep -q '^smoke_generate|' <<<"$plan"
 check "smoke + bench: bench step 120 s per run" grep -q '^bench_gpu_vs_torch|.*RUN_TIMEOUT=120' <<<"$plan"
-check "every planned limit under 8 minutes" bash -c "! cut -d'|' -f3 <<<'$plan' | awk '\$1 > 480' | grep -q ."
+check "bench: the GPU benchmarks only ($(grep '^bench' <<<"$plan" | steps_of))" \
+  [ "$(grep '^bench' <<<"$plan" | steps_of)" = "bench_gpu_vs_torch " ]
+check "bench: both training configs, attention at 1024 and 4096" grep -q \
+  '^bench_gpu_vs_torch|bench|[0-9]*|bench|.*CONFIGS=stories15M:256:64,stories42M:1024:16 ATTN_SEQS=1024,4096 ' <<<"$plan"
+check "bench: asynchronous launches" grep -q '^bench_gpu_vs_torch|bench|[0-9]*|bench|CUDA_LAUNCH_BLOCKING=0 ' <<<"$plan"
+check "bench: never synchronous" bash -c "! grep '^bench' <<<'$plan' | grep -q CUDA_LAUNCH_BLOCKING=1"
+check "every planned limit under 8 minutes" bash -c "! grep -v '^#' <<<'$plan' | cut -d'|' -f3 | awk '\$1 > 480' | grep -q ."
+plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=window "$repo/scripts/gpu_check.sh" "$tmp/dry")
+check "window: the plan, in order ($(steps_of <<<"$plan"))" [ "$(steps_of <<<"$plan")" = "smoke_probe smoke_runtime \
+smoke_train smoke_generate kernels.CudaProbe kernels.CudaDevice tensor.CudaProbe tensor.CudaDevice bench_gpu_vs_torch \
+decode_write decode_kiln decode_hf memcheck_train_bf16 memcheck_generate " ]
+check "window: timing steps asynchronous" \
+  [ "$(grep -E '^(bench|decode_kiln|decode_hf)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 3 ]
+check "window: Qwen3-8B decode, 64 ids, 128 new, greedy" grep -q \
+  '^decode_kiln|bench|.*--model %decode_dir --prompt-ids 1,2,.*,64 --max-new-tokens 128 --temperature 0' <<<"$plan"
+check "window: the HF peer on the same folder" grep -q \
+  '^decode_hf|bench|.*hf_decode_peer.py --model %decode_dir --prompt-len 64 --new-tokens 128' <<<"$plan"
+check "window: the real Qwen3-8B config" grep -q \
+  '^decode_write|background|.*--config =bundle/data/qwen/Qwen3-8B/config.json' <<<"$plan"
+check "window: every limit under 8 minutes" bash -c "! grep -v '^#' <<<'$plan' | cut -d'|' -f3 | awk '\$1 > 480' | grep -q ."
+check "window: the plan names the files back" grep -q \
+  '^# files back in OUTDIR: results.json summary.md logs.tar.gz gpu_check.log gpu_bench.json gpu_bench.md decode_8b.json' <<<"$plan"
 
 # ---- no GPU: every stage exits 2, with results, in seconds -----------------------------------
-for stage in smoke cuda-tests sanitizer bench; do
+for stage in smoke cuda-tests sanitizer bench window; do
   o=$tmp/nogpu_$stage
   t=$(date +%s)
   run_check "$o" "$tmp/nogpu" KILN_GPU_CHECK_STAGES=$stage
@@ -132,9 +216,58 @@ check "smoke: exit 0 ($rc)" [ "$rc" = 0 ]
 check "smoke: four steps recorded" [ "$(json "$o" 'len(r["steps"])')" = 4 ]
 check "smoke: the expected skip is not a failure" [ "$(json "$o" 'r["totals"]["expected_skipped"]')" = 2 ]
 check "smoke: synchronous launches" grep -q "CUDA_LAUNCH_BLOCKING=1" <(tar -xzOf "$o/logs.tar.gz" logs/smoke_probe.log)
-check "smoke: probe in libs.txt" grep -q '^probe: devices 1' "$o/libs.txt"
+check "smoke: probe in summary.md" grep -q '^- probe: devices 1' "$o/summary.md"
+check "smoke: libs.txt in the archive" grep -q '^probe: devices 1' <(tar -xzOf "$o/logs.tar.gz" logs/libs.txt)
+check "smoke: nvidia-smi.txt in the archive" grep -q 'fake nvidia-smi' <(tar -xzOf "$o/logs.tar.gz" logs/nvidia-smi.txt)
+check "smoke: the step's env recorded" [ "$(json "$o" 'r["steps"]["smoke_train"]["env"]["CUDA_LAUNCH_BLOCKING"]')" = 1 ]
 check "smoke: no training outputs in the archive" bash -c "! tar -tzf '$o/logs.tar.gz' | grep -qv '^logs/'"
 check "smoke: at most 8 files back" [ "$(find "$o" -type f | wc -l)" -le 8 ]
+
+# ---- the window, end to end on the fakes -------------------------------------------------------
+# The writer sleeps, so it is still writing when the bench starts: paused there, waited for at
+# decode. CUDA_LAUNCH_BLOCKING=1 in the environment must not reach the timing steps.
+o=$tmp/window
+run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=window KILN_PYTHON="$tmp/bin/fakepy" FAKE_WRITE_SLEEP=8 \
+  KILN_GPU_CHECK_DECODE_DIR="$tmp/decode/qwen3_8b" KILN_GPU_CHECK_DECODE_MIN_GB=0 CUDA_LAUNCH_BLOCKING=1
+rc=$?
+check "window: exit 0 ($rc)" [ "$rc" = 0 ]
+check "window: steps in order" [ "$(json "$o" '" ".join(n for n in r["steps"] if not n.startswith(("kernels.", "tensor.")))')" = \
+  "smoke_probe smoke_runtime smoke_train smoke_generate bench_gpu_vs_torch decode_write decode_kiln decode_hf memcheck_train_bf16 memcheck_generate" ]
+check "window: bench and decode asynchronous" [ "$(json "$o" 'sorted(set(r["timing_env"].values()))')" = "['0']" ]
+check "window: the benchmarks saw asynchronous launches" [ "$(python3 -c 'import json, sys
+print(sorted({x["result"].get("clb") for x in json.load(open(sys.argv[1]))["runs"]}))' "$o/gpu_bench.json")" = "['0']" ]
+check "window: no CPU benchmark ran" bash -c "! grep -q 'must not run' '$o/gpu_check.log'"
+check "window: memcheck with synchronous launches" [ "$(json "$o" 'r["steps"]["memcheck_generate"]["env"]["CUDA_LAUNCH_BLOCKING"]')" = 1 ]
+check "window: the writer paused for the bench" grep -q 'decode_write: paused during bench_gpu_vs_torch' "$o/gpu_check.log"
+check "window: decode_8b.json" [ -s "$o/decode_8b.json" ]
+d8() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1/decode_8b.json"; }
+check "decode: kiln tok/s" [ "$(d8 "$o" 'r["kiln"]["decode_tok_s"]')" = 100.05 ]
+check "decode: HF tok/s" [ "$(d8 "$o" 'r["hf"]["decode_tok_s"]')" = 110.0 ]
+check "decode: kiln / HF" [ "$(d8 "$o" 'r["ratios"]["decode_tok_s_kiln_over_hf"]')" = 0.91 ]
+check "decode: kiln / copy" [ "$(d8 "$o" 'r["ratios"]["kiln_decode_gbs_over_copy"]')" = 0.359 ]
+check "decode: first ids compared" [ "$(d8 "$o" 'r["first_tokens_agree"]')" = "2 of 3" ]
+check "decode: in results.json and summary.md" [ "$(json "$o" 'r["decode_8b"]["copy_gbs"]')" = 4221.0 ]
+check "decode: in summary.md" grep -q '^## Qwen3-8B decode' "$o/summary.md"
+check "decode: the folder marked complete" [ -f "$tmp/decode/qwen3_8b/.kiln_gpu_check_complete" ]
+check "window: at most 8 files back ($(find "$o" -type f | wc -l))" [ "$(find "$o" -type f | wc -l)" -le 8 ]
+# A second call on the same machine reuses the folder.
+o=$tmp/window2
+run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=decode KILN_PYTHON="$tmp/bin/fakepy" FAKE_WRITE_SLEEP=60 \
+  KILN_GPU_CHECK_DECODE_DIR="$tmp/decode/qwen3_8b" KILN_GPU_CHECK_DECODE_MIN_GB=0
+rc=$?
+check "decode again: exit 0 ($rc)" [ "$rc" = 0 ]
+check "decode again: the folder reused" [ "$(d8 "$o" 'r["folder"]["reused"]')" = True ]
+# A writer the deadline cuts: stopped, the decode steps listed as not run, the run incomplete.
+o=$tmp/window3
+t=$(date +%s)
+run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=decode KILN_PYTHON="$tmp/bin/fakepy" FAKE_WRITE_SLEEP=120 \
+  KILN_GPU_CHECK_DECODE_DIR="$tmp/decode/other" KILN_GPU_CHECK_DECODE_MIN_GB=0 KILN_GPU_CHECK_DEADLINE=35
+rc=$?
+secs=$(($(date +%s) - t))
+check "slow writer: exit 4 ($rc)" [ "$rc" = 4 ]
+check "slow writer: within the deadline ($secs s of 35; loose)" [ "$secs" -le 50 ]
+check "slow writer: decode steps not run" \
+  [ "$(json "$o" '" ".join(sorted(set(r["not_run"])))')" = "decode_hf decode_kiln decode_write" ]
 
 # A CUDA skip without the marker on a GPU machine is a failure.
 o=$tmp/skip
