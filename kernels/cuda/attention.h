@@ -58,7 +58,13 @@ struct AttentionShape {
 // Training's shape (Tq == Tk == T, q_offset 0, dense k/v): what the backward runs on.
 inline AttentionShape training_attention_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                                int64_t D) {
-  return {.B = B, .Tq = T, .Tk = T, .Hq = Hq, .Hkv = Hkv, .D = D, .q_offset = 0,
+  return {.B = B,
+          .Tq = T,
+          .Tk = T,
+          .Hq = Hq,
+          .Hkv = Hkv,
+          .D = D,
+          .q_offset = 0,
           .kv_batch_stride = T * Hkv * D};
 }
 
@@ -82,8 +88,11 @@ inline constexpr int kDecodeRows = 16;    // forward with Tq <= this goes to the
 inline constexpr int kGenericMaxD = 256;  // generic kernels keep D / 32 values per lane
 inline constexpr int kGenericItems = 8;   // generic: items per CTA (4 warps x 2)
 inline constexpr int kGenericThreads = 128;
-inline constexpr int kGenericTile = 32;       // generic: keys (or queries) per shared tile
-inline constexpr int kMinKeysPerSplit = 256;  // split-K: at least this many keys per CTA
+inline constexpr int kGenericTile = 32;  // generic: keys (or queries) per shared tile
+// split-K: at least this many keys (two tiles) per CTA. Decode has 1 query row per head, so
+// without splits a 4096-key cache is 8 CTAs (one per kv head of Qwen3-8B) walking 128 tiles each;
+// 64 lets it spread over ~2 CTAs per SM, each a few tiles, merged by combine_splits_kernel.
+inline constexpr int kMinKeysPerSplit = 64;
 inline constexpr int kMaxSplits = 64;
 
 inline size_t generic_smem_bytes(int64_t D) {

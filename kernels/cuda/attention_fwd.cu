@@ -252,6 +252,7 @@ struct GenericFwdParams {
 };
 
 constexpr int kItemsPerWarp = kGenericItems / (kGenericThreads / 32);
+constexpr int kLoadBatch = 8;  // generic forward: K/V tile elements in flight per thread
 constexpr int kMaxPerLane = kGenericMaxD / 32;
 static_assert(kItemsPerWarp * (kGenericThreads / 32) == kGenericItems);
 static_assert(kGenericTile == 32, "generic kernels map one key (or query) of a tile per lane");
@@ -298,16 +299,31 @@ __global__ void __launch_bounds__(kGenericThreads) generic_fwd_kernel(const Gene
   for (int kt = k_lo; kt < k_hi; kt += kGenericTile) {
     __syncthreads();  // the previous tile is consumed (and s_q is written, first
                       // time)
-    for (int e = threadIdx.x; e < kGenericTile * D; e += kGenericThreads) {
-      const int j = e / D, d = e % D, key = kt + j;
-      float kx = 0.f, vx = 0.f;
-      if (key < k_hi) {
-        const int64_t off = b * p.kv_bs + (static_cast<int64_t>(key) * p.Hkv + hk) * D + d;
-        kx = load(p.k[off]);
-        vx = load(p.v[off]);
+    // kLoadBatch elements of K and of V per thread are loaded before any is stored, so a tile
+    // costs about D / (4 kLoadBatch) memory latencies instead of D / 4: decode is one token
+    // against the cache, and a per-element load-then-store loop left it latency-bound (51 us
+    // per layer for 128 keys on the H200, ncu 2026-11-26).
+    for (int e0 = threadIdx.x; e0 < kGenericTile * D; e0 += kGenericThreads * kLoadBatch) {
+      float kx[kLoadBatch], vx[kLoadBatch];
+#pragma unroll
+      for (int u = 0; u < kLoadBatch; ++u) {
+        const int e = e0 + u * kGenericThreads, j = e / D, d = e % D, key = kt + j;
+        kx[u] = 0.f;
+        vx[u] = 0.f;
+        if (e < kGenericTile * D && key < k_hi) {
+          const int64_t off = b * p.kv_bs + (static_cast<int64_t>(key) * p.Hkv + hk) * D + d;
+          kx[u] = load(p.k[off]);
+          vx[u] = load(p.v[off]);
+        }
       }
-      s_k[j * Dp + d] = kx;
-      s_v[j * Dp + d] = vx;
+#pragma unroll
+      for (int u = 0; u < kLoadBatch; ++u) {
+        const int e = e0 + u * kGenericThreads, j = e / D, d = e % D;
+        if (e < kGenericTile * D) {
+          s_k[j * Dp + d] = kx[u];
+          s_v[j * Dp + d] = vx[u];
+        }
+      }
     }
     __syncthreads();
 #pragma unroll

@@ -24,9 +24,12 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
@@ -347,6 +350,26 @@ TEST(CudaMatmulViews, Bf16RoundingNmseModel) {
   EXPECT_LT(num / den, 6e-6);
 }
 
+// ---- host: the GEMV's eligibility and launch shape
+// ------------------------------------------------
+
+TEST(CudaGemvPlan, SupportedAndBlocks) {
+  alignas(16) static std::uint16_t buf[64];
+  const void* a = buf;
+  const void* odd = buf + 1;  // 2-byte aligned only
+  EXPECT_TRUE(cuda::gemv_supported(4096, 4096, a, a, a));
+  EXPECT_TRUE(cuda::gemv_supported(1, 8, a, a, odd));    // y is written element by element
+  EXPECT_FALSE(cuda::gemv_supported(1, 12, a, a, a));    // K not whole 16-byte chunks
+  EXPECT_FALSE(cuda::gemv_supported(4, 64, odd, a, a));  // W unaligned
+  EXPECT_FALSE(cuda::gemv_supported(4, 64, a, odd, a));  // x unaligned
+  EXPECT_FALSE(cuda::gemv_supported(0, 64, a, a, a));
+  EXPECT_FALSE(cuda::gemv_supported(4, 0, a, a, a));
+  EXPECT_EQ(cuda::gemv_blocks(1), 1);
+  EXPECT_EQ(cuda::gemv_blocks(cuda::kGemvWarps), 1);
+  EXPECT_EQ(cuda::gemv_blocks(cuda::kGemvWarps + 1), 2);
+  EXPECT_EQ(cuda::gemv_blocks(151936), 151936 / cuda::kGemvWarps);
+}
+
 // ---- GPU: CUDA against a float64 reference ------------------------------------------------------
 
 #if defined(KILN_CUDA)
@@ -612,6 +635,48 @@ TEST_F(CudaMatmul, F32IsExactUnlessTf32IsAllowed) {
   Tensor c = ops::matmul(gpu(a), gpu(b));
   cuda::set_allow_tf32(false);
   EXPECT_TRUE(nmse_ok(c, want, 5e-6));  // TF32: ~2e-7 expected
+}
+
+// Decode's single bf16 row goes to kiln's GEMV (kernels/cuda/gemv.h): it must match a float64
+// reference within what f32 accumulation of K bf16 products allows, |err| <= K u32 sum_k |w x|
+// + one bf16 rounding of the result, element by element; and cuBLASLt's result (the GEMV
+// turned off) within the same bound. Shapes: a row shorter than a warp's chunk, odd N, N not a
+// multiple of the block's rows, Qwen3-8B's (q_proj, k_proj, down_proj).
+TEST_F(CudaMatmul, DecodeGemvMatchesFloat64AndCublasLt) {
+  ASSERT_TRUE(cuda::gemv_enabled()) << "KILN_CUDA_GEMV=0 in the environment";
+  for (auto [N, K] : {std::pair<std::int64_t, std::int64_t>{1, 8},
+                      {7, 64},
+                      {13, 264},
+                      {4096, 4096},
+                      {1024, 4096},
+                      {4096, 12288},
+                      {1003, 1032}}) {
+    SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K));
+    const Tensor x = rand_cpu({1, 1, K}, 10 + K, DType::BF16);
+    const Tensor w = rand_cpu({N, K}, 20 + N, DType::BF16);
+    const V xv = x.to_double_vector(), wv = w.to_double_vector();
+    V want(static_cast<std::size_t>(N)), mag(static_cast<std::size_t>(N));
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t k = 0; k < K; ++k) {
+        want[n] += wv[n * K + k] * xv[k];
+        mag[n] += std::fabs(wv[n * K + k] * xv[k]);
+      }
+    const Tensor xg = gpu(x), wg = gpu(w);
+    ASSERT_TRUE(cuda::gemv_supported(N, K, wg.raw_data(), xg.raw_data(), xg.raw_data()));
+    const V kiln = ops::linear(xg, wg, Tensor()).to_double_vector();
+    cuda::set_gemv_enabled(false);
+    const V lt = ops::linear(xg, wg, Tensor()).to_double_vector();
+    cuda::set_gemv_enabled(true);
+    ASSERT_EQ(kiln.size(), want.size());
+    const double u = std::ldexp(1.0, -24), half_ulp = std::ldexp(1.0, -8);
+    for (std::int64_t n = 0; n < N; ++n) {
+      const double bound = static_cast<double>(K) * u * mag[n] + half_ulp * std::fabs(want[n]);
+      ASSERT_LE(std::fabs(kiln[n] - want[n]), bound) << "kiln row " << n;
+      ASSERT_LE(std::fabs(lt[n] - want[n]), bound) << "cuBLASLt row " << n;
+    }
+    // The GEMV is deterministic: the same bits twice.
+    EXPECT_EQ(ops::linear(xg, wg, Tensor()).to_double_vector(), kiln);
+  }
 }
 
 #else

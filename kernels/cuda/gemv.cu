@@ -1,0 +1,82 @@
+// Decode's bf16 matrix-vector product (math, layout and why in gemv.h).
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemv.h"
+
+namespace kiln::cuda {
+namespace {
+
+// Sum of the 8 products of one 16-byte chunk of W and of x, in f32.
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
+  const auto* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const auto* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(wp[i]), b = __bfloat1622float2(xp[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+// W: (N, K) bf16; x: (K); y: (N). Warp w of block b owns row b * kGemvWarps + w.
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_bf16_kernel(std::int64_t N, int chunks, const uint4* __restrict__ w,
+                     const uint4* __restrict__ x, __nv_bfloat16* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (n >= N) return;  // warp-uniform
+  const uint4* row = w + n * chunks;
+  float acc = 0.f;
+  int c = lane;
+  for (; c + 32 * (kGemvUnroll - 1) < chunks; c += 32 * kGemvUnroll) {
+    uint4 wv[kGemvUnroll], xv[kGemvUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      wv[u] = __ldcs(row + c + 32 * u);  // streamed: read once per token
+      xv[u] = __ldg(x + c + 32 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) acc += dot8(wv[u], xv[u]);
+  }
+  for (; c < chunks; c += 32) acc += dot8(__ldcs(row + c), __ldg(x + c));
+  acc = warp_sum(acc);
+  if (lane == 0) y[n] = __float2bfloat16_rn(acc);
+}
+
+std::atomic<int> g_gemv_enabled{-1};  // -1: not read from the environment yet
+
+}  // namespace
+
+bool gemv_enabled() {
+  int v = g_gemv_enabled.load();
+  if (v < 0) {
+    const char* e = std::getenv("KILN_CUDA_GEMV");
+    v = e && std::strcmp(e, "0") == 0 ? 0 : 1;
+    g_gemv_enabled.store(v);
+  }
+  return v == 1;
+}
+
+void set_gemv_enabled(bool on) { g_gemv_enabled.store(on ? 1 : 0); }
+
+void gemv_bf16(std::int64_t N, std::int64_t K, const bf16* w, const bf16* x, bf16* y,
+               StreamHandle stream) {
+  KILN_CHECK(gemv_supported(N, K, w, x, y),
+             "[gemv] N {} K {} with these pointers is not supported (K % 8, 16-byte alignment)", N,
+             K);
+  const std::int64_t blocks = gemv_blocks(N);
+  KILN_CHECK(blocks <= 0x7fffffff, "[gemv] {} rows need too many blocks", N);
+  gemv_bf16_kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
+      N, static_cast<int>(K / 8), reinterpret_cast<const uint4*>(w),
+      reinterpret_cast<const uint4*>(x), reinterpret_cast<__nv_bfloat16*>(y));
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,49 @@
+// Decode's matrix-vector product on CUDA, bound by the bytes of the weight it streams:
+//
+//   gemv_bf16: y[n] = sum_k W[n, k] x[k]        (=)   W: (N, K) bf16, row-major (a Linear
+//                                                      weight, (out, in)); x: (K) bf16; y: (N) bf16
+//
+// One warp per row: each lane reads 16-byte chunks of the row (8 bf16), kGemvUnroll chunks in
+// flight before it multiplies, with cache-streaming loads (the weight is read once per token and
+// must not evict the KV cache); x, 8 KiB for K = 4096, is read through the read-only cache by
+// every warp. Products are accumulated in f32 in a fixed order per lane, then summed across the
+// warp: the result does not depend on the launch (deterministic), and it rounds once to bf16.
+//
+// cuBLASLt's GEMV kernels plus their split-K reductions read Qwen3-8B's decode weights at
+// 1.3-3.5 TB/s on the H200 (ncu, 2026-11-26); this kernel is what replaces them when
+// gemv_supported() holds, and set_gemv_enabled(false) (or KILN_CUDA_GEMV=0) goes back to cuBLASLt
+// for A/B timing in one process.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/half.h"
+#include "kernels/cuda/runtime.h"
+
+namespace kiln::cuda {
+
+inline constexpr int kGemvWarps = 4;   // rows (warps) per 128-thread block
+inline constexpr int kGemvUnroll = 4;  // 16-byte chunks in flight per lane
+
+// True when the kernel takes this problem: K a multiple of 8 (whole 16-byte chunks), every
+// pointer 16-byte aligned, sizes in range. Host only, plain C++ (tested on the CPU).
+inline bool gemv_supported(std::int64_t N, std::int64_t K, const void* w, const void* x,
+                           const void* y) {
+  auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return N > 0 && K > 0 && K % 8 == 0 && K <= (std::int64_t(1) << 30) &&
+         N <= (std::int64_t(1) << 40) && aligned(w) && aligned(x) && y != nullptr;
+}
+
+// Blocks of kGemvWarps rows for N rows.
+inline std::int64_t gemv_blocks(std::int64_t N) { return (N + kGemvWarps - 1) / kGemvWarps; }
+
+// Whether linear() routes single-row bf16 products here: KILN_CUDA_GEMV=0 at start-up turns it
+// off; set_gemv_enabled() overrides (tests, A/B benches).
+bool gemv_enabled();
+void set_gemv_enabled(bool on);
+
+// y = W x. Fails by name unless gemv_supported(N, K, w, x, y).
+void gemv_bf16(std::int64_t N, std::int64_t K, const bf16* w, const bf16* x, bf16* y,
+               StreamHandle stream);
+
+}  // namespace kiln::cuda
