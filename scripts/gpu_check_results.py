@@ -222,7 +222,8 @@ def ratio(x, y, nd=3):
 def decode_report(work, steps, card, commit):
     """decode_8b.json's content (None before any decode step ran): kiln's Qwen3-8B decode, HF
     transformers' static-cache decode of the same folder, the copy roofline and the ratios."""
-    if not any(n in steps for n in ("decode_write", "decode_kiln", "decode_hf")):
+    if not any(n in steps for n in ("decode_write", "decode_kiln", "decode_kiln_cublaslt",
+                                    "decode_hf")):
         return None
     info = read_env(f"{work}/decode.txt")  # dir=, reused=, paused_s= (the last one counts)
     w = steps.get("decode_write", {})
@@ -232,11 +233,12 @@ def decode_report(work, steps, card, commit):
            "folder": {"dir": info.get("dir"), "reused": info.get("reused") == "1",
                       "write_result": w.get("result"), "write_s": w.get("seconds"),
                       "write_paused_s": int(info.get("paused_s", 0))},
-           "kiln": None, "hf": None, "copy_gbs": None, "ratios": {}}
-    k = steps.get("decode_kiln")
-    if k:
-        rep["kiln"] = dict(parse_kiln_generate(read_text(f"{work}/logs/decode_kiln.log")),
-                           result=k["result"], env=k.get("env"), seconds=k["seconds"])
+           "kiln": None, "kiln_cublaslt": None, "hf": None, "copy_gbs": None, "ratios": {}}
+    for key, step in (("kiln", "decode_kiln"), ("kiln_cublaslt", "decode_kiln_cublaslt")):
+        k = steps.get(step)
+        if k:
+            rep[key] = dict(parse_kiln_generate(read_text(f"{work}/logs/{step}.log")),
+                            result=k["result"], env=k.get("env"), seconds=k["seconds"])
     h = steps.get("decode_hf")
     if h:
         line = last_json_line(read_text(f"{work}/logs/decode_hf.log")) or {}
@@ -253,6 +255,8 @@ def decode_report(work, steps, card, commit):
                                                      hd.get("tok_per_s_with_prefill")),
         "kiln_decode_gbs_over_copy": ratio(kd.get("decode_gbs"), rep["copy_gbs"]),
         "hf_decode_gbs_over_copy": ratio(hd.get("decode_gbs"), rep["copy_gbs"]),
+        "decode_tok_s_kiln_gemv_over_cublaslt": ratio(kd.get("decode_tok_s"),
+                                                      (rep["kiln_cublaslt"] or {}).get("decode_tok_s")),
     }.items() if v is not None}
     a, b = kd.get("first_tokens"), hd.get("first_tokens")
     if a and b:  # the same weights, greedy: the first generated ids should agree
@@ -270,11 +274,13 @@ def decode_markdown(rep):
           "| peer | result | decode tok/s | tok/s with prefill | decode GB/s | of copy |",
           "| --- | --- | --- | --- | --- | --- |"]
     for name, d, key in (("kiln", kd, "kiln_decode_gbs_over_copy"),
+                         ("kiln, cuBLASLt GEMVs (KILN_CUDA_GEMV=0)", rep.get("kiln_cublaslt") or {},
+                          None),
                          ("HF transformers, static cache", hd, "hf_decode_gbs_over_copy")):
         if d:
             md.append(f"| {name} | {d.get('result', '')}{' (' + d['error'][:80] + ')' if d.get('error') else ''} "
                       f"| {f(d.get('decode_tok_s'))} | {f(d.get('tok_per_s_with_prefill'))} "
-                      f"| {f(d.get('decode_gbs'))} | {f(rep['ratios'].get(key), '{:.3f}')} |")
+                      f"| {f(d.get('decode_gbs'))} | {f(rep['ratios'].get(key) if key else None, '{:.3f}')} |")
     fo = rep["folder"]
     md += ["", f"- copy roofline (PyTorch d2d, read + write): {f(rep['copy_gbs'])} GB/s",
            "- ratios: " + (", ".join(f"{k} {v}" for k, v in rep["ratios"].items()) or "none yet"),

@@ -142,7 +142,9 @@ esac
 EOF
 # compute-sanitizer: runs the command after its six option words and reports no errors.
 printf '#!/usr/bin/env bash\nshift 6\n"$@"\necho "========= ERROR SUMMARY: 0 errors"\n' >"$tmp/bin/compute-sanitizer"
-chmod +x "$bundle"/tests/* "$bundle/apps/kiln" "$bundle"/bench/* "$tmp/bin/fakepy" "$tmp/bin/compute-sanitizer"
+# A fake Nsight Compute: drops its own options (up to the program's path) and runs the program.
+printf '#!/usr/bin/env bash\nwhile [ $# -gt 0 ] && [ "${1#/}" = "$1" ]; do shift; done\n"$@"\necho "\\"ID\\",\\"Kernel Name\\""\n' >"$tmp/bin/ncu"
+chmod +x "$bundle"/tests/* "$bundle/apps/kiln" "$bundle"/bench/* "$tmp/bin/fakepy" "$tmp/bin/compute-sanitizer" "$tmp/bin/ncu"
 cat >"$tmp/bin/nvidia-smi" <<'EOF'
 #!/usr/bin/env bash
 case "$*" in *--query-gpu*) echo "NVIDIA H100 80GB HBM3, 580.00, 81559 MiB, 9.0" ;; *) echo "fake nvidia-smi" ;; esac
@@ -181,9 +183,9 @@ check "every planned limit under 8 minutes" bash -c "! grep -v '^#' <<<'$plan' |
 plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=window "$repo/scripts/gpu_check.sh" "$tmp/dry")
 check "window: the plan, in order ($(steps_of <<<"$plan"))" [ "$(steps_of <<<"$plan")" = "smoke_probe smoke_runtime \
 smoke_train smoke_generate kernels.CudaProbe kernels.CudaDevice tensor.CudaProbe tensor.CudaDevice bench_gpu_vs_torch \
-decode_write decode_kiln decode_hf memcheck_train_bf16 memcheck_generate " ]
+decode_write decode_kiln decode_kiln_cublaslt decode_hf decode_ncu memcheck_train_bf16 memcheck_generate " ]
 check "window: timing steps asynchronous" \
-  [ "$(grep -E '^(bench|decode_kiln|decode_hf)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 3 ]
+  [ "$(grep -E '^(bench|decode_kiln|decode_hf|decode_ncu)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 5 ]
 check "window: Qwen3-8B decode, 64 ids, 128 new, greedy" grep -q \
   '^decode_kiln|bench|.*--model %decode_dir --prompt-ids 1,2,.*,64 --max-new-tokens 128 --temperature 0' <<<"$plan"
 check "window: the HF peer on the same folder" grep -q \
@@ -232,7 +234,7 @@ run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=window KILN_PYTHON="$tmp/bin/fak
 rc=$?
 check "window: exit 0 ($rc)" [ "$rc" = 0 ]
 check "window: steps in order" [ "$(json "$o" '" ".join(n for n in r["steps"] if not n.startswith(("kernels.", "tensor.")))')" = \
-  "smoke_probe smoke_runtime smoke_train smoke_generate bench_gpu_vs_torch decode_write decode_kiln decode_hf memcheck_train_bf16 memcheck_generate" ]
+  "smoke_probe smoke_runtime smoke_train smoke_generate bench_gpu_vs_torch decode_write decode_kiln decode_kiln_cublaslt decode_hf decode_ncu memcheck_train_bf16 memcheck_generate" ]
 check "window: bench and decode asynchronous" [ "$(json "$o" 'sorted(set(r["timing_env"].values()))')" = "['0']" ]
 check "window: the benchmarks saw asynchronous launches" [ "$(python3 -c 'import json, sys
 print(sorted({x["result"].get("clb") for x in json.load(open(sys.argv[1]))["runs"]}))' "$o/gpu_bench.json")" = "['0']" ]
@@ -267,7 +269,7 @@ secs=$(($(date +%s) - t))
 check "slow writer: exit 4 ($rc)" [ "$rc" = 4 ]
 check "slow writer: within the deadline ($secs s of 35; loose)" [ "$secs" -le 50 ]
 check "slow writer: decode steps not run" \
-  [ "$(json "$o" '" ".join(sorted(set(r["not_run"])))')" = "decode_hf decode_kiln decode_write" ]
+  [ "$(json "$o" '" ".join(sorted(set(r["not_run"])))')" = "decode_hf decode_kiln decode_kiln_cublaslt decode_ncu decode_write" ]
 
 # A CUDA skip without the marker on a GPU machine is a failure.
 o=$tmp/skip
