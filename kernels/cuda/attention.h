@@ -89,10 +89,10 @@ inline constexpr int kGenericMaxD = 256;  // generic kernels keep D / 32 values 
 inline constexpr int kGenericItems = 8;   // generic: items per CTA (4 warps x 2)
 inline constexpr int kGenericThreads = 128;
 inline constexpr int kGenericTile = 32;  // generic: keys (or queries) per shared tile
-// split-K: at least this many keys (two tiles) per CTA. Decode has 1 query row per head, so
-// without splits a 4096-key cache is 8 CTAs (one per kv head of Qwen3-8B) walking 128 tiles each;
-// 64 lets it spread over ~2 CTAs per SM, each a few tiles, merged by combine_splits_kernel.
-inline constexpr int kMinKeysPerSplit = 64;
+// split-K: at least this many keys (one tile) per CTA. Decode has 1 query row per head, so
+// without splits a cache is 8 CTAs (one per kv head of Qwen3-8B) walking every tile in turn;
+// 32 spreads even a 64-key context over twice the CTAs, merged by combine_splits_kernel.
+inline constexpr int kMinKeysPerSplit = 32;
 inline constexpr int kMaxSplits = 64;
 
 inline size_t generic_smem_bytes(int64_t D) {

@@ -25,29 +25,45 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   return acc;
 }
 
-// W: (N, K) bf16; x: (K); y: (N). Warp w of block b owns row b * kGemvWarps + w.
+// W: (N, K) bf16; x: (K); y: (N). A block holds kGemvWarps / KSPLIT rows; warp w works on row
+// blockIdx.x * (kGemvWarps / KSPLIT) + w / KSPLIT, chunks lane + 32 (w % KSPLIT) + 32 KSPLIT i.
+template <int KSPLIT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_bf16_kernel(std::int64_t N, int chunks, const uint4* __restrict__ w,
                      const uint4* __restrict__ x, __nv_bfloat16* __restrict__ y) {
-  const int lane = threadIdx.x & 31;
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (n >= N) return;  // warp-uniform
-  const uint4* row = w + n * chunks;
+  constexpr int kRows = kGemvWarps / KSPLIT, kStride = 32 * KSPLIT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % KSPLIT;
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kRows + warp / KSPLIT;
   float acc = 0.f;
-  int c = lane;
-  for (; c + 32 * (kGemvUnroll - 1) < chunks; c += 32 * kGemvUnroll) {
-    uint4 wv[kGemvUnroll], xv[kGemvUnroll];
+  if (n < N) {  // warp-uniform; no early return: the KSPLIT warps of a row meet at a barrier
+    const uint4* row = w + n * chunks;
+    int c = lane + 32 * part;
+    for (; c + kStride * (kGemvUnroll - 1) < chunks; c += kStride * kGemvUnroll) {
+      uint4 wv[kGemvUnroll], xv[kGemvUnroll];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      wv[u] = __ldcs(row + c + 32 * u);  // streamed: read once per token
-      xv[u] = __ldg(x + c + 32 * u);
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        wv[u] = __ldcs(row + c + kStride * u);  // streamed: read once per token
+        xv[u] = __ldg(x + c + kStride * u);
+      }
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) acc += dot8(wv[u], xv[u]);
     }
-#pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) acc += dot8(wv[u], xv[u]);
+    for (; c < chunks; c += kStride) acc += dot8(__ldcs(row + c), __ldg(x + c));
+    acc = warp_sum(acc);
   }
-  for (; c < chunks; c += 32) acc += dot8(__ldcs(row + c), __ldg(x + c));
-  acc = warp_sum(acc);
-  if (lane == 0) y[n] = __float2bfloat16_rn(acc);
+  if constexpr (KSPLIT == 1) {
+    if (n < N && lane == 0) y[n] = __float2bfloat16_rn(acc);
+  } else {
+    __shared__ float partial[kGemvWarps];
+    if (lane == 0) partial[warp] = acc;
+    __syncthreads();
+    if (n < N && part == 0 && lane == 0) {
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < KSPLIT; ++k) sum += partial[warp + k];  // warp order: deterministic
+      y[n] = __float2bfloat16_rn(sum);
+    }
+  }
 }
 
 std::atomic<int> g_gemv_enabled{-1};  // -1: not read from the environment yet
@@ -71,11 +87,19 @@ void gemv_bf16(std::int64_t N, std::int64_t K, const bf16* w, const bf16* x, bf1
   KILN_CHECK(gemv_supported(N, K, w, x, y),
              "[gemv] N {} K {} with these pointers is not supported (K % 8, 16-byte alignment)", N,
              K);
-  const std::int64_t blocks = gemv_blocks(N);
+  const int ksplit = gemv_ksplit(N);
+  const std::int64_t blocks = gemv_blocks(N, ksplit);
   KILN_CHECK(blocks <= 0x7fffffff, "[gemv] {} rows need too many blocks", N);
-  gemv_bf16_kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
-      N, static_cast<int>(K / 8), reinterpret_cast<const uint4*>(w),
-      reinterpret_cast<const uint4*>(x), reinterpret_cast<__nv_bfloat16*>(y));
+  const auto* wv = reinterpret_cast<const uint4*>(w);
+  const auto* xv = reinterpret_cast<const uint4*>(x);
+  auto* yv = reinterpret_cast<__nv_bfloat16*>(y);
+  const int chunks = static_cast<int>(K / 8);
+  if (ksplit == kGemvWarps)
+    gemv_bf16_kernel<kGemvWarps>
+        <<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(N, chunks, wv, xv, yv);
+  else
+    gemv_bf16_kernel<1>
+        <<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(N, chunks, wv, xv, yv);
   KILN_CUDA_CHECK_LAUNCH();
 }
 

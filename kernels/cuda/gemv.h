@@ -3,11 +3,12 @@
 //   gemv_bf16: y[n] = sum_k W[n, k] x[k]        (=)   W: (N, K) bf16, row-major (a Linear
 //                                                      weight, (out, in)); x: (K) bf16; y: (N) bf16
 //
-// One warp per row: each lane reads 16-byte chunks of the row (8 bf16), kGemvUnroll chunks in
-// flight before it multiplies, with cache-streaming loads (the weight is read once per token and
-// must not evict the KV cache); x, 8 KiB for K = 4096, is read through the read-only cache by
-// every warp. Products are accumulated in f32 in a fixed order per lane, then summed across the
-// warp: the result does not depend on the launch (deterministic), and it rounds once to bf16.
+// A warp per row (or kGemvWarps warps per row for fewer rows, gemv_ksplit): each lane reads
+// 16-byte chunks of the row (8 bf16), kGemvUnroll chunks in flight before it multiplies, with
+// cache-streaming loads (the weight is read once per token and must not evict the KV cache); x, 8
+// KiB for K = 4096, is read through the read-only cache by every warp. Products are accumulated in
+// f32 in a fixed order per lane, then summed across the warp: the result does not depend on the
+// launch (deterministic), and it rounds once to bf16.
 //
 // cuBLASLt's GEMV kernels plus their split-K reductions read Qwen3-8B's decode weights at
 // 1.3-3.5 TB/s on the H200 (ncu, 2026-11-26); this kernel is what replaces them when
@@ -22,7 +23,7 @@
 
 namespace kiln::cuda {
 
-inline constexpr int kGemvWarps = 4;   // rows (warps) per 128-thread block
+inline constexpr int kGemvWarps = 4;   // warps per 128-thread block
 inline constexpr int kGemvUnroll = 4;  // 16-byte chunks in flight per lane
 
 // True when the kernel takes this problem: K a multiple of 8 (whole 16-byte chunks), every
@@ -34,8 +35,16 @@ inline bool gemv_supported(std::int64_t N, std::int64_t K, const void* w, const 
          N <= (std::int64_t(1) << 40) && aligned(w) && aligned(x) && y != nullptr;
 }
 
-// Blocks of kGemvWarps rows for N rows.
-inline std::int64_t gemv_blocks(std::int64_t N) { return (N + kGemvWarps - 1) / kGemvWarps; }
+// Warps that share one row, each summing every ksplit-th chunk, then added in warp order:
+// kGemvWarps for N < 8192 (Qwen3-8B's q/o/k/v/down projections), where a warp per row left too
+// few loads in flight (k_proj/v_proj, N 1024: 1.0 TB/s on the H200, ncu 2026-11-26), else 1.
+inline int gemv_ksplit(std::int64_t N) { return N < 8192 ? kGemvWarps : 1; }
+
+// Blocks for N rows: kGemvWarps / ksplit rows per block.
+inline std::int64_t gemv_blocks(std::int64_t N, int ksplit) {
+  const std::int64_t rows = kGemvWarps / ksplit;
+  return (N + rows - 1) / rows;
+}
 
 // Whether linear() routes single-row bf16 products here: KILN_CUDA_GEMV=0 at start-up turns it
 // off; set_gemv_enabled() overrides (tests, A/B benches).

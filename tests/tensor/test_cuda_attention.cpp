@@ -123,7 +123,7 @@ TEST(CudaAttentionPlan, DecodeSplitsTheKeys) {
   const AttentionShape s = shape(1, 1, 4096, 32, 8, 128, 4095, 8192 * 8 * 128);
   const AttentionPlan p = cuda::plan_attention_forward(s, true, true, 132);
   EXPECT_EQ(p.path, AttentionPath::Generic);
-  // min(ceil(264 / 8) = 33, 4096 / 64 = 64) = 33 splits of ceil(4096 / 33) = 125 -> 128 keys
+  // min(ceil(264 / 8) = 33, 4096 / 32 = 128) = 33 splits of ceil(4096 / 33) = 125 -> 128 keys
   // (whole 32-key tiles), recounted: 4096 / 128 = 32 splits.
   EXPECT_EQ(p.splits, 32);
   EXPECT_EQ(p.keys_per_split, 128);
@@ -132,15 +132,16 @@ TEST(CudaAttentionPlan, DecodeSplitsTheKeys) {
   EXPECT_EQ(p.grid[2], 1);
   EXPECT_EQ(p.scratch_floats, 32 * 32 * 130);
   // Keys that do not divide evenly: 1000 keys, 4 CTAs unsplit: min(ceil(264 / 4) = 66,
-  // 1000 / 64 = 15) = 15 splits of ceil(1000 / 15) = 67 -> 96 keys, recounted: 11 splits.
+  // 1000 / 32 = 31) = 31 splits of ceil(1000 / 31) = 33 -> 64 keys, recounted: 16 splits.
   const AttentionPlan q =
       cuda::plan_attention_forward(shape(1, 1, 1000, 4, 4, 64, 999), false, true, 132);
-  EXPECT_EQ(q.splits, 11);
-  EXPECT_EQ(q.keys_per_split, 96);  // 11 x 96 = 1056 >= 1000, 10 x 96 = 960 < 1000
-  EXPECT_EQ(q.scratch_floats, 11 * 4 * 66);
-  // A short decode context (Qwen3-8B, 128 cached keys): 2 splits of 64 instead of one CTA per
-  // kv head walking all 4 tiles.
+  EXPECT_EQ(q.splits, 16);
+  EXPECT_EQ(q.keys_per_split, 64);  // 16 x 64 = 1024 >= 1000, 15 x 64 = 960 < 1000
+  EXPECT_EQ(q.scratch_floats, 16 * 4 * 66);
+  // Short decode contexts (Qwen3-8B): 128 cached keys in 4 splits of one tile, 67 in 2.
   EXPECT_EQ(cuda::plan_attention_forward(shape(1, 1, 128, 32, 8, 128, 127), true, true, 132).splits,
+            4);
+  EXPECT_EQ(cuda::plan_attention_forward(shape(1, 1, 67, 32, 8, 128, 66), true, true, 132).splits,
             2);
   // A big batch fills the GPU without splitting.
   EXPECT_EQ(

@@ -364,10 +364,15 @@ TEST(CudaGemvPlan, SupportedAndBlocks) {
   EXPECT_FALSE(cuda::gemv_supported(4, 64, a, odd, a));  // x unaligned
   EXPECT_FALSE(cuda::gemv_supported(0, 64, a, a, a));
   EXPECT_FALSE(cuda::gemv_supported(4, 0, a, a, a));
-  EXPECT_EQ(cuda::gemv_blocks(1), 1);
-  EXPECT_EQ(cuda::gemv_blocks(cuda::kGemvWarps), 1);
-  EXPECT_EQ(cuda::gemv_blocks(cuda::kGemvWarps + 1), 2);
-  EXPECT_EQ(cuda::gemv_blocks(151936), 151936 / cuda::kGemvWarps);
+  // Fewer than 8192 rows: the 4 warps of a block share a row; more: a warp per row.
+  EXPECT_EQ(cuda::gemv_ksplit(1024), cuda::kGemvWarps);
+  EXPECT_EQ(cuda::gemv_ksplit(4096), cuda::kGemvWarps);
+  EXPECT_EQ(cuda::gemv_ksplit(12288), 1);
+  EXPECT_EQ(cuda::gemv_blocks(1, 1), 1);
+  EXPECT_EQ(cuda::gemv_blocks(cuda::kGemvWarps, 1), 1);
+  EXPECT_EQ(cuda::gemv_blocks(cuda::kGemvWarps + 1, 1), 2);
+  EXPECT_EQ(cuda::gemv_blocks(151936, 1), 151936 / cuda::kGemvWarps);
+  EXPECT_EQ(cuda::gemv_blocks(1024, cuda::kGemvWarps), 1024);
 }
 
 // ---- GPU: CUDA against a float64 reference ------------------------------------------------------
@@ -641,7 +646,8 @@ TEST_F(CudaMatmul, F32IsExactUnlessTf32IsAllowed) {
 // reference within what f32 accumulation of K bf16 products allows, |err| <= K u32 sum_k |w x|
 // + one bf16 rounding of the result, element by element; and cuBLASLt's result (the GEMV
 // turned off) within the same bound. Shapes: a row shorter than a warp's chunk, odd N, N not a
-// multiple of the block's rows, Qwen3-8B's (q_proj, k_proj, down_proj).
+// multiple of the block's rows, Qwen3-8B's (q_proj, k_proj, down_proj, gate_proj), and both
+// splits of a row's work (4 warps a row below 8192 rows, a warp a row above).
 TEST_F(CudaMatmul, DecodeGemvMatchesFloat64AndCublasLt) {
   ASSERT_TRUE(cuda::gemv_enabled()) << "KILN_CUDA_GEMV=0 in the environment";
   for (auto [N, K] : {std::pair<std::int64_t, std::int64_t>{1, 8},
@@ -650,7 +656,9 @@ TEST_F(CudaMatmul, DecodeGemvMatchesFloat64AndCublasLt) {
                       {4096, 4096},
                       {1024, 4096},
                       {4096, 12288},
-                      {1003, 1032}}) {
+                      {1003, 1032},
+                      {12289, 136},
+                      {12288, 4096}}) {
     SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K));
     const Tensor x = rand_cpu({1, 1, K}, 10 + K, DType::BF16);
     const Tensor w = rand_cpu({N, K}, 20 + N, DType::BF16);
