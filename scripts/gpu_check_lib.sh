@@ -184,9 +184,10 @@ gpu_check_plan() {
       echo "decode_kiln_cublaslt|bench|120|run|$te KILN_CUDA_GEMV=0|@kiln generate --device cuda --dtype bf16 --model %decode_dir --prompt-ids $ids --max-new-tokens 128 --temperature 0"
       echo "decode_hf|bench|240|run|$te PYTHONUNBUFFERED=1|%python ^bench/hf_decode_peer.py --model %decode_dir --prompt-len 64 --new-tokens 128 --copy-gib 2 --copies 10"
       # Where a decode token's time goes, kernel by kernel (the lever list of the next change):
-      # Nsight Compute over 600 launches inside the decode (after the prefill's), time and DRAM
-      # bytes read per kernel, one CSV row each, in the step's log.
-      echo "decode_ncu|cmd|150|run|$te|%ncu --clock-control none --launch-skip 3000 --launch-count 600 --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw @kiln generate --device cuda --dtype bf16 --model %decode_dir --prompt-ids $ids --max-new-tokens 8 --temperature 0"
+      # Nsight Compute over 400 launches inside the decode (after the prefill's), time and DRAM
+      # bytes read per kernel (CSV, a row per kernel and metric: the raw page carries every device
+      # attribute and overflows the log kept), in the step's log.
+      echo "decode_ncu|cmd|150|run|$te|%ncu --clock-control none --launch-skip 3000 --launch-count 400 --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page details @kiln generate --device cuda --dtype bf16 --model %decode_dir --prompt-ids $ids --max-new-tokens 8 --temperature 0"
       ;;
   esac
 }
