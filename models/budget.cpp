@@ -129,16 +129,6 @@ void BudgetSpec::validate() const {
 
 namespace {
 
-// Restores the meta device's simulated allocator on scope exit.
-class SimulateScope {
- public:
-  explicit SimulateScope(DeviceType d) : prev_(meta_simulates()) { set_meta_simulates(d); }
-  ~SimulateScope() { set_meta_simulates(prev_); }
-
- private:
-  DeviceType prev_;
-};
-
 class TimelineScope {
  public:
   TimelineScope(MemoryTracker& t, bool on) : t_(t), on_(on) {
@@ -177,7 +167,7 @@ class TrainStep {
     if (s.zero < 3) return;
     // Charged one reserve per tensor on the meta device, so the simulated CUDA pool of the
     // window starts empty, as a rank's that never allocates the full model.
-    std::optional<SimulateScope> sim;
+    std::optional<MetaSimulatesScope> sim;
     if (device.is_meta()) sim.emplace(DeviceType::CPU);
     prebuilt_ = std::make_unique<DecoderModel>(s.cfg, 1234, s.dtype, device);
   }
@@ -363,7 +353,7 @@ BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {
                device.str(), cuda::device_count());
     cuda::set_device(device.index);
   }
-  std::optional<SimulateScope> sim;
+  std::optional<MetaSimulatesScope> sim;
   if (device.is_meta()) sim.emplace(s.simulate);
   // Slack then counts only this run's cached blocks (on CPU, in the simulated
   // CUDA pool of a meta run, or in the device's pool).

@@ -28,6 +28,19 @@ class Allocator {
 Allocator& allocator_for(Device d);
 void set_meta_simulates(DeviceType d);
 DeviceType meta_simulates();
+
+// RAII: the meta device simulates `d` inside one scope and what it simulated before after it
+// (the budget's dry runs, the SimulatedCuda tests).
+class MetaSimulatesScope {
+ public:
+  explicit MetaSimulatesScope(DeviceType d) : prev_(meta_simulates()) { set_meta_simulates(d); }
+  ~MetaSimulatesScope() { set_meta_simulates(prev_); }
+  MetaSimulatesScope(const MetaSimulatesScope&) = delete;
+  MetaSimulatesScope& operator=(const MetaSimulatesScope&) = delete;
+
+ private:
+  DeviceType prev_;
+};
 // Drops cached CPU blocks (they are not charged to any category, but count as
 // reserved/slack).
 void empty_cpu_cache();

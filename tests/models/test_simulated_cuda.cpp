@@ -29,6 +29,7 @@
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tests/error_of.h"
+#include "tests/models/pseudo_text.h"
 #include "tests/models/tiny_hf.h"
 
 using namespace kiln;
@@ -38,27 +39,9 @@ namespace {
 
 // The meta device simulates CUDA inside one scope (the allocator's rounding, the CUDA kernels'
 // registrations), as `kiln budget --simulate cuda` does.
-class SimulateCuda {
- public:
-  SimulateCuda() : prev_(meta_simulates()) { set_meta_simulates(DeviceType::CUDA); }
-  ~SimulateCuda() { set_meta_simulates(prev_); }
-  SimulateCuda(const SimulateCuda&) = delete;
-  SimulateCuda& operator=(const SimulateCuda&) = delete;
-
- private:
-  DeviceType prev_;
+struct SimulateCuda : MetaSimulatesScope {
+  SimulateCuda() : MetaSimulatesScope(DeviceType::CUDA) {}
 };
-
-std::string words(std::size_t n) {
-  const std::string w[] = {"the ", "king ", "and ", "queen ", "of ", "rome ", "said, ", "now.\n"};
-  std::string s;
-  std::uint32_t x = 7;
-  while (s.size() < n) {
-    x = x * 1664525u + 1013904223u;
-    s += w[(x >> 16) % 8];
-  }
-  return s;
-}
 
 }  // namespace
 
@@ -70,7 +53,7 @@ TEST(SimulatedCuda, TrainStepKeepsEveryTensorOnTheDevice) {
   const fs::path dir = fs::temp_directory_path() / "kiln_test_simulated_cuda_train";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::ofstream(dir / "data.txt") << words(20000);
+  std::ofstream(dir / "data.txt") << test::pseudo_text(20000, 7);
   models::TrainOptions o;
   o.device = "cuda";
   o.data_path = (dir / "data.txt").string();

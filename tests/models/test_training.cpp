@@ -12,6 +12,7 @@
 #include "models/data.h"
 #include "models/sampling.h"
 #include "models/trainer.h"
+#include "tests/models/pseudo_text.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -25,18 +26,7 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-// Deterministic pseudo-text with a few dozen distinct characters.
-std::string make_text(std::size_t n) {
-  const std::string words[] = {"the ", "king ", "and ",   "queen ",
-                               "of ",  "rome ", "said, ", "now.\n"};
-  std::string s;
-  std::uint32_t x = 12345;
-  while (s.size() < n) {
-    x = x * 1664525u + 1013904223u;
-    s += words[(x >> 16) % 8];
-  }
-  return s;
-}
+std::string make_text(std::size_t n) { return test::pseudo_text(n); }
 
 models::TrainOptions tiny_options(const fs::path& dir) {
   models::TrainOptions o;

@@ -28,10 +28,8 @@ std::int64_t peak_scratch(Device dev, F&& f) {
   return tr.stats().peak[kTemps] - before;
 }
 
-struct SimulateCpu {
-  DeviceType prev = meta_simulates();
-  SimulateCpu() { set_meta_simulates(DeviceType::CPU); }
-  ~SimulateCpu() { set_meta_simulates(prev); }
+struct SimulateCpu : MetaSimulatesScope {
+  SimulateCpu() : MetaSimulatesScope(DeviceType::CPU) {}
 };
 
 // Deterministic values in about [-2, 2), bf16 on `dev` (meta: shape only).

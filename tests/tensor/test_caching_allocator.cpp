@@ -648,13 +648,8 @@ TEST(CachingAllocator, DecisionsDoNotDependOnSegmentAddresses) {
 
 // ---- the meta simulation -----------------------------------------------------------------------
 
-class SimulateCuda {
- public:
-  SimulateCuda() : prev_(meta_simulates()) { set_meta_simulates(DeviceType::CUDA); }
-  ~SimulateCuda() { set_meta_simulates(prev_); }
-
- private:
-  DeviceType prev_;
+struct SimulateCuda : MetaSimulatesScope {
+  SimulateCuda() : MetaSimulatesScope(DeviceType::CUDA) {}
 };
 
 // The same scripted allocations and frees on a malloc-backed pool and through the meta device's

@@ -14,8 +14,8 @@
 
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/runtime.h"
-#include "tensor/ops.h"
 #include "tensor/kernels_cuda_multi.h"
+#include "tensor/ops.h"
 #include "tensor/random.h"
 
 namespace kiln {

@@ -28,13 +28,6 @@ MemStats measure(Device dev, F&& f) {
   return st;
 }
 
-// Restores the simulated backend of the meta device on scope exit.
-struct Simulate {
-  DeviceType prev = meta_simulates();
-  explicit Simulate(DeviceType d) { set_meta_simulates(d); }
-  ~Simulate() { set_meta_simulates(prev); }
-};
-
 int g_bf16_silu_calls = 0;
 
 // A test-only native bf16 CPU silu: reads bf16, computes in f32, writes bf16.
@@ -79,7 +72,7 @@ TEST(Dispatch, RegisteringABf16CpuKernelIsAllItTakesToRunNatively) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
 
   // The dry run asks the same table: no conversion charged on meta simulating the CPU either.
-  Simulate cpu(DeviceType::CPU);
+  MetaSimulatesScope cpu(DeviceType::CPU);
   Tensor xm = bf16_input(Device::meta());
   MemStats dry = measure(Device::meta(), [&] { (void)ops::silu(xm); });
   EXPECT_EQ(g_bf16_silu_calls, 1) << "meta runs no kernel";
@@ -89,7 +82,7 @@ TEST(Dispatch, RegisteringABf16CpuKernelIsAllItTakesToRunNatively) {
 // f16 Linear has no CPU kernel (the CPU's 16-bit GEMMs are bf16 only), so the f32 kernel runs on
 // converted copies there; rmsnorm and silu take f16 natively.
 TEST(Dispatch, TheDryRunChargesTheConversionsTheSimulatedCpuMakes) {
-  Simulate cpu(DeviceType::CPU);
+  MetaSimulatesScope cpu(DeviceType::CPU);
   ASSERT_FALSE(has_native_kernel<LinearArgs>(Device::cpu(), DType::F16));
   auto step = [](const Tensor& x, const Tensor& w, const Tensor& g) {
     auto [h, rstd] = ops::rmsnorm(x, g, 1e-5);
@@ -108,7 +101,7 @@ TEST(Dispatch, TheDryRunChargesTheConversionsTheSimulatedCpuMakes) {
 }
 
 TEST(Dispatch, MetaSimulatingCudaTakesBf16Natively) {
-  Simulate cuda(DeviceType::CUDA);
+  MetaSimulatesScope cuda(DeviceType::CUDA);
   EXPECT_TRUE(has_native_kernel<ActivationArgs<Op::Silu>>(Device::meta(), DType::BF16));
   Tensor x = Tensor::empty({64, 64}, DType::BF16, Device::meta());
   MemStats st = measure(Device::meta(), [&] { (void)ops::silu(x); });

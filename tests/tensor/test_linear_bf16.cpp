@@ -33,10 +33,8 @@ Measured measure(Device dev, F&& f) {
   return {st.peak[kTemps] - before.current[kTemps], st.num_allocs - before.num_allocs};
 }
 
-struct SimulateCpu {
-  DeviceType prev = meta_simulates();
-  SimulateCpu() { set_meta_simulates(DeviceType::CPU); }
-  ~SimulateCpu() { set_meta_simulates(prev); }
+struct SimulateCpu : MetaSimulatesScope {
+  SimulateCpu() : MetaSimulatesScope(DeviceType::CPU) {}
 };
 
 std::vector<float> values(std::int64_t n, std::uint64_t seed) {

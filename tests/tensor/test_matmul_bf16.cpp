@@ -24,12 +24,6 @@ namespace {
 
 constexpr auto kTemps = static_cast<std::size_t>(MemCategory::Temporaries);
 
-struct Simulate {
-  DeviceType prev = meta_simulates();
-  explicit Simulate(DeviceType d) { set_meta_simulates(d); }
-  ~Simulate() { set_meta_simulates(prev); }
-};
-
 template <class F>
 MemStats measure(Device dev, F&& f) {
   MemoryTracker& tr = MemoryTracker::get(dev.type);
@@ -182,7 +176,7 @@ TEST(MatmulBf16, LinearWithBiasAndLeadingDimsAtEveryLevel) {
 }
 
 TEST(MatmulBf16, NoConversionCopiesAndTheDryRunChargesTheSameScratch) {
-  Simulate cpu_sim(DeviceType::CPU);
+  MetaSimulatesScope cpu_sim(DeviceType::CPU);
   struct Case {
     const char* name;
     std::vector<Shape> shapes;                        // inputs, built before measuring
