@@ -18,6 +18,7 @@
 #include "models/trainer.h"
 #include "tests/error_of.h"
 #include "tests/models/tiny_hf.h"
+#include "tests/test_data.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -110,15 +111,19 @@ TEST(Hardening, UnknownAndModelChangingFieldsRefusedByName) {
 
 TEST(Hardening, EveryRealConfigIsUnderstood) {
   // The published configs in the shared data (Qwen3-0.6B, Qwen3-8B) and kiln's own fixtures.
-  const fs::path data = fs::path(KILN_SOURCE_DIR) / ".." / "shared" / "data";
+  // Where every test reads the shared data (tests/test_data.h); the two Qwen3 configs must be
+  // there: a run that read none would check nothing.
+  const fs::path data = test_shared_data();
   int n = 0;
   std::error_code ec;
-  if (fs::exists(data))
-    for (auto& f : fs::recursive_directory_iterator(data, ec))
-      if (f.path().filename() == "config.json") {
-        EXPECT_NO_THROW(models::load_hf_config(f.path().string())) << f.path();
-        ++n;
-      }
+  ASSERT_TRUE(fs::exists(data)) << data << " is missing: run scripts/get_data.sh";
+  for (auto& f : fs::recursive_directory_iterator(data, ec))
+    if (f.path().filename() == "config.json") {
+      EXPECT_NO_THROW(models::load_hf_config(f.path().string())) << f.path();
+      ++n;
+    }
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_GE(n, 2) << "expected Qwen3-0.6B's and Qwen3-8B's config.json under " << data;
   EXPECT_NO_THROW(models::from_hf_config(qwen3_json(), "tiny_hf"));
   std::cout << n << " shared config.json files read\n";
 }

@@ -205,7 +205,8 @@ for stage in smoke cuda-tests sanitizer bench window; do
   secs=$(($(date +%s) - t))
   check "no GPU, $stage: exit 2 ($rc)" [ "$rc" = 2 ]
   check "no GPU, $stage: says so" grep -q "no NVIDIA GPU found" "$o.out"
-  check "no GPU, $stage: results" [ -s "$o/results.json" ] && [ -s "$o/summary.md" ] && [ -s "$o/logs.tar.gz" ]
+  # One command for the three files (joined by && outside it, only the first would count).
+  check "no GPU, $stage: results" bash -c "[ -s '$o/results.json' ] && [ -s '$o/summary.md' ] && [ -s '$o/logs.tar.gz' ]"
   check "no GPU, $stage: status no_gpu" [ "$(json "$o" 'r["status"]')" = no_gpu ]
   check "no GPU, $stage: in seconds ($secs s; loose, for loaded CI machines)" [ "$secs" -lt 60 ]
 done
