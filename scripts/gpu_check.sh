@@ -320,29 +320,50 @@ record_unrun() {
   write_results running
 }
 
+# step_time NAME LIMIT: sets t, the seconds NAME may run (its LIMIT, cut by the deadline); fails,
+# with NAME listed as not run, when the deadline leaves too little to start it.
+step_time() {
+  t=$(gpu_check_step_limit "$2" "$(date +%s)" "$deadline")
+  [ "$t" != 0 ] && return 0
+  echo "$1" >>"$work/not_run"
+  return 1
+}
+
+# step_command NAME DIR ENVS CMD: sets argv and rundir of a planned step, records its environment.
+step_command() {
+  resolve_argv "$4"
+  rundir=$work/run
+  [ "$2" = run ] || rundir=$bundle/$2
+  write_step_env "$1" "$3"
+}
+
+# end_how RC T LIMIT: how a process run under `timeout T` (planned LIMIT) ended: done; timeout
+# (stopped at its own limit: a failure); deadline (the deadline had cut its limit: not finished,
+# the run is incomplete, not failed).
+end_how() {
+  if [ "$1" = 124 ] || [ "$1" = 137 ]; then
+    if [ "$2" -lt "$3" ]; then echo deadline; else echo timeout; fi
+  else
+    echo "done"
+  fi
+}
+
 # Runs one planned step (see gpu_check_lib.sh) within the deadline, then refreshes the results.
 # A timing step (KIND bench) runs only without synchronous launches, and with the background
 # step (the random folder's writer) paused.
 run_step() {
   local name=$1 kind=$2 limit=$3 dir=$4 envs=$5 cmd=$6
-  local now t clb
+  local now t clb rundir
   now=$(date +%s)
-  t=$(gpu_check_step_limit "$limit" "$now" "$deadline")
-  if [ "$t" = 0 ]; then
-    echo "$name" >>"$work/not_run"
-    return 1
-  fi
+  step_time "$name" "$limit" || return 1
   clb=$(gpu_check_launch_blocking "$envs")
   if [ "$kind" = bench ] && ! gpu_check_timing_env_ok "$clb"; then
     write_step_env "$name" "$envs"
     record_unrun "$name" "$kind" "refused: a timing step with CUDA_LAUNCH_BLOCKING=$clb (timings never run with synchronous launches)"
     return 0
   fi
-  resolve_argv "$cmd"
+  step_command "$name" "$dir" "$envs" "$cmd"
   [ "$kind" = gtest ] && argv+=("--gtest_output=xml:$logs/$name.xml")
-  local rundir=$work/run
-  [ "$dir" = run ] || rundir=$bundle/$dir
-  write_step_env "$name" "$envs"
   [ "$kind" = bench ] && pause_background "$name"
   say "$name (limit ${t} s)"
   current_step=$name
@@ -352,13 +373,9 @@ run_step() {
   local rc=$? secs=$(($(date +%s) - now))
   current_step=""
   [ "$kind" = bench ] && resume_background
-  # A step stopped at its own limit timed out (a failure); one the deadline cut short did not
-  # finish (the stage is incomplete, not failed).
-  local how="done"
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-    how=timeout
-    [ "$t" -lt "$limit" ] && how=deadline && echo "$name" >>"$work/not_run"
-  fi
+  local how
+  how=$(end_how "$rc" "$t" "$limit")
+  [ "$how" = deadline ] && echo "$name" >>"$work/not_run"
   echo "$rc $secs $how $kind $t" >"$logs/$name.rc"
   [ "$rc" = 0 ] || say "$name: exit status $rc after $secs s ($how)"
   write_results running
@@ -369,17 +386,10 @@ run_step() {
 # start_background NAME KIND LIMIT DIR ENV CMD: starts a plan line in the background. timeout
 # makes itself a process-group leader, so the group -bg_pid is the writer and its timeout.
 start_background() {
-  local name=$1 limit=$3 dir=$4 envs=$5 cmd=$6 now t
+  local name=$1 limit=$3 dir=$4 envs=$5 cmd=$6 now t rundir
   now=$(date +%s)
-  t=$(gpu_check_step_limit "$limit" "$now" "$deadline")
-  if [ "$t" = 0 ]; then
-    echo "$name" >>"$work/not_run"
-    return 1
-  fi
-  resolve_argv "$cmd"
-  local rundir=$work/run
-  [ "$dir" = run ] || rundir=$bundle/$dir
-  write_step_env "$name" "$envs"
+  step_time "$name" "$limit" || return 1
+  step_command "$name" "$dir" "$envs" "$cmd"
   say "$name: started in the background (limit $t s)"
   # shellcheck disable=SC2086  # envs is a list of VAR=value words
   (cd "$rundir" && exec env $envs timeout -k 5 "$t" "${argv[@]}") </dev/null >"$logs/$name.log" 2>&1 &
@@ -429,10 +439,7 @@ join_background() {
   wait "$bg_pid"
   rc=$?
   secs=$(($(date +%s) - bg_t0))
-  if [ "$how" = "done" ] && { [ "$rc" = 124 ] || [ "$rc" = 137 ]; }; then
-    how=timeout
-    [ "$bg_limit" -lt "$bg_plan_limit" ] && how=deadline
-  fi
+  [ "$how" = "done" ] && how=$(end_how "$rc" "$bg_limit" "$bg_plan_limit")
   [ "$how" = deadline ] && echo "$bg_name" >>"$work/not_run"
   echo "$rc $secs $how cmd $bg_limit" >"$logs/$bg_name.rc"
   [ "$rc" = 0 ] || say "$bg_name: exit status $rc after $secs s ($how)"

@@ -225,7 +225,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
     return;
   }
   // One bf16 row (decode at batch 1) without a bias: kiln's bandwidth-bound GEMV (gemv.h).
-  if (rows == 1 && type == GemmType::BF16 && !b.defined() && cuda::gemv_enabled() && w.dim() == 2 &&
+  if (rows == 1 && type == GemmType::BF16 && !b.defined() && cuda::gemv_enabled() &&
       w.is_contiguous() && x.stride(-1) == 1 &&
       cuda::gemv_supported(N, K, w.raw_data(), x.raw_data(), out.raw_data())) {
     cuda::gemv_bf16(N, K, w.data<bf16>(), x.data<bf16>(), out.data<bf16>(), nullptr);

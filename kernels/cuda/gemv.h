@@ -26,8 +26,9 @@ namespace kiln::cuda {
 inline constexpr int kGemvWarps = 4;   // warps per 128-thread block
 inline constexpr int kGemvUnroll = 4;  // 16-byte chunks in flight per lane
 
-// True when the kernel takes this problem: K a multiple of 8 (whole 16-byte chunks), every
-// pointer 16-byte aligned, sizes in range. Host only, plain C++ (tested on the CPU).
+// True when the kernel takes this problem: K a multiple of 8 (whole 16-byte chunks), W and x
+// 16-byte aligned (y is written element by element), sizes in range. Host only, plain C++
+// (tested on the CPU).
 inline bool gemv_supported(std::int64_t N, std::int64_t K, const void* w, const void* x,
                            const void* y) {
   auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
