@@ -16,7 +16,7 @@ namespace {
 struct ParamsOptions {
   std::string model;
   std::int64_t kv_heads = 0, intermediate = 0, layers = 0;
-  std::string norm, mlp;
+  std::string norm, mlp, act;
   bool tie = false, untie = false, no_final_norm = false, bias = false, json = false;
 };
 
@@ -41,8 +41,14 @@ Run add_params_command(CLI::App &app) {
   tie->excludes(untie);
   app.add_option("--norm", o->norm, "What-if: layernorm (with bias) | rmsnorm")
       ->check(CLI::IsMember({"layernorm", "rmsnorm"}));
-  app.add_option("--mlp", o->mlp, "What-if: gelu (fc/proj) | swiglu (gate/up/down)")
-      ->check(CLI::IsMember({"gelu", "swiglu"}));
+  app.add_option("--mlp", o->mlp,
+                 "What-if: plain (fc/proj, GPT-2) | gated (gate/up/down, LLaMA); the activation "
+                 "becomes gelu_pytorch_tanh or silu unless --act says otherwise")
+      ->check(CLI::IsMember({"plain", "gated"}));
+  std::vector<std::string> acts;
+  for (Op a : kActivations) acts.emplace_back(op_hf_name(a));
+  app.add_option("--act", o->act, "What-if: the MLP's activation, by its Hugging Face name")
+      ->check(CLI::IsMember(acts));
   app.add_flag("--bias", o->bias, "What-if: biases on every linear (classic GPT block)");
   app.add_flag("--no-final-norm", o->no_final_norm, "What-if: no norm before the LM head");
   app.add_flag("--json", o->json, "Print JSON instead of the table");
@@ -55,7 +61,8 @@ Run add_params_command(CLI::App &app) {
     if (o->tie) w.tie = true;
     if (o->untie) w.tie = false;
     if (!o->norm.empty()) w.norm = *nn::parse_norm_kind(o->norm);
-    if (!o->mlp.empty()) w.mlp = o->mlp == "gelu" ? nn::MlpKind::Plain : nn::MlpKind::Gated;
+    if (!o->mlp.empty()) w.mlp = *nn::parse_mlp_kind(o->mlp);
+    if (!o->act.empty()) w.act = nn::parse_mlp_activation(o->act);
     if (o->no_final_norm) w.final_norm = false;
     w.bias = o->bias;
     models::ModelConfig cfg = models::apply_what_if(base, w);

@@ -52,10 +52,11 @@ Tensor rmsnorm(const Tensor& x, const Tensor& w, double eps);
 Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
 Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle style,
             std::int64_t pos_offset = 0);
-// A pointwise activation (kernels/op_list.h: kActivations): silu, gelu (tanh), ...
+// A pointwise activation (kernels/op_list.h: kActivations): silu, gelu_tanh, gelu (erf), ...
 Tensor activation(Op op, const Tensor& x);
 inline Tensor silu(const Tensor& x) { return activation(Op::Silu, x); }
-inline Tensor gelu(const Tensor& x) { return activation(Op::Gelu, x); }
+inline Tensor gelu(const Tensor& x) { return activation(Op::Gelu, x); }  // exact (erf)
+inline Tensor gelu_tanh(const Tensor& x) { return activation(Op::GeluTanh, x); }
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 // q: (B, T, Hq, D), k/v: (B, Tk, Hkv, D); causal; q_offset > 0 only without grad.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

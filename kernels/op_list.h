@@ -26,8 +26,8 @@ enum class Op : int {
   LayerNorm,     // LayerNorm (bias optional) forward/backward
   Rope,          // rotary embedding, interleaved (llama2.c) or rotate-half (HF), and its tables
   Silu,          // x * sigmoid(x)
-  Gelu,          // GELU, tanh approximation (HF gelu_pytorch_tanh)
-  GeluErf,       // GELU, exact: 0.5 x (1 + erf(x / sqrt 2)) (HF gelu)
+  GeluTanh,      // GELU, tanh approximation (HF gelu_pytorch_tanh, GPT-2's gelu_new)
+  Gelu,          // GELU, exact: 0.5 x (1 + erf(x / sqrt 2)) (HF gelu)
   SwiGlu,        // silu(gate) * up
   Attention,     // causal attention with GQA, forward/backward, saves log-sum-exp
   CrossEntropy,  // fused log-softmax + NLL, forward/backward, ignore-index
@@ -42,33 +42,43 @@ struct OpInfo {
   Op op;
   std::string_view name;
   std::string_view family;    // kernels/<backend>/<family>.{cpp,cu}
-  bool differentiable;        // has a backward kernel or a gradient formula
   std::string_view backward;  // the backward kernel's name, for pointwise ops
+  // For an activation (kActivations): its name as Hugging Face's config.json `hidden_act` spells
+  // it, which is also kiln's config name for it (nn/variants.h reads this column).
+  std::string_view hf_name = "";
 };
 
 inline constexpr std::array<OpInfo, static_cast<std::size_t>(Op::Count)> kOpList = {{
-    {Op::Gemm, "gemm", "matmul", true, ""},
-    {Op::Copy, "copy", "copy", true, ""},
-    {Op::Fill, "fill", "copy", false, ""},
-    {Op::Binary, "binary", "elementwise", true, ""},
-    {Op::Unary, "unary", "elementwise", true, ""},
-    {Op::Reduce, "reduce", "reduce", true, ""},
-    {Op::Softmax, "softmax", "softmax", true, "softmax_backward"},
-    {Op::Embedding, "embedding", "embedding", true, "embedding_backward"},
-    {Op::RmsNorm, "rmsnorm", "norm", true, "rmsnorm_backward"},
-    {Op::LayerNorm, "layernorm", "norm", true, "layernorm_backward"},
-    {Op::Rope, "rope", "rope", true, ""},
-    {Op::Silu, "silu", "activation", true, "silu_backward"},
-    {Op::Gelu, "gelu", "activation", true, "gelu_backward"},
-    {Op::GeluErf, "gelu_erf", "activation", true, "gelu_erf_backward"},
-    {Op::SwiGlu, "swiglu", "activation", true, "swiglu_backward"},
-    {Op::Attention, "attention", "attention", true, "attention_backward"},
-    {Op::CrossEntropy, "cross_entropy", "cross_entropy", true, "cross_entropy_backward"},
-    {Op::Dropout, "dropout", "dropout", true, "dropout_backward"},
-    {Op::AdamW, "adamw", "optimizer", false, ""},
-    {Op::Sgd, "sgd", "optimizer", false, ""},
-    {Op::Random, "random", "random", false, ""},
+    {Op::Gemm, "gemm", "matmul", ""},
+    {Op::Copy, "copy", "copy", ""},
+    {Op::Fill, "fill", "copy", ""},
+    {Op::Binary, "binary", "elementwise", ""},
+    {Op::Unary, "unary", "elementwise", ""},
+    {Op::Reduce, "reduce", "reduce", ""},
+    {Op::Softmax, "softmax", "softmax", "softmax_backward"},
+    {Op::Embedding, "embedding", "embedding", "embedding_backward"},
+    {Op::RmsNorm, "rmsnorm", "norm", "rmsnorm_backward"},
+    {Op::LayerNorm, "layernorm", "norm", "layernorm_backward"},
+    {Op::Rope, "rope", "rope", ""},
+    {Op::Silu, "silu", "activation", "silu_backward", "silu"},
+    {Op::GeluTanh, "gelu_tanh", "activation", "gelu_tanh_backward", "gelu_pytorch_tanh"},
+    {Op::Gelu, "gelu", "activation", "gelu_backward", "gelu"},
+    {Op::SwiGlu, "swiglu", "activation", "swiglu_backward"},
+    {Op::Attention, "attention", "attention", "attention_backward"},
+    {Op::CrossEntropy, "cross_entropy", "cross_entropy", "cross_entropy_backward"},
+    {Op::Dropout, "dropout", "dropout", "dropout_backward"},
+    {Op::AdamW, "adamw", "optimizer", ""},
+    {Op::Sgd, "sgd", "optimizer", ""},
+    {Op::Random, "random", "random", ""},
 }};
+
+// kOpList is indexed by Op: each row must sit at its op's position.
+constexpr bool op_list_in_op_order() {
+  for (std::size_t i = 0; i < kOpList.size(); ++i)
+    if (kOpList[i].op != static_cast<Op>(i)) return false;
+  return true;
+}
+static_assert(op_list_in_op_order(), "kOpList must list every Op at the position of its value");
 
 constexpr std::string_view op_name(Op op) { return kOpList[static_cast<std::size_t>(op)].name; }
 constexpr std::string_view op_backward_name(Op op) {
@@ -79,12 +89,24 @@ constexpr std::string_view op_backward_name(Op op) {
 // runs each from its scalar math (kernels/common/activation_math.h: act::Math<op>), and the
 // dispatcher, front end, autograd and tests iterate this list: a new activation is its rows here
 // and its math there (docs/adding_an_op.md).
-inline constexpr std::array kActivations = {Op::Silu, Op::Gelu, Op::GeluErf};
+inline constexpr std::array kActivations = {Op::Silu, Op::GeluTanh, Op::Gelu};
 
 constexpr bool is_activation(Op op) {
   for (Op a : kActivations)
     if (a == op) return true;
   return false;
+}
+
+// Every activation has its Hugging Face name, and no other op has one.
+constexpr bool activations_have_hf_names() {
+  for (const OpInfo& info : kOpList)
+    if (info.hf_name.empty() == is_activation(info.op)) return false;
+  return true;
+}
+static_assert(activations_have_hf_names(), "every activation (and only they) needs an hf_name");
+
+constexpr std::string_view op_hf_name(Op op) {
+  return kOpList[static_cast<std::size_t>(op)].hf_name;
 }
 
 // Calls f.template operator()<O>() for every activation O, in list order.

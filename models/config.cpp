@@ -58,7 +58,7 @@ std::string opt_string(const json& j, const char* field, const std::string& sour
 // The string field `field` of j, parsed into an enum; `fallback` when absent.
 template <typename E>
 E enum_field(const json& j, const char* field, E fallback,
-             std::optional<E> (*parse)(std::string_view), const char* known,
+             std::optional<E> (*parse)(std::string_view), std::string_view known,
              const std::string& source) {
   if (!j.contains(field)) return fallback;
   std::string s = opt_string(j, field, source, "");
@@ -166,7 +166,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
       enum_field(j, "norm_kind", c.norm_kind, nn::parse_norm_kind, "rmsnorm, layernorm", source);
   c.mlp_kind = enum_field(j, "mlp_kind", c.mlp_kind, nn::parse_mlp_kind, "gated, plain", source);
   c.hidden_act = enum_field(j, "hidden_act", c.hidden_act, nn::parse_mlp_activation,
-                            nn::kMlpActivationNames, source);
+                            nn::mlp_activation_names(), source);
   c.bias = opt_bool(j, "bias", source, false);
   c.final_norm = opt_bool(j, "final_norm", source, true);
   std::string pos = opt_string(j, "pos_embedding", source, "rope");
@@ -300,7 +300,7 @@ const std::vector<HfConfigField>& hf_config_fields() {
       {"max_position_embeddings", F::Llama, U::Read, "context (default 4096)"},
       {"rms_norm_eps", F::Llama, U::Read, "RMSNorm epsilon"},
       {"rope_theta", F::Llama, U::Read, "RoPE base"},
-      {"hidden_act", F::Llama, U::Read, "silu, gelu or gelu_pytorch_tanh"},
+      {"hidden_act", F::Llama, U::Read, "silu, gelu_pytorch_tanh or gelu"},
       {"attention_bias", F::Llama, U::Checked,
        "qwen2: q/k/v biases always; others: false only (true also biases o_proj)"},
       {"mlp_bias", F::Llama, U::Checked, "false only"},
@@ -506,7 +506,7 @@ ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source) {
     auto a = nn::parse_mlp_activation(act);
     KILN_CHECK(a.has_value(),
                "[config] {}: hidden_act \"{}\" is not supported (kiln implements {})", source, act,
-               nn::kMlpActivationNames);
+               nn::mlp_activation_names());
     c.hidden_act = *a;
   }
   validate_from(c, source);

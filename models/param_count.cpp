@@ -39,11 +39,11 @@ std::string attention_kind(const ModelConfig &c) {
   return "GQA";
 }
 
-// "SwiGLU" (gated silu), "GELU" (GPT-2's plain tanh GELU); others by kind and hidden_act.
+// "SwiGLU" (gated silu), "GELU-tanh" (GPT-2's plain MLP); others by kind and hidden_act.
 std::string mlp_name(const ModelConfig &c) {
   const bool gated = c.mlp_kind == MlpKind::Gated;
   if (gated && c.hidden_act == MlpActivation::Silu) return "SwiGLU";
-  if (!gated && c.hidden_act == MlpActivation::GeluTanh) return "GELU";
+  if (!gated && c.hidden_act == MlpActivation::GeluTanh) return "GELU-tanh";
   return fmt::format("{} {}", gated ? "gated" : "plain", nn::mlp_activation_name(c.hidden_act));
 }
 
@@ -172,11 +172,14 @@ ModelConfig apply_what_if(ModelConfig c, const WhatIf &w) {
     c.norm_kind = *w.norm;
     changes.push_back(nn::norm_kind_name(c.norm_kind));
   }
-  if (w.mlp) {
-    c.mlp_kind = *w.mlp;
+  if (w.mlp || w.act) {
+    if (w.mlp) c.mlp_kind = *w.mlp;
     const bool plain = c.mlp_kind == MlpKind::Plain;
-    c.hidden_act = plain ? MlpActivation::GeluTanh : MlpActivation::Silu;
-    changes.push_back(plain ? "gelu" : "swiglu");
+    if (w.act)
+      c.hidden_act = *w.act;
+    else
+      c.hidden_act = plain ? MlpActivation::GeluTanh : MlpActivation::Silu;
+    changes.push_back(mlp_name(c));
   }
   if (w.final_norm) {
     c.final_norm = *w.final_norm;

@@ -50,13 +50,15 @@ std::string param_row_key(const std::string &name);
 // What-ifs applied on top of a loaded config (unset fields keep the config's).
 struct WhatIf {
   std::optional<std::int64_t> kv_heads, intermediate, layers;
-  std::optional<bool> tie;         // --tie / --untie
-  std::optional<NormKind> norm;    // --norm layernorm|rmsnorm
-  std::optional<MlpKind> mlp;      // --mlp gelu (Plain, tanh GELU) | swiglu (Gated, silu)
+  std::optional<bool> tie;       // --tie / --untie
+  std::optional<NormKind> norm;  // --norm layernorm|rmsnorm
+  std::optional<MlpKind> mlp;    // --mlp plain (fc/proj) | gated (gate/up/down)
+  // --act: the MLP's activation; without it, --mlp plain takes gelu_pytorch_tanh, gated silu.
+  std::optional<MlpActivation> act;
   std::optional<bool> final_norm;  // --no-final-norm
   bool bias = false;               // --bias: biases on every linear
   bool any() const {
-    return kv_heads || intermediate || layers || tie || norm || mlp || final_norm || bias;
+    return kv_heads || intermediate || layers || tie || norm || mlp || act || final_norm || bias;
   }
 };
 // Returns the modified config, validated; the name gets a "+what-if" suffix.

@@ -17,18 +17,6 @@ Tensor init_const(const Shape& shape, const Init& init, double value) {
   return ops::full(shape, value, init.dtype, init.device);
 }
 
-Tensor activation(MlpActivation act, const Tensor& x) {
-  switch (act) {
-    case MlpActivation::Silu:
-      return ag::silu(x);
-    case MlpActivation::Gelu:
-      return ag::activation(Op::GeluErf, x);
-    case MlpActivation::GeluTanh:
-      return ag::gelu(x);
-  }
-  fail("[mlp] unknown activation {}", static_cast<int>(act));
-}
-
 }  // namespace
 
 Linear::Linear(std::int64_t in, std::int64_t out, bool has_bias, const Init& init, double std) {
@@ -134,13 +122,13 @@ Mlp::Mlp(const MlpConfig& c, const Init& init, double out_std) : cfg(c) {
 
 Tensor Mlp::forward(const Tensor& x) const {
   MemLabelScope label("mlp");
-  if (cfg.kind == MlpKind::Plain) return proj->forward(activation(cfg.act, fc->forward(x)));
+  if (cfg.kind == MlpKind::Plain) return proj->forward(ag::activation(cfg.act, fc->forward(x)));
   // silu: SwiGLU, one fused kernel for silu(gate) * up.
   if (cfg.act == MlpActivation::Silu)
     return down_proj->forward(ag::swiglu(gate_proj->forward(x), up_proj->forward(x)));
   // HF's LLaMA/Qwen3 MLP with another activation: down(act(gate(x)) * up(x)). The gate's
   // activation is made before up, in this order (the budget's analytic model counts on it).
-  Tensor a = activation(cfg.act, gate_proj->forward(x));
+  Tensor a = ag::activation(cfg.act, gate_proj->forward(x));
   Tensor u = up_proj->forward(x);
   return down_proj->forward(ag::mul(a, u));
 }

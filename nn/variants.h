@@ -5,7 +5,10 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
+
+#include "kernels/op_list.h"
 
 namespace kiln::nn {
 
@@ -17,9 +20,11 @@ enum class NormKind { RmsNorm, LayerNorm };
 // Plain: proj(act(fc(x))) (GPT-2).
 enum class MlpKind { Gated, Plain };
 
-// The MLP's activation, by Hugging Face's names: silu; gelu, the exact erf
-// form; gelu_pytorch_tanh, the tanh approximation (GPT-2's gelu_new).
-enum class MlpActivation { Silu, Gelu, GeluTanh };
+// The MLP's activation: one of the pointwise activation ops (kernels/op_list.h: kActivations),
+// named by that list's hf_name column, as Hugging Face's `hidden_act` names it: silu; gelu, the
+// exact erf form; gelu_pytorch_tanh, the tanh approximation (GPT-2's gelu_new). An alias of Op,
+// not a second list, so a new activation is usable here with no edit.
+using MlpActivation = Op;
 
 inline const char* norm_kind_name(NormKind k) {
   return k == NormKind::LayerNorm ? "layernorm" : "rmsnorm";
@@ -37,22 +42,16 @@ inline std::optional<MlpKind> parse_mlp_kind(std::string_view s) {
   return std::nullopt;
 }
 
-inline const char* mlp_activation_name(MlpActivation a) {
-  switch (a) {
-    case MlpActivation::Silu:
-      return "silu";
-    case MlpActivation::Gelu:
-      return "gelu";
-    case MlpActivation::GeluTanh:
-      return "gelu_pytorch_tanh";
-  }
-  return "?";
+inline std::string_view mlp_activation_name(MlpActivation a) { return op_hf_name(a); }
+// The names mlp_activation_name() gives, for messages: "silu, gelu_pytorch_tanh, gelu".
+inline std::string mlp_activation_names() {
+  std::string names;
+  for (Op a : kActivations) names += (names.empty() ? "" : ", ") + std::string(op_hf_name(a));
+  return names;
 }
-// The names mlp_activation_name() gives, for messages.
-inline constexpr const char* kMlpActivationNames = "silu, gelu, gelu_pytorch_tanh";
 inline std::optional<MlpActivation> parse_mlp_activation(std::string_view s) {
-  for (MlpActivation a : {MlpActivation::Silu, MlpActivation::Gelu, MlpActivation::GeluTanh})
-    if (s == mlp_activation_name(a)) return a;
+  for (Op a : kActivations)
+    if (s == op_hf_name(a)) return a;
   return std::nullopt;
 }
 

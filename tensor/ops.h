@@ -109,9 +109,14 @@ inline Tensor silu(const Tensor& x) { return activation(Op::Silu, x); }
 inline Tensor silu_backward(const Tensor& x, const Tensor& dy) {
   return activation_backward(Op::Silu, x, dy);
 }
-inline Tensor gelu(const Tensor& x) { return activation(Op::Gelu, x); }  // tanh approximation
+// GELU: gelu is the exact (erf) form, gelu_tanh the tanh approximation.
+inline Tensor gelu(const Tensor& x) { return activation(Op::Gelu, x); }
 inline Tensor gelu_backward(const Tensor& x, const Tensor& dy) {
   return activation_backward(Op::Gelu, x, dy);
+}
+inline Tensor gelu_tanh(const Tensor& x) { return activation(Op::GeluTanh, x); }
+inline Tensor gelu_tanh_backward(const Tensor& x, const Tensor& dy) {
+  return activation_backward(Op::GeluTanh, x, dy);
 }
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 std::tuple<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up,

@@ -4,10 +4,10 @@
 // tanhf, erff), so the formulas and their evaluation order are the same on both.
 //
 //   silu:   y = x s, s = sigmoid(x)                 dx = dy s (1 + x (1 - s))
-//   gelu:   y = 0.5 x (1 + t),                      dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) u'),
+//   gelu_tanh: y = 0.5 x (1 + t),                   dx = dy (0.5 (1 + t) + 0.5 x (1 - t^2) u'),
 //           t = tanh(u), u = c (x + a x^3),         u' = c (1 + 3 a x^2)
 //           c = sqrt(2/pi), a = 0.044715 (HF gelu_pytorch_tanh)
-//   gelu_erf: y = x Phi(x),                         dx = dy (Phi(x) + x phi(x)),
+//   gelu:   y = x Phi(x),                           dx = dy (Phi(x) + x phi(x)),
 //           Phi(x) = 0.5 (1 + erf(x / sqrt 2)),     phi(x) = exp(-x^2 / 2) / sqrt(2 pi) (HF gelu)
 //   swiglu: out = silu(gate) up                     dgate = dout up s (1 + gate (1 - s)),
 //                                                   dup = dout silu(gate)
@@ -50,7 +50,7 @@ struct Math<Op::Silu> {
 };
 
 template <>
-struct Math<Op::Gelu> {  // tanh approximation
+struct Math<Op::GeluTanh> {  // tanh approximation
   template <class M, class T>
   KILN_HOST_DEVICE static T forward(T x) {
     const T t = M::tanh(kGeluC<T> * (x + kGeluA<T> * x * x * x));
@@ -66,7 +66,7 @@ struct Math<Op::Gelu> {  // tanh approximation
 };
 
 template <>
-struct Math<Op::GeluErf> {  // exact
+struct Math<Op::Gelu> {  // exact (erf)
   template <class M, class T>
   KILN_HOST_DEVICE static T forward(T x) {
     return x * (T(0.5) * (T(1) + M::erf(x * kInvSqrt2<T>)));

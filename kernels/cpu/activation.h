@@ -49,14 +49,6 @@ template <typename T>
 void silu_backward(int64_t n, const T* x, const T* dy, T* dx) {
   activation_backward(Op::Silu, n, x, dy, dx);
 }
-template <typename T>
-void gelu_tanh_forward(int64_t n, const T* x, T* y) {
-  activation_forward(Op::Gelu, n, x, y);
-}
-template <typename T>
-void gelu_tanh_backward(int64_t n, const T* x, const T* dy, T* dx) {
-  activation_backward(Op::Gelu, n, x, dy, dx);
-}
 
 template <typename T>
 void swiglu_forward(int64_t n, const T* gate, const T* up, T* out);

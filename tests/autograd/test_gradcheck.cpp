@@ -267,7 +267,7 @@ TEST(GradCheck, Rope) {
 
 TEST(GradCheck, Activations) {
   Tensor x = randt({3, 5}, 48, -3, 3), u = randt({3, 5}, 49, -2, 2);
-  for (Op op : kActivations)  // silu, gelu (tanh), gelu_erf, ...
+  for (Op op : kActivations)  // silu, gelu_tanh, gelu, ...
     gradcheck([op](auto& v) { return ag::activation(op, v[0]); }, {x}, std::string(op_name(op)));
   gradcheck([](auto& v) { return ag::swiglu(v[0], v[1]); }, {x, u}, "swiglu");
   gradcheck([](auto& v) { return ag::swiglu(v[0], v[1]); }, {x, randt({3, 5}, 50, -2, 2, false)},

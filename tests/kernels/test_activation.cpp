@@ -29,14 +29,16 @@ double ref_silu_grad(double x) {
   const double s = 1.0 / (1.0 + std::exp(-x));
   return s * (1.0 + x * (1.0 - s));
 }
-double ref_gelu_erf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
-double ref_gelu_erf_grad(double x) {
+double ref_gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+double ref_gelu_grad(double x) {
   return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) +
          x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
 }
 const double kC = std::sqrt(2.0 / M_PI);
-double ref_gelu(double x) { return 0.5 * x * (1.0 + std::tanh(kC * (x + 0.044715 * x * x * x))); }
-double ref_gelu_grad(double x) {
+double ref_gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(kC * (x + 0.044715 * x * x * x)));
+}
+double ref_gelu_tanh_grad(double x) {
   const double t = std::tanh(kC * (x + 0.044715 * x * x * x));
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kC * (1 + 3 * 0.044715 * x * x);
 }
@@ -69,8 +71,8 @@ struct ActivationRef {
 };
 const ActivationRef kRefs[] = {
     {Op::Silu, ref_silu, ref_silu_grad},
+    {Op::GeluTanh, ref_gelu_tanh, ref_gelu_tanh_grad},
     {Op::Gelu, ref_gelu, ref_gelu_grad},
-    {Op::GeluErf, ref_gelu_erf, ref_gelu_erf_grad},
 };
 const ActivationRef* find_ref(Op op) {
   for (const auto& r : kRefs)

@@ -212,7 +212,7 @@ TEST(Budget, GeluGatedMlpDryRunAndAnalytic) {
     EXPECT_EQ(a.peak_label, d.peak_label);
   };
   for (MlpActivation act : {MlpActivation::GeluTanh, MlpActivation::Gelu}) {
-    SCOPED_TRACE(mlp_activation_name(act));
+    SCOPED_TRACE(nn::mlp_activation_name(act));
     BudgetSpec s;
     s.cfg = tiny_qwen3();
     s.cfg.hidden_act = act;

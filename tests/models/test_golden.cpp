@@ -80,7 +80,7 @@ ModelConfig qwen3_cfg() {
 // hidden_act: down(act(gate(x)) * up(x)).
 ModelConfig gelu_gated_cfg(models::MlpActivation act) {
   ModelConfig c = qwen3_cfg();
-  c.name = std::string("golden-qwen3-") + nn::mlp_activation_name(act);
+  c.name = "golden-qwen3-" + std::string(nn::mlp_activation_name(act));
   c.hidden_act = act;
   return c;
 }

@@ -238,7 +238,7 @@ TEST(ParamCount, KilnParamsCommand) {
 
   r = run_kiln(
       "params --model stories42M --json --intermediate 2048 --norm "
-      "layernorm --mlp gelu --bias "
+      "layernorm --mlp plain --bias "
       "--no-final-norm --untie");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   nlohmann::json j = nlohmann::json::parse(r.output);
