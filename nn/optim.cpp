@@ -6,8 +6,6 @@
 #include <span>
 #include <vector>
 
-#include "tensor/kernels_cuda_multi.h"
-
 namespace kiln::nn {
 
 void Optimizer::zero_grad() {
@@ -57,11 +55,6 @@ void Optimizer::for_each_update(F&& update) {
     Tensor g = s.param.grad();
     if (g.defined()) update_one(s, g, update);
   }
-}
-
-void Optimizer::sync_params_from_master() {
-  for (auto& s : state_)
-    if (s.master.defined()) s.param.copy_(s.master);
 }
 
 AdamW::AdamW(const std::vector<std::pair<std::string, Tensor>>& params, const AdamWOptions& o)
@@ -120,21 +113,16 @@ double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, dou
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   double sq = 0.0;
-  std::vector<Tensor> device_grads;  // CUDA: summed together below, one sync per device
-  for (const auto& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (g.device().is_cuda())
-      device_grads.push_back(g);
-    else
-      sq += ops::sum_squares(g);
-  }
-  while (!device_grads.empty()) {
-    const Device d = device_grads.front().device();
-    auto same = std::stable_partition(device_grads.begin(), device_grads.end(),
+  std::vector<Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  // One multi-tensor sum per device (on CUDA: one launch and one sync for all gradients).
+  while (!grads.empty()) {
+    const Device d = grads.front().device();
+    auto same = std::stable_partition(grads.begin(), grads.end(),
                                       [&](const Tensor& g) { return g.device() == d; });
-    sq += ops::cuda_ops::sum_squares_multi(std::span<const Tensor>(device_grads.begin(), same));
-    device_grads.erase(device_grads.begin(), same);
+    sq += ops::sum_squares_multi(std::span<const Tensor>(grads.begin(), same));
+    grads.erase(grads.begin(), same);
   }
   double norm = std::sqrt(sq);
   if (max_norm > 0.0 && norm > max_norm) {

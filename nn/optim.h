@@ -38,9 +38,6 @@ class Optimizer {
   std::int64_t step_count = 0;
   std::vector<ParamState>& state() { return state_; }
   const std::vector<ParamState>& state() const { return state_; }
-  // Copies the master weights back into the (low-precision) parameters, e.g.
-  // after loading a checkpoint into the masters.
-  void sync_params_from_master();
 
  protected:
   // Adds a parameter: f32 master copy if it is low-precision, and `moments`
@@ -60,10 +57,10 @@ struct AdamWOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 };
 
-// step(): CPU parameters as before, one adamw_step_ each (bit-identical results); CUDA (and
-// meta) parameters in one ops::adamw_multi_step_ call per device: a single launch, gradients as
-// they are (bf16 grads are read as bf16, no f32 copies), masters updated and rounded into the
-// parameters in the same kernel. Same arithmetic either way.
+// step(): one ops::adamw_multi_step_ call per device for every parameter with a gradient. On
+// CUDA that is a single launch; on the CPU the kernel goes item by item. Gradients are read as
+// they are (bf16 gradients as bf16, no f32 copies), and masters are updated and rounded into
+// their parameters in the same kernel.
 class AdamW : public Optimizer {
  public:
   AdamW(const std::vector<std::pair<std::string, Tensor>>& params, const AdamWOptions& o);
@@ -89,9 +86,9 @@ double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t total, dou
                  double min_lr);
 
 // Scales all gradients so their global L2 norm is at most max_norm (if
-// max_norm > 0). Returns the norm before clipping. CPU gradients are summed one
-// by one (in order, in double); CUDA gradients in one multi-tensor launch per
-// device with a single sync (cuda_ops::sum_squares_multi).
+// max_norm > 0). Returns the norm before clipping. The squares are summed by one
+// ops::sum_squares_multi per device: on the CPU tensor by tensor, in order, in
+// double; on CUDA in one launch with a single sync.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace kiln::nn

@@ -121,6 +121,13 @@ struct SumSquaresCpu {
   }
 };
 
+// Tensor by tensor, each through sum_squares (in its own dtype), summed in order in double.
+void sum_squares_multi_cpu(SumSquaresMultiArgs& a) {
+  double sum = 0;
+  for (const Tensor& t : a.tensors) sum += sum_squares(t);
+  a.result = sum;
+}
+
 template <class T>
 struct GemmCpu {
   static void run(GemmArgs& a) {
@@ -179,6 +186,8 @@ void register_basic() {
   register_float_storage<ArgmaxArgs, ArgmaxCpu>();
   register_float_storage<SumAllArgs, SumAllCpu>();
   register_float_storage<SumSquaresArgs, SumSquaresCpu>();
+  register_kernel<SumSquaresMultiArgs>(DeviceType::CPU, DType::F32,
+                                       {.run = &sum_squares_multi_cpu, .mixed_inputs = true});
   register_float<GemmArgs, GemmCpu>();
   register_float<MatmulArgs, MatmulCpu>();
   register_float<LinearArgs, LinearCpu>();

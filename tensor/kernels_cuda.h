@@ -67,6 +67,10 @@ KILN_CUDA_OP(argmax, const Tensor &x, std::int64_t outer, std::int64_t n, std::i
 KILN_CUDA_OP(sum_all, const Tensor &x, Tensor &out);  // out 0-d, x's dtype
 // Sum of squares in f32 (f64 accumulation across blocks), copied to the host.
 KILN_CUDA_OP(sum_squares, const Tensor &x, double *result);
+// Every tensor's sum of squares in one launch (f32 squares, f64 across blocks) and one
+// device-to-host copy, the only sync: ops::sum_squares_multi. Any strides (non-contiguous
+// tensors are copied first). Deterministic.
+KILN_CUDA_OP(sum_squares_multi, std::span<const Tensor> tensors, double *result);
 
 // ---- kernels_cuda_matmul.cpp (cuBLASLt)
 // --------------------------------------------------------- c = alpha * op(a)

@@ -2,7 +2,6 @@
 // the multi-tensor sum of squares (see tensor/kernels_cuda.h for the contract,
 // kernels/cuda/cross_entropy.h and kernels/cuda/optimizer.h for the kernels).
 #include "tensor/kernels_cuda.h"
-#include "tensor/kernels_cuda_multi.h"
 
 #if defined(KILN_CUDA)
 
@@ -184,7 +183,7 @@ void adamw_multi_step(std::span<AdamWTensors> items, double lr, double beta1, do
   cuda::adamw_multi_step(list, c);
 }
 
-double sum_squares_multi(std::span<const Tensor> tensors) {
+void sum_squares_multi(std::span<const Tensor> tensors, double* result) {
   std::vector<Tensor> keep;  // contiguous copies stay alive until the kernel has run
   std::vector<cuda::SumSquaresItem> list;
   const Tensor* first = nullptr;
@@ -201,7 +200,7 @@ double sum_squares_multi(std::span<const Tensor> tensors) {
     it.numel = x.numel();
     list.push_back(it);
   }
-  return cuda::sum_squares_multi(list);  // synchronizes before `keep` is released
+  *result = cuda::sum_squares_multi(list);  // synchronizes before `keep` is released
 }
 
 }  // namespace kiln::ops::cuda_ops

@@ -77,6 +77,16 @@ void reduce_cuda(ReduceArgs& a) { co::reduce(a.op, a.x, a.outer, a.n, a.inner, a
 void argmax_cuda(ArgmaxArgs& a) { co::argmax(a.x, a.outer, a.n, a.inner, a.out); }
 void sum_all_cuda(SumAllArgs& a) { co::sum_all(a.x, a.out); }
 void sum_squares_cuda(SumSquaresArgs& a) { co::sum_squares(a.x, &a.result); }
+void sum_squares_multi_cuda(SumSquaresMultiArgs& a) { co::sum_squares_multi(a.tensors, &a.result); }
+
+// The multi-tensor sum of squares copies each non-contiguous tensor to a dense one first.
+ScratchList sum_squares_multi_scratch(const SumSquaresMultiArgs& a, DType) {
+  ScratchList bytes;
+  for (const Tensor& t : a.tensors)
+    if (!t.is_contiguous())
+      bytes.push_back(t.numel() * static_cast<std::int64_t>(dtype_size(t.dtype())));
+  return bytes;
+}
 void gemm_cuda(GemmArgs& a) { co::gemm(a.c, a.a, a.b, a.trans_a, a.trans_b, a.alpha, a.beta); }
 void matmul_cuda(MatmulArgs& a) { co::matmul(a.a, a.b, a.trans_a, a.trans_b, a.out); }
 void linear_cuda(LinearArgs& a) { co::linear(a.x, a.w, a.bias, a.out); }
@@ -173,6 +183,10 @@ void register_cuda_kernels() {
   register_cuda<ArgmaxArgs>(&argmax_cuda, kFloat, {.layout = S});
   register_cuda<SumAllArgs>(&sum_all_cuda, kFloat, {.layout = S});
   register_cuda<SumSquaresArgs>(&sum_squares_cuda, kFloat, {.layout = S});
+  // Reads f32, bf16 and f16 tensors in one launch (keyed f32, converting nothing).
+  register_cuda<SumSquaresMultiArgs>(
+      &sum_squares_multi_cuda, {DType::F32},
+      {.layout = S, .scratch = &sum_squares_multi_scratch, .mixed_inputs = true});
   register_cuda<GemmArgs>(&gemm_cuda, kFloat, {.layout = S});
   register_cuda<MatmulArgs>(&matmul_cuda, kFloat, {.layout = S});
   register_cuda<LinearArgs>(&linear_cuda, kFloat, {.layout = S});

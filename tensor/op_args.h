@@ -181,6 +181,18 @@ struct SumSquaresArgs {  // result = sum of x^2, on the host
   }
 };
 
+struct SumSquaresMultiArgs {  // result = sum over tensors of sum x^2, on the host
+  static constexpr Op kOp = Op::Reduce;
+  static constexpr std::string_view kName = "sum_squares_multi";
+  std::vector<Tensor> tensors;  // defined, non-empty, float, one device
+  double result = 0;
+  // One kernel per device reads every float dtype itself (no conversions): keyed f32.
+  DType key() const { return DType::F32; }
+  const Tensor& anchor() const { return tensors.front(); }
+  template <class F>
+  void slots(F&&) {}
+};
+
 // ---- matmul ---------------------------------------------------------------------------------
 
 struct GemmArgs {  // c = alpha * op(a) op(b) + beta * c; all 2-d, c contiguous
@@ -596,12 +608,12 @@ KernelList<ActivationArgs<kActivations[I]>..., ActivationBackwardArgs<kActivatio
 
 using AllKernels = decltype(detail::concat(
     KernelList<CopyArgs, FillArgs, RandomArgs, BinaryArgs, UnaryArgs, AffineArgs, AxpyArgs,
-               ScaleArgs, ReduceArgs, ArgmaxArgs, SumAllArgs, SumSquaresArgs, GemmArgs, MatmulArgs,
-               LinearArgs, SoftmaxArgs, SoftmaxBackwardArgs, EmbeddingArgs, EmbeddingBackwardArgs,
-               RmsNormArgs, RmsNormBackwardArgs, LayerNormArgs, LayerNormBackwardArgs,
-               RopeTablesArgs, RopeArgs, SwiGluArgs, SwiGluBackwardArgs, AttentionArgs,
-               AttentionBackwardArgs, CrossEntropyArgs, CrossEntropyBackwardArgs, DropoutArgs,
-               DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs>{},
+               ScaleArgs, ReduceArgs, ArgmaxArgs, SumAllArgs, SumSquaresArgs, SumSquaresMultiArgs,
+               GemmArgs, MatmulArgs, LinearArgs, SoftmaxArgs, SoftmaxBackwardArgs, EmbeddingArgs,
+               EmbeddingBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, LayerNormArgs,
+               LayerNormBackwardArgs, RopeTablesArgs, RopeArgs, SwiGluArgs, SwiGluBackwardArgs,
+               AttentionArgs, AttentionBackwardArgs, CrossEntropyArgs, CrossEntropyBackwardArgs,
+               DropoutArgs, DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs>{},
     detail::activation_kernels(std::make_index_sequence<kActivations.size()>{})));
 
 }  // namespace kiln::ops

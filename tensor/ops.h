@@ -64,6 +64,11 @@ Tensor sum_all(const Tensor& x);          // 0-d
 // Sums x down to `shape` (the inverse of broadcasting), for gradients.
 Tensor sum_to(const Tensor& x, const Shape& shape);
 double sum_squares(const Tensor& x);
+// sum over the tensors of sum x^2, for global gradient-norm clipping: one kernel call for all of
+// them (on CUDA one launch and one sync, not one per tensor). Undefined and empty tensors count
+// 0; the rest must be float tensors on one device. On the CPU it is the sum, in order, of each
+// tensor's sum_squares.
+double sum_squares_multi(std::span<const Tensor> tensors);
 
 // ---- matmul ---------------------------------------------------------------------
 // (M,K)@(K,N), or batched (B,M,K)@(B,K,N); a 2-d b broadcasts over the batch.

@@ -207,6 +207,20 @@ double sum_squares(const Tensor& x) {
   return args.result;
 }
 
+double sum_squares_multi(std::span<const Tensor> tensors) {
+  SumSquaresMultiArgs args;
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    KILN_CHECK(is_floating(t.dtype()), "[sum_squares_multi] {} tensor; expected a float dtype",
+               dtype_name(t.dtype()));
+    if (!args.tensors.empty()) check_same_device(args.tensors.front(), t, "sum_squares_multi");
+    args.tensors.push_back(t);
+  }
+  if (args.tensors.empty()) return 0.0;
+  run(args);
+  return args.result;
+}
+
 // ---- matmul ---------------------------------------------------------------------
 
 void gemm_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,

@@ -14,7 +14,6 @@
 
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/runtime.h"
-#include "tensor/kernels_cuda_multi.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 
@@ -365,11 +364,11 @@ TEST(CudaOptim, SumSquaresMultiMatchesCpu) {
     gpu.push_back(t.defined() ? t.to(kGpu) : Tensor());
     if (t.defined()) want += ops::sum_squares(t);
   }
-  const double got = ops::cuda_ops::sum_squares_multi(gpu);
+  const double got = ops::sum_squares_multi(gpu);
   EXPECT_NEAR(got, want, 1e-5 * want);
   // Deterministic: the same bits every time.
-  EXPECT_EQ(ops::cuda_ops::sum_squares_multi(gpu), got);
-  EXPECT_EQ(ops::cuda_ops::sum_squares_multi(std::vector<Tensor>{}), 0.0);
+  EXPECT_EQ(ops::sum_squares_multi(gpu), got);
+  EXPECT_EQ(ops::sum_squares_multi(std::vector<Tensor>{}), 0.0);
 }
 
 }  // namespace

@@ -214,6 +214,30 @@ TEST(Ops, ReduceEachDimNonContiguous) {
   EXPECT_NEAR(ops::sum_squares(x), sq, 1e-12);
 }
 
+// Clipping's global norm: every tensor's squares in one call, in any float dtype and layout,
+// against an f64 sum of the values; the CPU sums tensor by tensor in order, so it equals the
+// ordered sum of sum_squares exactly.
+TEST(Ops, SumSquaresMultiSumsEveryTensor) {
+  const std::vector<Tensor> ts = {randt({3, 5}, 11), Tensor(),
+                                  randt({4, 6}, 12).to(DType::F32).transpose(0, 1),
+                                  ops::zeros({0, 3}), randt({7}, 13).to(DType::BF16)};
+  double want = 0, ordered = 0;
+  for (const Tensor& t : ts) {
+    if (!t.defined()) continue;
+    for (double v : t.to_double_vector()) want += v * v;
+    ordered += ops::sum_squares(t);
+  }
+  const double got = ops::sum_squares_multi(ts);
+  EXPECT_NEAR(got, want, 1e-6 * want);
+  EXPECT_EQ(got, ordered);
+  EXPECT_EQ(ops::sum_squares_multi(std::vector<Tensor>{}), 0.0);
+  EXPECT_EQ(ops::sum_squares_multi(std::vector<Tensor>{Tensor(), ops::zeros({0})}), 0.0);
+  EXPECT_THROW(ops::sum_squares_multi(std::vector<Tensor>{ops::zeros({2}, DType::I32)}), Error);
+  EXPECT_THROW(ops::sum_squares_multi(std::vector<Tensor>{
+                   ops::zeros({2}), ops::zeros({2}, DType::F32, Device::meta())}),
+               Error);
+}
+
 TEST(Ops, SumTo) {
   Tensor x = randt({2, 3, 4}, 5);
   auto xv = x.to_double_vector();
