@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/half.h"
 #include "tensor/dtype.h"
@@ -13,6 +14,27 @@ template <typename T>
 struct TypeTag {
   using type = T;
 };
+
+// The DType of a storage type: dtype_of<bf16>() == DType::BF16 (the inverse of dispatch_dtype).
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return DType::F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::F64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return DType::BF16;
+  else if constexpr (std::is_same_v<T, f16>)
+    return DType::F16;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::I32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::I64;
+  else {
+    static_assert(std::is_same_v<T, std::uint8_t>, "no DType stores this type");
+    return DType::Bool;
+  }
+}
 
 template <typename F>
 decltype(auto) dispatch_dtype(DType t, F&& f) {

@@ -75,9 +75,16 @@ struct Registration {
 // Every registered kernel (the backends register theirs once, before the first lookup).
 const std::vector<Registration>& registrations();
 
-// Each backend's registrations (tensor/kernels_cpu_*.cpp, tensor/kernels_cuda.cpp).
+// Each backend's registrations (tensor/kernels_cpu_*.cpp, tensor/kernels_cuda_registry.cpp).
 void register_cpu_kernels();
 void register_cuda_kernels();
+
+enum class AttentionImpl;  // tensor/ops.h
+namespace cuda_glue {
+// Puts the chosen implementation's attention entries in the CUDA table (bf16/f16; f32 always
+// runs kiln's): tensor/kernels_cuda_attention.cpp. ops::set_attention_impl calls it.
+void register_cuda_attention(AttentionImpl impl);
+}  // namespace cuda_glue
 
 namespace detail {
 

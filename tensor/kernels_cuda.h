@@ -18,8 +18,10 @@
 //
 // One implementation file per family: kernels_cuda_basic.cpp (copy, fill, random,
 // elementwise, reductions), kernels_cuda_matmul.cpp, kernels_cuda_nn.cpp (softmax,
-// embedding, norms, RoPE, activations, dropout), kernels_cuda_attention.cpp (+
-// _cudnn.cpp), kernels_cuda_loss.cpp (cross-entropy, optimizers). In a build
+// embedding, norms, RoPE, activations, dropout), kernels_cuda_loss.cpp (cross-entropy,
+// optimizers). The attention family (kernels_cuda_attention.cpp) already has the shape every
+// family is moving to: typed entries registered beside their bodies (kernels_cuda_glue.h), no
+// declarations here. In a build
 // without CUDA every function is an inline stub that fails; no caller reaches
 // them, since a CUDA tensor cannot be allocated there.
 #pragma once
@@ -117,21 +119,6 @@ KILN_CUDA_OP(swiglu_backward, const Tensor &gate, const Tensor &up, const Tensor
 KILN_CUDA_OP(dropout, const Tensor &x, double p, std::uint64_t seed, std::uint64_t offset,
              Tensor &y, Tensor &mask);
 KILN_CUDA_OP(dropout_backward, const Tensor &dy, const Tensor &mask, double p, Tensor &dx);
-
-// ---- kernels_cuda_attention.cpp: kiln's flash attention; _cudnn.cpp: cuDNN's
-// fused SDPA ---------- Layouts as ops::attention: q/out (B, Tq, Hq, D) dense,
-// k/v (B, Tk, Hkv, D) with dense T/H/D and k.stride(0) as the batch stride (KV
-// cache); lse (B, Hq, Tq) f32.
-KILN_CUDA_OP(attention, const Tensor &q, const Tensor &k, const Tensor &v, double scale,
-             std::int64_t q_offset, Tensor &out, Tensor &lse);
-KILN_CUDA_OP(attention_backward, const Tensor &q, const Tensor &k, const Tensor &v,
-             const Tensor &out, const Tensor &lse, const Tensor &dout, double scale, Tensor &dq,
-             Tensor &dk, Tensor &dv);
-KILN_CUDA_OP(attention_cudnn, const Tensor &q, const Tensor &k, const Tensor &v, double scale,
-             std::int64_t q_offset, Tensor &out, Tensor &lse);
-KILN_CUDA_OP(attention_backward_cudnn, const Tensor &q, const Tensor &k, const Tensor &v,
-             const Tensor &out, const Tensor &lse, const Tensor &dout, double scale, Tensor &dq,
-             Tensor &dk, Tensor &dv);
 
 // ---- kernels_cuda_loss.cpp
 // ---------------------------------------------------------------------- Fused,

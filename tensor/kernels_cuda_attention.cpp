@@ -1,43 +1,108 @@
-// CUDA front end, attention family: kiln's own flash attention
-// (kernels/cuda/attention.h).
+// CUDA glue, attention family: the CUDA entries of ops::attention and ops::attention_backward,
+// in two implementations that take the same arguments:
+//   - kiln's flash attention (kernels/cuda/attention.h): f32, bf16 and f16;
+//   - cuDNN's fused SDPA (kernels/cuda/attention_cudnn.h): bf16 and f16 only, head dim a
+//     multiple of 8 up to 256 (cudnn_sdpa::validate says so by name otherwise).
+// Which one the table holds for bf16/f16 is chosen by register_cuda_attention(), which
+// ops::set_attention_impl calls (`--attention kiln|cudnn`); f32 always runs kiln's.
 //
-// ops::attention / attention_backward have checked shapes, dtypes and the dense
-// (T, H, D) inner layout of k and v, made q (and, for the backward, every
-// input) contiguous, and allocated the outputs. Here: dtype support, the
-// remaining layout checks, the plan (which kernel, grid and scratch), and the
-// scratch itself, charged to Temporaries and freed on return:
-//   forward: only when the generic kernel splits the keys (decode): splits x B
-//   x Hq x Tq x (D+2)
-//            f32;
-//   backward: Di (B x Hq x T f32), plus the f32 dQ accumulator (B x T x Hq x D)
-//   on the flash
-//            path. The meta dry run does not see these (it never reaches this
-//            file); cuda::plan_attention_forward/backward give the same sizes
-//            on any build.
+// The front end (ops::attention) has checked shapes, dtypes and the GQA ratio; the dispatcher
+// has put every tensor on one device, in T, and made q (forward) or every input (backward)
+// contiguous, while k/v keep their dense (T, H, D) with a KV cache's larger batch stride. What
+// is left here: the plan (kernel, grid, scratch) and the scratch itself, charged to
+// Temporaries and freed on return (everything runs on the legacy default stream).
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_cudnn.h"
+#include "tensor/kernels_cuda_glue.h"
 #include "tensor/memory.h"
-#include "tensor/kernels_cuda.h"
+#include "tensor/op_args.h"
+
+#if defined(KILN_CUDA)
+#include <array>
+#include <mutex>
+#endif
+
+namespace kiln::ops {
+namespace cuda_glue {
+namespace {
+
+namespace sdpa = ::kiln::cuda::cudnn_sdpa;
+
+// The kernels' view of q (B, Tq, Hq, D) against k/v (B, Tk, Hkv, D): the batch stride is k's (a
+// KV cache's may be larger); a single batch may carry any, so make it at least one batch.
+cuda::AttentionShape attention_shape(const Tensor& q, const Tensor& k, std::int64_t q_offset) {
+  cuda::AttentionShape s{.B = q.size(0),
+                         .Tq = q.size(1),
+                         .Tk = k.size(1),
+                         .Hq = q.size(2),
+                         .Hkv = k.size(2),
+                         .D = q.size(3),
+                         .q_offset = q_offset,
+                         .kv_batch_stride = k.stride(0)};
+  if (s.B == 1 && s.kv_batch_stride < s.Tk * s.Hkv * s.D) s.kv_batch_stride = s.Tk * s.Hkv * s.D;
+  return s;
+}
+
+// The same shape as cuDNN's plan-cache key.
+sdpa::SdpaKey sdpa_key(const cuda::AttentionShape& s, bool backward, DType dt, double scale,
+                       Device device) {
+  sdpa::SdpaKey key;
+  key.backward = backward;
+  key.io = dt == DType::F16 ? sdpa::IoType::F16 : sdpa::IoType::BF16;
+  key.B = s.B, key.Tq = s.Tq, key.Tk = s.Tk, key.Hq = s.Hq, key.Hkv = s.Hkv, key.D = s.D;
+  // A single batch is described densely (its batch stride addresses nothing), so that every
+  // KV-cache view of one batch shares a plan.
+  key.kv_batch_stride = s.B == 1 ? s.Tk * s.Hkv * s.D : s.kv_batch_stride;
+  key.q_offset = s.q_offset;
+  key.scale = static_cast<float>(scale);
+  key.device = device.index;
+  return key;
+}
+
+// k and v (slots 1 and 2) are read with dense (T, H, D) and any batch stride; every other
+// input must be contiguous.
+bool attention_accepts(int slot, const Tensor& t) {
+  if (slot == 1 || slot == 2)
+    return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3) &&
+           t.stride(1) == t.size(2) * t.size(3);
+  return t.is_contiguous();
+}
+
+// kiln's backward allocates Di (B, Hq, T) f32 and, on the bf16 tensor-core path, an f32 dQ
+// accumulator (B, T, Hq, D): the plan says how much, on any build.
+ScratchList attention_backward_scratch(const AttentionBackwardArgs& a, DType dt) {
+  const auto plan = cuda::plan_attention_backward(
+      cuda::training_attention_shape(a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2),
+                                     a.q.size(3)),
+      dt == DType::BF16, true);
+  return {plan.scratch_floats * 4};
+}
+
+template <class T>
+struct AttentionCuda {
+  static void run(AttentionArgs& a);
+};
+template <class T>
+struct AttentionBackwardCuda {
+  static void run(AttentionBackwardArgs& a);
+};
+// cuDNN's workspace comes from its plan, known only on a device: the dry run does not see it.
+template <class T>
+struct AttentionCudnn {
+  static void run(AttentionArgs& a);
+};
+template <class T>
+struct AttentionBackwardCudnn {
+  static void run(AttentionBackwardArgs& a);
+};
 
 #if defined(KILN_CUDA)
 
-#include <array>
-#include <cstdint>
-#include <initializer_list>
-#include <mutex>
+bool aligned16(const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.raw_data()) % 16 == 0; }
 
-namespace kiln::ops::cuda_ops {
-namespace {
-
-void check_dtype(DType t, const char *op) {
-  KILN_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16,
-             "[{}] {} is not supported on CUDA", op, dtype_name(t));
-}
-
-bool aligned16(const Tensor &t) { return reinterpret_cast<std::uintptr_t>(t.raw_data()) % 16 == 0; }
-
-void check_current_device(const Tensor &t, const char *op) {
+void check_current_device(const Tensor& t, const char* op) {
   const int current = cuda::current_device();
-  KILN_CHECK(t.device().is_cuda() && t.device().index == current,
+  KILN_CHECK(t.device().index == current,
              "[{}] tensors are on {} but the current CUDA device is {}", op, t.device().str(),
              current);
 }
@@ -54,104 +119,98 @@ int num_sms() {
   return cache[dev];
 }
 
-Tensor scratch_f32(std::int64_t n, Device device) {
+// `bytes` of scratch (an f32 buffer, or cuDNN's byte workspace) as a Temporaries tensor.
+Tensor scratch_tensor(std::int64_t n, DType dt, Device device) {
   if (n <= 0) return Tensor();
   MemoryScope scope(MemCategory::Temporaries);
-  return Tensor::empty({n}, DType::F32, device);
+  return Tensor::empty({n}, dt, device);
+}
+void* data_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+
+// Makes `device` current for the scope (cuDNN's plans and handle are per device).
+struct DeviceScope {
+  int prev;
+  explicit DeviceScope(int device) : prev(cuda::current_device()) {
+    if (prev != device) cuda::set_device(device);
+  }
+  ~DeviceScope() {
+    if (prev != cuda::current_device()) cuda::set_device(prev);
+  }
+};
+
+template <class T>
+void AttentionCuda<T>::run(AttentionArgs& a) {
+  check_current_device(a.q, "attention");
+  const cuda::AttentionShape s = attention_shape(a.q, a.k, a.q_offset);
+  const bool aligned = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) &&
+                       s.kv_batch_stride % 8 == 0;
+  const cuda::AttentionPlan plan =
+      cuda::plan_attention_forward(s, std::is_same_v<T, bf16>, aligned, num_sms());
+  Tensor scratch = scratch_tensor(plan.scratch_floats, DType::F32, a.q.device());
+  cuda::attention_forward<T>(plan, s, static_cast<float>(a.scale), a.q.data<T>(), a.k.data<T>(),
+                             a.v.data<T>(), a.out.data<T>(), a.lse.data<float>(),
+                             static_cast<float*>(data_or_null(scratch)), nullptr);
 }
 
-template <typename F>
-void dispatch_attention(DType t, F &&f) {
-  switch (t) {
-    case DType::F32:
-      f(float{});
-      break;
-    case DType::BF16:
-      f(bf16{});
-      break;
-    case DType::F16:
-      f(f16{});
-      break;
-    default:
-      fail("[attention] {} is not supported on CUDA", dtype_name(t));
-  }
+template <class T>
+void AttentionBackwardCuda<T>::run(AttentionBackwardArgs& a) {
+  check_current_device(a.q, "attention_backward");
+  const cuda::AttentionShape s = cuda::training_attention_shape(
+      a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2), a.q.size(3));
+  bool aligned = true;
+  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv})
+    aligned = aligned && aligned16(*t);
+  const cuda::AttentionPlan plan =
+      cuda::plan_attention_backward(s, std::is_same_v<T, bf16>, aligned);
+  Tensor scratch = scratch_tensor(plan.scratch_floats, DType::F32, a.q.device());
+  cuda::attention_backward<T>(plan, s, static_cast<float>(a.scale), a.q.data<T>(), a.k.data<T>(),
+                              a.v.data<T>(), a.out.data<T>(), a.lse.data<float>(), a.dout.data<T>(),
+                              a.dq.data<T>(), a.dk.data<T>(), a.dv.data<T>(),
+                              static_cast<float*>(data_or_null(scratch)), nullptr);
 }
+
+template <class T>
+void AttentionCudnn<T>::run(AttentionArgs& a) {
+  const sdpa::SdpaKey key =
+      sdpa_key(attention_shape(a.q, a.k, a.q_offset), false, dtype_of<T>(), a.scale, a.q.device());
+  DeviceScope device(key.device);
+  const std::size_t ws_bytes = sdpa::workspace_bytes(key);
+  Tensor ws = scratch_tensor(static_cast<std::int64_t>(ws_bytes), DType::Bool, a.q.device());
+  sdpa::forward(key, a.q.raw_data(), a.k.raw_data(), a.v.raw_data(), a.out.raw_data(),
+                a.lse.data<float>(), data_or_null(ws), ws_bytes, nullptr);
+}
+
+template <class T>
+void AttentionBackwardCudnn<T>::run(AttentionBackwardArgs& a) {
+  const sdpa::SdpaKey key =
+      sdpa_key(cuda::training_attention_shape(a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2),
+                                              a.q.size(3)),
+               true, dtype_of<T>(), a.scale, a.q.device());
+  DeviceScope device(key.device);
+  const std::size_t ws_bytes = sdpa::workspace_bytes(key);
+  Tensor ws = scratch_tensor(static_cast<std::int64_t>(ws_bytes), DType::Bool, a.q.device());
+  sdpa::backward(key, a.q.raw_data(), a.k.raw_data(), a.v.raw_data(), a.out.raw_data(),
+                 a.lse.data<float>(), a.dout.raw_data(), a.dq.raw_data(), a.dk.raw_data(),
+                 a.dv.raw_data(), data_or_null(ws), ws_bytes, nullptr);
+}
+
+#endif  // KILN_CUDA
 
 }  // namespace
 
-void attention(const Tensor &q, const Tensor &k, const Tensor &v, double scale,
-               std::int64_t q_offset, Tensor &out, Tensor &lse) {
-  check_dtype(q.dtype(), "attention");
-  check_current_device(q, "attention");
-  KILN_CHECK(q.is_contiguous() && out.is_contiguous() && out.dtype() == q.dtype(),
-             "[attention] q and out must be contiguous with q's dtype");
-  KILN_CHECK(lse.dtype() == DType::F32 && lse.is_contiguous() && lse.dim() == 3,
-             "[attention] lse must be a contiguous (B, Hq, Tq) f32 tensor");
-  cuda::AttentionShape s;
-  s.B = q.size(0);
-  s.Tq = q.size(1);
-  s.Hq = q.size(2);
-  s.D = q.size(3);
-  s.Tk = k.size(1);
-  s.Hkv = k.size(2);
-  s.q_offset = q_offset;
-  s.kv_batch_stride = k.stride(0);
-  KILN_CHECK(k.stride(0) == v.stride(0) && k.stride(1) == s.Hkv * s.D && k.stride(2) == s.D &&
-                 k.stride(3) == 1 && v.stride(1) == s.Hkv * s.D && v.stride(2) == s.D &&
-                 v.stride(3) == 1,
-             "[attention] k and v need dense (T, H, D) and one batch stride");
-  // A single batch may carry any batch stride; make it at least one batch's
-  // worth.
-  if (s.B == 1 && s.kv_batch_stride < s.Tk * s.Hkv * s.D) s.kv_batch_stride = s.Tk * s.Hkv * s.D;
-  const bool aligned =
-      aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out) && s.kv_batch_stride % 8 == 0;
-  const cuda::AttentionPlan plan =
-      cuda::plan_attention_forward(s, q.dtype() == DType::BF16, aligned, num_sms());
-  Tensor scratch = scratch_f32(plan.scratch_floats, q.device());
-  float *sp = scratch.defined() ? scratch.data<float>() : nullptr;
-  dispatch_attention(q.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    cuda::attention_forward<T>(plan, s, static_cast<float>(scale), q.data<T>(), k.data<T>(),
-                               v.data<T>(), out.data<T>(), lse.data<float>(), sp, nullptr);
-  });
+void register_cuda_attention(AttentionImpl impl) {
+  const Kernel<AttentionArgs> fwd{.accepts = &attention_accepts};
+  const Kernel<AttentionBackwardArgs> bwd_kiln{.scratch = &attention_backward_scratch};
+  register_cuda<AttentionArgs, AttentionCuda, float>(fwd);
+  register_cuda<AttentionBackwardArgs, AttentionBackwardCuda, float>(bwd_kiln);
+  if (impl == AttentionImpl::Cudnn) {
+    register_cuda<AttentionArgs, AttentionCudnn, bf16, f16>(fwd);
+    register_cuda<AttentionBackwardArgs, AttentionBackwardCudnn, bf16, f16>({});
+  } else {
+    register_cuda<AttentionArgs, AttentionCuda, bf16, f16>(fwd);
+    register_cuda<AttentionBackwardArgs, AttentionBackwardCuda, bf16, f16>(bwd_kiln);
+  }
 }
 
-void attention_backward(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &out,
-                        const Tensor &lse, const Tensor &dout, double scale, Tensor &dq, Tensor &dk,
-                        Tensor &dv) {
-  check_dtype(q.dtype(), "attention_backward");
-  check_current_device(q, "attention_backward");
-  for (const Tensor *t : std::initializer_list<const Tensor *>{&k, &v, &out, &dout, &dq, &dk, &dv})
-    KILN_CHECK(t->dtype() == q.dtype() && t->is_contiguous(),
-               "[attention_backward] every tensor must be contiguous with q's "
-               "dtype ({})",
-               dtype_name(q.dtype()));
-  KILN_CHECK(q.is_contiguous(), "[attention_backward] q must be contiguous");
-  KILN_CHECK(lse.dtype() == DType::F32 && lse.is_contiguous() &&
-                 lse.shape() == Shape({q.size(0), q.size(2), q.size(1)}),
-             "[attention_backward] lse must be a contiguous (B, Hq, T) f32 "
-             "tensor, got {} {}",
-             dtype_name(lse.dtype()), shape_str(lse.shape()));
-  KILN_CHECK(k.size(1) == q.size(1), "[attention_backward] needs Tq == Tk, got {} and {}",
-             q.size(1), k.size(1));
-  const cuda::AttentionShape s =
-      cuda::training_attention_shape(q.size(0), q.size(1), q.size(2), k.size(2), q.size(3));
-  bool aligned = true;
-  for (const Tensor *t :
-       std::initializer_list<const Tensor *>{&q, &k, &v, &out, &dout, &dq, &dk, &dv})
-    aligned = aligned && aligned16(*t);
-  const cuda::AttentionPlan plan =
-      cuda::plan_attention_backward(s, q.dtype() == DType::BF16, aligned);
-  Tensor scratch = scratch_f32(plan.scratch_floats, q.device());
-  dispatch_attention(q.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    cuda::attention_backward<T>(plan, s, static_cast<float>(scale), q.data<T>(), k.data<T>(),
-                                v.data<T>(), out.data<T>(), lse.data<float>(), dout.data<T>(),
-                                dq.data<T>(), dk.data<T>(), dv.data<T>(), scratch.data<float>(),
-                                nullptr);
-  });
-}
-
-}  // namespace kiln::ops::cuda_ops
-
-#endif  // KILN_CUDA
+}  // namespace cuda_glue
+}  // namespace kiln::ops

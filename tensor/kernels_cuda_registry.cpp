@@ -3,7 +3,6 @@
 // to the CUDA glue (tensor/kernels_cuda.h, which dispatches the dtype once and launches
 // kernels/cuda/). Compiled in every build: without CUDA the entries are capabilities only
 // (runnable = false), so a dry run can still simulate a CUDA run (--simulate cuda).
-#include "kernels/cuda/attention.h"
 #include "kernels/cuda/norm.h"
 #include "tensor/kernels_cuda.h"
 #include "tensor/op_args.h"
@@ -30,24 +29,6 @@ void register_cuda(void (*run)(A&), std::initializer_list<DType> dtypes, Kernel<
 constexpr std::initializer_list<DType> kFloat = {DType::F32, DType::BF16, DType::F16};
 constexpr std::initializer_list<DType> kAll = {DType::F32, DType::F64, DType::BF16, DType::F16,
                                                DType::I32, DType::I64, DType::Bool};
-
-// k and v need dense (T, H, D); a KV cache's larger batch stride is read in place.
-bool attention_accepts(int slot, const Tensor& t) {
-  if (slot == 1 || slot == 2)
-    return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3) &&
-           t.stride(1) == t.size(2) * t.size(3);
-  return true;
-}
-
-// The attention backward's launcher allocates Di (B, Hq, T) f32 and, on the bf16 tensor-core
-// path, an f32 dQ accumulator (B, T, Hq, D): the plan says how much.
-ScratchList attention_backward_scratch(const AttentionBackwardArgs& a, DType dt) {
-  const auto plan = cuda::plan_attention_backward(
-      cuda::training_attention_shape(a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2),
-                                     a.q.size(3)),
-      dt == DType::BF16, true);
-  return {plan.scratch_floats * 4};
-}
 
 // The norm backward kernels sum dw (and db) over row chunks into f32 partials.
 std::int64_t norm_partials_bytes(const Tensor& x, const Tensor& w) {
@@ -124,22 +105,6 @@ void swiglu_cuda(SwiGluArgs& a) { co::swiglu(a.gate, a.up, a.out); }
 void swiglu_backward_cuda(SwiGluBackwardArgs& a) {
   co::swiglu_backward(a.gate, a.up, a.dout, a.dgate, a.dup);
 }
-// kiln's flash attention, or cuDNN's fused SDPA (set_attention_impl).
-void attention_cuda(AttentionArgs& a) {
-  Tensor q = a.q.contiguous();
-  if (attention_impl() == AttentionImpl::Cudnn)
-    co::attention_cudnn(q, a.k, a.v, a.scale, a.q_offset, a.out, a.lse);
-  else
-    co::attention(q, a.k, a.v, a.scale, a.q_offset, a.out, a.lse);
-}
-void attention_backward_cuda(AttentionBackwardArgs& a) {
-  Tensor q = a.q.contiguous(), k = a.k.contiguous(), v = a.v.contiguous();
-  Tensor out = a.out.contiguous(), dout = a.dout.contiguous();
-  if (attention_impl() == AttentionImpl::Cudnn)
-    co::attention_backward_cudnn(q, k, v, out, a.lse, dout, a.scale, a.dq, a.dk, a.dv);
-  else
-    co::attention_backward(q, k, v, out, a.lse, dout, a.scale, a.dq, a.dk, a.dv);
-}
 void cross_entropy_cuda(CrossEntropyArgs& a) {
   co::cross_entropy(a.logits, a.targets, a.ignore_index, a.loss, a.lse);
 }
@@ -209,10 +174,7 @@ void register_cuda_kernels() {
   });
   register_cuda<SwiGluArgs>(&swiglu_cuda, kFloat, {.layout = S});
   register_cuda<SwiGluBackwardArgs>(&swiglu_backward_cuda, kFloat, {.layout = S});
-  register_cuda<AttentionArgs>(&attention_cuda, kFloat,
-                               {.layout = S, .accepts = &attention_accepts});
-  register_cuda<AttentionBackwardArgs>(&attention_backward_cuda, kFloat,
-                                       {.layout = S, .scratch = &attention_backward_scratch});
+  cuda_glue::register_cuda_attention(attention_impl());
   register_cuda<CrossEntropyArgs>(&cross_entropy_cuda, kFloat, {.layout = S});
   register_cuda<CrossEntropyBackwardArgs>(&cross_entropy_backward_cuda, kFloat, {.layout = S});
   register_cuda<DropoutArgs>(&dropout_cuda, kFloat, {.layout = S});

@@ -292,7 +292,13 @@ void adamw_multi_step_(std::span<AdamWTensors> items, double lr, double beta1, d
 }
 
 static AttentionImpl g_attention_impl = AttentionImpl::Kiln;
-void set_attention_impl(AttentionImpl impl) { g_attention_impl = impl; }
+// The choice is a table entry: the CUDA attention entries are replaced, so the dispatcher (and
+// the dry run) sees the implementation that runs.
+void set_attention_impl(AttentionImpl impl) {
+  g_attention_impl = impl;
+  detail::ensure_registered();
+  cuda_glue::register_cuda_attention(impl);
+}
 AttentionImpl attention_impl() { return g_attention_impl; }
 
 }  // namespace kiln::ops

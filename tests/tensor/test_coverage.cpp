@@ -76,6 +76,30 @@ TEST(Coverage, CudaCapabilitiesAreKnownInEveryBuild) {
     EXPECT_NE(find_kernel<RandomArgs>(DeviceType::CUDA, dt), nullptr) << dtype_name(dt);
 }
 
+// `--attention cudnn` is a table entry, not a switch inside the glue: choosing it replaces the
+// bf16/f16 CUDA attention entries (so the dispatcher and the dry run see what runs), leaves f32
+// on kiln's kernel (cuDNN has no f32 path), and choosing kiln puts the original entries back.
+TEST(Coverage, AttentionImplementationIsATableEntry) {
+  const AttentionImpl before = attention_impl();
+  set_attention_impl(AttentionImpl::Kiln);
+  auto fwd = [](DType dt) { return find_kernel<AttentionArgs>(DeviceType::CUDA, dt)->run; };
+  auto bwd = [](DType dt) { return *find_kernel<AttentionBackwardArgs>(DeviceType::CUDA, dt); };
+  const auto kiln_bf16 = fwd(DType::BF16), kiln_f32 = fwd(DType::F32);
+  ASSERT_NE(bwd(DType::BF16).scratch, nullptr);  // kiln's backward declares Di and dQ
+
+  set_attention_impl(AttentionImpl::Cudnn);
+  EXPECT_NE(fwd(DType::BF16), kiln_bf16);
+  EXPECT_NE(fwd(DType::F16), nullptr);
+  EXPECT_EQ(fwd(DType::F32), kiln_f32);
+  EXPECT_EQ(bwd(DType::BF16).scratch, nullptr);  // cuDNN's workspace is known only on a device
+  EXPECT_NE(bwd(DType::F32).scratch, nullptr);
+
+  set_attention_impl(AttentionImpl::Kiln);
+  EXPECT_EQ(fwd(DType::BF16), kiln_bf16);
+  EXPECT_NE(bwd(DType::BF16).scratch, nullptr);
+  set_attention_impl(before);
+}
+
 // A tensor on another device than its op's is refused by the dispatcher on every backend, with
 // one message; copy, which moves data between devices, is the exception.
 TEST(Coverage, MixedDevicesAreRefusedByTheDispatcher) {

@@ -1,5 +1,5 @@
 // cuDNN fused attention: kernels/cuda/attention_cudnn.{h,cpp} and
-// tensor/kernels_cuda_attention_cudnn.cpp (ops::attention under AttentionImpl::Cudnn).
+// tensor/kernels_cuda_attention.cpp (ops::attention under AttentionImpl::Cudnn).
 //
 // CPU tests (any CUDA build, no GPU needed):
 //   - the kiln -> cuDNN dims/strides mapping, checked element by element;
