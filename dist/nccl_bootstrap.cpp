@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "dist/nccl_communicator.h"
+
 namespace kiln::dist {
 
 UniqueIdBytes broadcast_unique_id(Communicator& comm, const UniqueIdBytes& id, int root) {
@@ -14,6 +16,22 @@ UniqueIdBytes broadcast_unique_id(Communicator& comm, const UniqueIdBytes& id, i
   UniqueIdBytes out{};
   std::memcpy(out.data(), t.raw_data(), kNcclUniqueIdBytes);
   return out;
+}
+
+Communicator* communicator_for(Device device, Communicator* given,
+                               std::unique_ptr<Communicator>& own) {
+  Communicator* c = given ? given : &world();
+#if defined(KILN_CUDA)
+  if (device.is_cuda() && c->size() > 1 && c->backend() == "mpi") {
+    own = std::make_unique<NcclCommunicator>(static_cast<MpiCommunicator&>(*c));
+    return own.get();
+  }
+#else
+  (void)own;
+#endif
+  KILN_CHECK(!device.is_cuda() || c->size() == 1 || c->backend() == "nccl",
+             "[dist] {} ranks on CUDA need the NCCL backend, got {}", c->size(), c->backend());
+  return c;
 }
 
 int device_for_local_rank(int local_rank, int local_size, int n_devices, const std::string& host) {

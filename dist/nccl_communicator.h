@@ -45,4 +45,10 @@ class NcclCommunicator final : public Communicator {
 
 #endif  // KILN_CUDA
 
+// The communicator for tensors on `device`: `given`, else the process's world; on CUDA with more
+// than one MPI rank, NCCL over that MPI world (one rank per GPU), kept alive in `own`. Fails
+// when CUDA tensors would meet a backend that cannot move them.
+Communicator* communicator_for(Device device, Communicator* given,
+                               std::unique_ptr<Communicator>& own);
+
 }  // namespace kiln::dist

@@ -1,6 +1,7 @@
 #include "models/checkpoint.h"
 
 #include <cstring>
+#include <deque>
 #include <map>
 
 #include "models/io/checkpoint_h5.h"
@@ -11,15 +12,32 @@ namespace {
 
 std::vector<std::int64_t> to_vec(const Shape& s) { return {s.begin(), s.end()}; }
 
+// Reads the f32 tensor at `path` into dst, on any device and in any float dtype: straight into a
+// contiguous f32 CPU tensor, else through an f32 CPU buffer (Temporaries) copied into dst (to the
+// device, rounded into a bf16 tensor).
 void read_into(const io::CheckpointReader& r, const std::string& path, Tensor& dst) {
   io::TensorInfo info = r.tensor_info(path);
   KILN_CHECK(info.dtype == "F32", "[checkpoint] {} is {}, expected F32", path, info.dtype);
   KILN_CHECK(Shape(info.shape.begin(), info.shape.end()) == dst.shape(),
              "[checkpoint] {} has shape {}, the model expects {}", path,
              shape_str(Shape(info.shape.begin(), info.shape.end())), shape_str(dst.shape()));
-  KILN_CHECK(dst.dtype() == DType::F32 && dst.is_contiguous() && dst.device().is_cpu(),
-             "[checkpoint] loading needs contiguous f32 CPU tensors");
-  r.read_tensor_into(path, dst.raw_data(), dst.nbytes());
+  if (dst.dtype() == DType::F32 && dst.is_contiguous() && dst.device().is_cpu()) {
+    r.read_tensor_into(path, dst.raw_data(), dst.nbytes());
+    return;
+  }
+  Tensor host;
+  {
+    MemoryScope scratch(MemCategory::Temporaries);
+    host = Tensor::empty(dst.shape(), DType::F32);
+  }
+  r.read_tensor_into(path, host.raw_data(), host.nbytes());
+  dst.copy_(host);
+}
+
+// An f32 CPU copy of t (t itself when it is one already), kept alive in `keep` until write().
+const Tensor& host_f32(const Tensor& t, std::deque<Tensor>& keep) {
+  keep.push_back(t.to(Device::cpu(), DType::F32).contiguous());
+  return keep.back();
 }
 
 }  // namespace
@@ -34,10 +52,10 @@ std::unique_ptr<io::Tokenizer> run_tokenizer(const std::string& spec,
   return io::make_tokenizer(spec, training_text);
 }
 
-void save_checkpoint(const std::string& path, const DecoderModel& model,
-                     const nn::Optimizer* opt, const TrainState& st) {
+void save_checkpoint(const std::string& path, const DecoderModel& model, const nn::Optimizer* opt,
+                     const TrainState& st) {
   io::CheckpointWriter w;
-  std::vector<Tensor> keep;  // the writer borrows data until write()
+  std::deque<Tensor> keep;  // the writer borrows data until write(); a deque keeps references
   // With mixed precision the f32 master copies are the weights to keep.
   std::map<std::string, Tensor> masters;
   if (opt)
@@ -45,15 +63,19 @@ void save_checkpoint(const std::string& path, const DecoderModel& model,
       if (s.master.defined()) masters[s.name] = s.master;
   for (auto& [name, p] : model.named_parameters()) {
     auto mit = masters.find(name);
-    const Tensor& src = mit != masters.end() ? mit->second : p;
-    Tensor c = src.to(Device::cpu(), DType::F32).contiguous();
-    keep.push_back(c);
+    const Tensor& c = host_f32(mit != masters.end() ? mit->second : p, keep);
     w.add_tensor("model/" + name, "F32", to_vec(c.shape()), c.raw_data());
   }
   if (opt) {
     for (const auto& s : opt->state()) {
-      if (s.m.defined()) w.add_tensor("optim_m/" + s.name, "F32", to_vec(s.m.shape()), s.m.raw_data());
-      if (s.v.defined()) w.add_tensor("optim_v/" + s.name, "F32", to_vec(s.v.shape()), s.v.raw_data());
+      if (s.m.defined()) {
+        const Tensor& m = host_f32(s.m, keep);
+        w.add_tensor("optim_m/" + s.name, "F32", to_vec(m.shape()), m.raw_data());
+      }
+      if (s.v.defined()) {
+        const Tensor& v = host_f32(s.v, keep);
+        w.add_tensor("optim_v/" + s.name, "F32", to_vec(v.shape()), v.raw_data());
+      }
     }
     w.set_attr_i64("optimizer_step", opt->step_count);
   }
@@ -65,7 +87,8 @@ void save_checkpoint(const std::string& path, const DecoderModel& model,
   w.set_attr_f64("best_val_loss", st.best_val_loss);
   w.set_attr_string("tokenizer_spec", st.tokenizer_spec);
   w.set_attr_string("args", st.args.dump());
-  w.add_bytes("tokenizer", std::vector<std::uint8_t>(st.tokenizer_data.begin(), st.tokenizer_data.end()));
+  w.add_bytes("tokenizer",
+              std::vector<std::uint8_t>(st.tokenizer_data.begin(), st.tokenizer_data.end()));
   w.write(path);
 }
 
@@ -101,24 +124,16 @@ void load_checkpoint(const std::string& path, DecoderModel& model, nn::Optimizer
       if (s.master.defined()) masters[s.name] = s.master;
   for (auto& [name, p] : model.named_parameters()) {
     KILN_CHECK(r.has_tensor("model/" + name), "[checkpoint] {} lacks parameter {}", path, name);
-    if (p.dtype() == DType::F32) {
-      Tensor dst = p;
-      read_into(r, "model/" + name, dst);
-      continue;
-    }
-    // Low-precision parameter: read the f32 values, round them into it, and
-    // keep them exactly in the optimizer's master copy if there is one.
-    // (No lambda here: clang 14, which builds the fuzz targets, cannot capture the binding p.)
+    // A low-precision parameter with a master: the f32 values go exactly into the master and
+    // are rounded into the parameter from there, as the optimizer step does. Anything else
+    // (f32, or bf16 without a master) is read straight into the parameter.
     auto mit = masters.find(name);
-    Tensor f32;
     if (mit != masters.end()) {
-      f32 = mit->second;
+      read_into(r, "model/" + name, mit->second);
+      p.copy_(mit->second);
     } else {
-      MemoryScope scratch(MemCategory::Temporaries);
-      f32 = Tensor::empty(p.shape(), DType::F32);
+      read_into(r, "model/" + name, p);
     }
-    read_into(r, "model/" + name, f32);
-    p.copy_(f32);
   }
   if (opt) {
     KILN_CHECK(r.has_group("optim_m") && r.has_group("optim_v"),

@@ -16,13 +16,11 @@
 #include <memory>
 
 #include "dist/nccl_communicator.h"
-#include "kernels/cpu/isa.h"
-#include "kernels/cuda/runtime.h"
 #include "models/data.h"
 #include "models/io/mapped_file.h"
 #include "models/io/tokenizer.h"
 #include "models/mfu.h"
-#include "tensor/caching_allocator.h"
+#include "tensor/device_info.h"
 
 namespace kiln::models {
 
@@ -51,99 +49,12 @@ void draw_progress(std::int64_t step, std::int64_t total, double loss, double se
   std::fflush(stderr);
 }
 
-// Kernels run asynchronously on CUDA: a timer is read only after the device has finished.
-void sync(Device d) {
-  if (d.is_cuda()) cuda::device_synchronize();
-}
-
 std::string mfu_text(double mfu) { return mfu > 0 ? fmt::format("{:.1f}%", 100.0 * mfu) : "n/a"; }
-
-// ---- checkpoints of a CUDA run, through a CPU copy ----------------------------------------
-// save_checkpoint / load_checkpoint read and write CPU memory. A CUDA run copies its state into
-// an f32 CPU model and AdamW (the masters become the weights, as save_checkpoint writes them
-// for a CPU mixed-precision run), so the file is the same whatever the device.
-
-struct HostCopy {
-  std::unique_ptr<DecoderModel> model;
-  std::unique_ptr<nn::AdamW> opt;
-};
-
-HostCopy make_host_copy(const DecoderModel& model, const nn::AdamW& opt) {
-  HostCopy h;
-  h.model = std::make_unique<DecoderModel>(model.cfg, 0, DType::F32, Device::cpu());
-  h.opt = std::make_unique<nn::AdamW>(h.model->named_parameters(), opt.opt);
-  return h;
-}
-
-std::map<std::string, nn::ParamState*> state_by_name(nn::Optimizer& opt) {
-  std::map<std::string, nn::ParamState*> m;
-  for (auto& s : opt.state()) m[s.name] = &s;
-  return m;
-}
-
-void save_device_checkpoint(const std::string& path, const std::string& final_path,
-                            DecoderModel& model, nn::AdamW& opt, const TrainState& st) {
-  HostCopy h = make_host_copy(model, opt);
-  auto dev_state = state_by_name(opt), host_state = state_by_name(*h.opt);
-  auto host_params = h.model->named_parameters();
-  std::map<std::string, Tensor> dev_params;
-  for (auto& [name, p] : model.named_parameters()) dev_params[name] = p;
-  for (auto& [name, hp] : host_params) {
-    auto ds = dev_state.find(name);
-    KILN_CHECK(ds != dev_state.end() && dev_params.count(name),
-               "[train] checkpoint: parameter {} has no optimizer state", name);
-    const Tensor& src = ds->second->master.defined() ? ds->second->master : dev_params[name];
-    hp.copy_(src.to(Device::cpu(), DType::F32));
-    nn::ParamState* hs = host_state.at(name);
-    if (ds->second->m.defined()) hs->m.copy_(ds->second->m.to(Device::cpu(), DType::F32));
-    if (ds->second->v.defined()) hs->v.copy_(ds->second->v.to(Device::cpu(), DType::F32));
-  }
-  h.opt->step_count = opt.step_count;
-  h.opt->lr = opt.lr;
-  save_checkpoint(path, *h.model, h.opt.get(), st);
-  if (!final_path.empty()) save_checkpoint(final_path, *h.model, nullptr, st);
-}
-
-void load_device_checkpoint(const std::string& path, DecoderModel& model, nn::AdamW& opt) {
-  HostCopy h = make_host_copy(model, opt);
-  load_checkpoint(path, *h.model, h.opt.get());
-  auto dev_state = state_by_name(opt), host_state = state_by_name(*h.opt);
-  std::map<std::string, Tensor> host_params;
-  for (auto& [name, hp] : h.model->named_parameters()) host_params[name] = hp;
-  for (auto& [name, p] : model.named_parameters()) {
-    const Tensor f32 = host_params.at(name).to(p.device());  // exact f32 values on the device
-    nn::ParamState* ds = dev_state.at(name);
-    if (ds->master.defined()) ds->master.copy_(f32);
-    p.copy_(f32);  // rounded into a bf16 parameter, as the optimizer step does
-    const nn::ParamState* hs = host_state.at(name);
-    if (ds->m.defined()) ds->m.copy_(hs->m.to(p.device()));
-    if (ds->v.defined()) ds->v.copy_(hs->v.to(p.device()));
-  }
-  opt.step_count = h.opt->step_count;
-}
 
 // Ranks other than 0 log nothing.
 std::ostream& null_stream() {
   static std::ostream s(nullptr);  // no buffer: every write fails silently
   return s;
-}
-
-// The communicator of a run: the caller's, else the process's world; on CUDA with more than one
-// rank, NCCL over the MPI world (one rank per GPU).
-dist::Communicator* pick_comm(dist::Communicator* given, Device device,
-                              std::unique_ptr<dist::Communicator>& own) {
-  dist::Communicator* c = given ? given : &dist::world();
-#if defined(KILN_CUDA)
-  if (device.is_cuda() && c->size() > 1 && c->backend() == "mpi") {
-    own = std::make_unique<dist::NcclCommunicator>(static_cast<dist::MpiCommunicator&>(*c));
-    return own.get();
-  }
-#else
-  (void)own;
-#endif
-  KILN_CHECK(!device.is_cuda() || c->size() == 1 || c->backend() == "nccl",
-             "[train] {} ranks on CUDA need the NCCL backend, got {}", c->size(), c->backend());
-  return c;
 }
 
 // Every figure of `m`, the largest over the ranks (a collective).
@@ -217,8 +128,8 @@ double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::
   double sum = 0;
   for (std::int64_t i = 0; i < n_batches; ++i) {
     auto [x, y] = s.next();
-    if (!device.is_cpu()) {
-      MemoryScope inputs(MemCategory::Inputs);
+    {
+      MemoryScope inputs(MemCategory::Inputs);  // a copy only off the CPU
       x = x.to(device);
       y = y.to(device);
     }
@@ -234,7 +145,7 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
                  dist::Communicator* comm)
     : o_(o),
       device_(device),
-      comm_(pick_comm(comm, device, own_comm_)),
+      comm_(dist::communicator_for(device, comm, own_comm_)),
       log_(comm_->rank() == 0 ? log : null_stream()),
       tracker_(MemoryTracker::get(device.type)) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
@@ -266,8 +177,6 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
              "[train] --zero {}: the trainer implements 0 and 1 (2 and 3 are `kiln budget` "
              "what-ifs)",
              o.zero);
-  KILN_CHECK(o.zero == 0 || device.is_cpu(),
-             "[train] --zero 1 runs on the CPU for now; on CUDA use --zero 0 (NCCL data parallel)");
   KILN_CHECK(std::isfinite(o.bucket_mb) && o.bucket_mb > 0 && o.bucket_mb <= 1 << 16,
              "[train] --bucket-mb {} is out of range (0, 65536]", o.bucket_mb);
   namespace fs = std::filesystem;
@@ -329,7 +238,7 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
 
   res_.device = device.str();
   res_.dtype = std::string(dtype_name(dtype));
-  if (device.is_cuda()) res_.device_name = cuda::device_info(device.index).name;
+  res_.device_name = device_model_name(device);
   res_.flops_per_token = train_flops_per_token(cfg, o.seq);
   res_.peak_tflops = o.peak_tflops > 0 ? o.peak_tflops : bf16_peak_tflops(res_.device_name);
 
@@ -340,12 +249,7 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
       cfg.name, with_commas(static_cast<double>(model_->num_parameters())), cfg.vocab_size,
       with_commas(static_cast<double>(split_.train.size())),
       with_commas(static_cast<double>(split_.val.size())), o.batch, o.seq,
-      device.is_cuda()
-          // cuda:N always (Device::str() says "cuda" for the first GPU): which GPU of several.
-          ? fmt::format("cuda:{} ({}), {}{}", device.index, res_.device_name, dtype_name(dtype),
-                        masters)
-          : fmt::format("cpu ({}), {}{}, {} threads", kiln::cpu::cpu_isa_summary(),
-                        dtype_name(dtype), masters, omp_get_max_threads()));
+      fmt::format("{}, {}{}", describe_device(device), dtype_name(dtype), masters));
   log_ << fmt::format(
       "MFU: {:.3g} GFLOP per token (6N + 12 L H Dh T, N = {} matmul params) over {}\n",
       res_.flops_per_token / 1e9, with_commas(static_cast<double>(matmul_params(cfg))),
@@ -366,12 +270,15 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
 void Trainer::resume() { resume_from(read_resume_meta(ckpt_path_)); }
 
 void Trainer::resume_from(const CheckpointMeta& meta) {
-  if (o_.zero == 1)
-    resume_zero1();
-  else if (device_.is_cpu())
+  // One path on every device (load_checkpoint reads into device tensors through the host). With
+  // ZeRO-1 every rank reads the whole state and keeps its shards (a full copy while loading).
+  if (o_.zero == 1) {
+    std::unique_ptr<nn::Optimizer> full = dp_->empty_full_optimizer_state();
+    load_checkpoint(ckpt_path_, *model_, full.get());
+    dp_->scatter_optimizer_state(*full);
+  } else {
     load_checkpoint(ckpt_path_, *model_, opt_.get());
-  else
-    load_device_checkpoint(ckpt_path_, *model_, *opt_);
+  }
   st_.step = meta.state.step;
   st_.data_position = meta.state.data_position;
   st_.data_seed = meta.state.data_seed;
@@ -382,22 +289,6 @@ void Trainer::resume_from(const CheckpointMeta& meta) {
                    comm_->rank() * (o_.batch / world), o_.batch / world);
 }
 
-// Every rank reads the whole state and keeps its shards (a full copy while loading, Temporaries).
-void Trainer::resume_zero1() {
-  std::unique_ptr<nn::Optimizer> full = dp_->empty_full_optimizer_state();
-  load_checkpoint(ckpt_path_, *model_, full.get());
-  dp_->scatter_optimizer_state(*full);
-}
-
-// The shards are gathered (on every rank: a collective), and rank 0 writes the file a single
-// process would.
-void Trainer::save_zero1(bool final) {
-  std::unique_ptr<nn::Optimizer> full = dp_->gather_optimizer_state();
-  if (comm_->rank() != 0) return;
-  save_checkpoint(ckpt_path_, *model_, full.get(), st_);
-  if (final) save_checkpoint(final_path_, *model_, nullptr, st_);
-}
-
 StepStats Trainer::step() {
   batch_ = {};  // the last step's (see batch_)
   const bool record_timeline = !o_.mem_timeline.empty() && st_.step == first_step_;
@@ -405,7 +296,7 @@ StepStats Trainer::step() {
     tracker_.reset_peaks();
     tracker_.set_timeline(true);
   }
-  sync(device_);  // the timer starts when the device is idle
+  synchronize(device_);  // the timer starts when the device is idle
   auto t0 = Clock::now();
   StepStats s;
   s.lr = nn::cosine_lr(st_.step, o_.warmup, o_.steps, o_.lr, o_.min_lr);
@@ -413,8 +304,8 @@ StepStats Trainer::step() {
   opt.lr = s.lr;
   batch_ = sampler_->next();
   auto& [x, y] = batch_;
-  if (!device_.is_cpu()) {
-    MemoryScope inputs(MemCategory::Inputs);
+  {
+    MemoryScope inputs(MemCategory::Inputs);  // a copy only off the CPU
     x = x.to(device_);
     y = y.to(device_);
   }
@@ -457,7 +348,7 @@ StepStats Trainer::step() {
     dp_->zero_grad();
   else
     opt_->zero_grad();
-  sync(device_);
+  synchronize(device_);
   st_.step++;
   st_.data_position = sampler_->position();
   if (record_timeline) {
@@ -518,18 +409,15 @@ double Trainer::evaluate() {
   return val;
 }
 
+// One path on every device: save_checkpoint copies device tensors to the host one at a time.
+// With ZeRO-1 the shards are gathered first (on every rank: a collective), and rank 0 writes the
+// file a single process would.
 void Trainer::save(bool final) {
-  if (o_.zero == 1) {
-    save_zero1(final);
-    return;
-  }
+  std::unique_ptr<nn::Optimizer> gathered;
+  if (o_.zero == 1) gathered = dp_->gather_optimizer_state();
   if (comm_->rank() != 0) return;
-  if (device_.is_cpu()) {
-    save_checkpoint(ckpt_path_, *model_, opt_.get(), st_);
-    if (final) save_checkpoint(final_path_, *model_, nullptr, st_);
-  } else {
-    save_device_checkpoint(ckpt_path_, final ? final_path_ : "", *model_, *opt_, st_);
-  }
+  save_checkpoint(ckpt_path_, *model_, gathered ? gathered.get() : opt_.get(), st_);
+  if (final) save_checkpoint(final_path_, *model_, nullptr, st_);
 }
 
 TrainResult Trainer::run() {
@@ -559,11 +447,11 @@ TrainResult Trainer::run() {
   clear_progress();
   // The memory figures of the training itself, before the checkpoint's copies: this rank's, and
   // with several ranks the largest of each figure over them.
-  sync(device_);
+  synchronize(device_);
   res_.memory = tracker_.stats();
   res_.world = comm_->size();
   if (comm_->size() > 1) res_.memory_max = max_over_ranks(*comm_, res_.memory);
-  if (device_.is_cuda()) res_.device_memory = cuda_device_memory(device_.index);
+  res_.device_memory = driver_memory(device_);
   save(/*final=*/true);
 
   res_.steps_done = st_.step;

@@ -155,9 +155,7 @@ class Trainer {
   void open_log(bool append);
   void write_log_record(const nlohmann::json& record);
 
-  void save_zero1(bool final);
   std::string world_text() const;  // "world N, global batch B": the end of every log line
-  void resume_zero1();
 
   TrainOptions o_;
   Device device_;

@@ -62,6 +62,9 @@ DataParallel::DataParallel(dist::Communicator& comm,
   KILN_CHECK(o.bucket_bytes > 0, "[dist] bucket size {} must be > 0", o.bucket_bytes);
   for (const auto& [name, p] : params) {
     KILN_CHECK(p.is_contiguous(), "[dist] parameter {} is not contiguous", name);
+    KILN_CHECK(
+        o.zero == 0 || p.device().is_cpu(),
+        "[dist] --zero 1 runs on the CPU for now; on CUDA use --zero 0 (NCCL data parallel)");
     params_.push_back({name, p, p.numel(), 0, {}});
   }
   // Buckets over the parameters in reverse: backward finishes the last layers first.
