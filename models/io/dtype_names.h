@@ -39,8 +39,6 @@ inline std::optional<size_t> try_dtype_size(std::string_view name) {
   return std::nullopt;
 }
 
-inline bool is_known_dtype(std::string_view name) { return try_dtype_size(name).has_value(); }
-
 // Element size of a dtype name; throws kiln::Error for an unknown name.
 inline size_t dtype_size(std::string_view name) {
   auto s = try_dtype_size(name);
