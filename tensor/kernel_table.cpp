@@ -1,10 +1,12 @@
 // The kernel table's non-template half: the registration list, the one-time registration of
-// every backend, and the conversions run() makes.
+// every backend (and of the kernels that name their registrations), and the conversions run()
+// makes.
 #include "tensor/kernel_table.h"
 
 #include <algorithm>
 #include <mutex>
 
+#include "tensor/op_args.h"
 #include "tensor/storage.h"
 
 namespace kiln::ops {
@@ -49,11 +51,25 @@ void note_registration(const Registration& r, bool present) {
   if (present) list.push_back(r);
 }
 
+// The kernels whose arguments name their own registrations (op_args.h: a static register_cpu()
+// and register_cuda(), defined beside the kernels in their glue files). A new op family
+// registered this way edits no backend list.
+template <class... A>
+void register_named(KernelList<A...>) {
+  (
+      [] {
+        if constexpr (requires { A::register_cpu(); }) A::register_cpu();
+        if constexpr (requires { A::register_cuda(); }) A::register_cuda();
+      }(),
+      ...);
+}
+
 void ensure_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_cpu_kernels();
     register_cuda_kernels();
+    register_named(AllKernels{});
   });
 }
 

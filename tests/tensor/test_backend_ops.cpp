@@ -27,9 +27,21 @@
 #include "kernels/op_list.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/ops.h"
+#include "tests/tensor/backend_ops.h"
 
 namespace kiln {
+namespace backend_ops {
+std::vector<Case> &registered_cases() {
+  static std::vector<Case> cases;
+  return cases;
+}
+}  // namespace backend_ops
+
 namespace {
+
+using backend_ops::Case;
+using backend_ops::Env;
+using backend_ops::Tol;
 
 using ops::Binary;
 using ops::Unary;
@@ -47,7 +59,6 @@ using ops::Unary;
 // P.V product on CUDA while the CPU keeps f32) get 1e-3. These are derived
 // bounds, to be replaced by the measured worst case of the first GPU run
 // (bench/results/).
-enum class Tol { Elementwise, Reduction, Matmul, Attention };
 double nmse_limit(Tol t, DType dt) {
   const bool lowp = dt != DType::F32;
   switch (t) {
@@ -62,41 +73,6 @@ double nmse_limit(Tol t, DType dt) {
   }
   return 0;
 }
-
-// ---- inputs
-// -----------------------------------------------------------------------------------
-// Inputs are made on the CPU in f32 from a seed, rounded to the case's dtype
-// there, and then moved to the device: both backends see bit-identical inputs.
-struct Env {
-  Device dev;
-  DType dt;
-  Tensor in(const Shape &s, std::uint64_t seed, double lo = -1.0, double hi = 1.0) const {
-    Generator g(seed);
-    return ops::rand_uniform(s, g, lo, hi, DType::F32).to(dt).to(dev);
-  }
-  Tensor in_f32(const Shape &s, std::uint64_t seed, double lo = -1.0, double hi = 1.0) const {
-    Generator g(seed);
-    return ops::rand_uniform(s, g, lo, hi, DType::F32).to(dev);
-  }
-  Tensor ids(std::int64_t n, std::int32_t vocab, std::uint64_t seed) const {
-    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
-    std::uint64_t x = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-    for (auto &t : v) {
-      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-      t = static_cast<std::int32_t>((x >> 33) % static_cast<std::uint64_t>(vocab));
-    }
-    return ops::from_vector(v, {n}).to(dev);
-  }
-};
-
-struct Case {
-  Op op;
-  std::string name;
-  Tol tol;
-  // Runs the op on env.dev and returns every output (gradients and in-place
-  // results included).
-  std::function<std::vector<Tensor>(const Env &)> run;
-};
 
 std::vector<Case> all_cases() {
   std::vector<Case> c;
@@ -336,6 +312,8 @@ std::vector<Case> all_cases() {
     return std::vector{ops::linear(x, e.in({48, 64}, 72), e.in({48}, 73)),
                        ops::linear(x, e.in({48, 64}, 74), Tensor())};
   });
+  // The cases other test files of this binary register beside their op's own tests.
+  for (const Case &r : backend_ops::registered_cases()) c.push_back(r);
   return c;
 }
 
