@@ -35,6 +35,7 @@ enum class Op : int {
   AdamW,         // fused AdamW step, single and multi-tensor
   Sgd,           // SGD with momentum step
   Random,        // Philox normal / uniform init
+  Dequantize,    // GGML quantized blocks (Q8_0) to float weights
   Count
 };
 
@@ -70,6 +71,7 @@ inline constexpr std::array<OpInfo, static_cast<std::size_t>(Op::Count)> kOpList
     {Op::AdamW, "adamw", "optimizer", ""},
     {Op::Sgd, "sgd", "optimizer", ""},
     {Op::Random, "random", "random", ""},
+    {Op::Dequantize, "dequantize", "quant", ""},
 }};
 
 // kOpList is indexed by Op: each row must sit at its op's position.

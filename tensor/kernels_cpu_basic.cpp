@@ -4,6 +4,7 @@
 // kernels; GEMMs: f32/f64 only so far), contiguous unless registered Layout::Strided.
 #include <algorithm>
 
+#include "kernels/cpu/bf16_util.h"
 #include "kernels/cpu/copy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/matmul.h"
@@ -128,6 +129,22 @@ void sum_squares_multi_cpu(SumSquaresMultiArgs& a) {
   a.result = sum;
 }
 
+// Block by block (kernels/common/quant.h): each weight exact in f32, rounded once to T.
+template <class T>
+struct DequantizeCpu {
+  static void run(DequantizeArgs& a) {
+    const quant::QuantInfo& q = quant::quant_info(a.type);
+    const std::uint8_t* blocks = a.blocks.template data<std::uint8_t>();
+    T* out = a.out.template data<T>();
+    const std::int64_t nblocks = a.out.numel() / q.block_size;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t k = 0; k < nblocks; ++k)
+      for (int j = 0; j < q.block_size; ++j)
+        out[k * q.block_size + j] =
+            kiln::cpu::from_compute<T>(quant::q8_0_weight(blocks + k * q.block_bytes, j));
+  }
+};
+
 template <class T>
 struct GemmCpu {
   static void run(GemmArgs& a) {
@@ -171,6 +188,14 @@ struct LinearCpu {
 };
 
 }  // namespace
+
+}  // namespace cpu_glue
+
+void DequantizeArgs::register_cpu() {
+  cpu_glue::register_float_storage<DequantizeArgs, cpu_glue::DequantizeCpu>();
+}
+
+namespace cpu_glue {
 
 void register_basic() {
   register_all_dtypes<CopyArgs, CopyCpu>({.layout = Layout::Strided});

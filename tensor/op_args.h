@@ -193,6 +193,23 @@ struct SumSquaresMultiArgs {  // result = sum over tensors of sum x^2, on the ho
   void slots(F&&) {}
 };
 
+struct DequantizeArgs {  // out = the weights of GGML blocks (kernels/common/quant.h)
+  static constexpr Op kOp = Op::Dequantize;
+  static constexpr std::string_view kName = "dequantize";
+  Tensor blocks;  // the blocks' bytes (a Bool tensor: u8 storage), contiguous
+  Tensor out;     // the weights, any float dtype, contiguous
+  quant::QuantType type = quant::QuantType::Q8_0;
+  const Tensor& anchor() const { return out; }
+  template <class F>
+  void slots(F&& f) {
+    f(Slot::Aux, blocks);
+    f(Slot::Out, out);
+  }
+  // Registered beside their kernels: tensor/kernels_cpu_basic.cpp, tensor/kernels_cuda_quant.cpp.
+  static void register_cpu();
+  static void register_cuda();
+};
+
 // ---- matmul ---------------------------------------------------------------------------------
 
 struct GemmArgs {  // c = alpha * op(a) op(b) + beta * c; all 2-d, c contiguous
@@ -613,7 +630,8 @@ using AllKernels = decltype(detail::concat(
                EmbeddingBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, LayerNormArgs,
                LayerNormBackwardArgs, RopeTablesArgs, RopeArgs, SwiGluArgs, SwiGluBackwardArgs,
                AttentionArgs, AttentionBackwardArgs, CrossEntropyArgs, CrossEntropyBackwardArgs,
-               DropoutArgs, DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs>{},
+               DropoutArgs, DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs,
+               DequantizeArgs>{},
     detail::activation_kernels(std::make_index_sequence<kActivations.size()>{})));
 
 }  // namespace kiln::ops

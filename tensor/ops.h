@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/common/quant.h"
 #include "kernels/op_list.h"
 #include "tensor/random.h"
 #include "tensor/tensor.h"
@@ -69,6 +70,13 @@ double sum_squares(const Tensor& x);
 // 0; the rest must be float tensors on one device. On the CPU it is the sum, in order, of each
 // tensor's sum_squares.
 double sum_squares_multi(std::span<const Tensor> tensors);
+
+// The weights stored in GGML's quantized blocks (kernels/common/quant.h), as a `shape` tensor of
+// `dtype` on the blocks' device: blocks holds numel(shape) / block_size blocks of block_bytes
+// bytes each, in a Bool tensor (u8 storage) of any shape. Each weight is computed exactly and
+// rounded once to dtype, so every backend gives the same bits.
+Tensor dequantize(const Tensor& blocks, quant::QuantType type, const Shape& shape,
+                  DType dtype = DType::F32);
 
 // ---- matmul ---------------------------------------------------------------------
 // (M,K)@(K,N), or batched (B,M,K)@(B,K,N); a 2-d b broadcasts over the batch.

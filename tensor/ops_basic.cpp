@@ -221,6 +221,23 @@ double sum_squares_multi(std::span<const Tensor> tensors) {
   return args.result;
 }
 
+Tensor dequantize(const Tensor& blocks, quant::QuantType type, const Shape& shape, DType dtype) {
+  const quant::QuantInfo& q = quant::quant_info(type);
+  const std::int64_t n = shape_numel(shape);
+  KILN_CHECK(n % q.block_size == 0,
+             "[dequantize] {} weights of shape {} are not whole {} blocks of {}", n,
+             shape_str(shape), q.name, q.block_size);
+  KILN_CHECK(blocks.dtype() == DType::Bool && blocks.numel() == n / q.block_size * q.block_bytes,
+             "[dequantize] {} weights in {} take {} bytes of {} blocks, got {} {} elements", n,
+             q.name, n / q.block_size * q.block_bytes, q.name, blocks.numel(),
+             dtype_name(blocks.dtype()));
+  KILN_CHECK(is_floating(dtype), "[dequantize] weights must be a float dtype, got {}",
+             dtype_name(dtype));
+  DequantizeArgs a{blocks, Tensor::empty(shape, dtype, blocks.device()), type};
+  run(a);
+  return a.out;
+}
+
 // ---- matmul ---------------------------------------------------------------------
 
 void gemm_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,

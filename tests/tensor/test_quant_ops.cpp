@@ -1,0 +1,123 @@
+// ops::dequantize: GGML Q8_0 blocks made as llama.cpp's quantize_row_q8_0 makes them (d =
+// max|x| / 127 stored as f16, q = round(x / d)) come back within the format's error bound, in
+// every float dtype with one rounding; bad block counts and dtypes are refused by name; the meta
+// device gives the same shapes; and a backend-ops case compares CUDA with the CPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "tensor/ops.h"
+#include "tensor/storage.h"
+#include "tests/tensor/backend_ops.h"
+
+namespace kiln {
+namespace {
+
+using quant::QuantType;
+
+// The Q8_0 blocks of x (x.size() a multiple of 32), as a Bool (byte) tensor on the CPU.
+Tensor quantize_q8_0(const std::vector<float>& x) {
+  const std::size_t nblocks = x.size() / 32;
+  Tensor blocks = Tensor::empty({static_cast<std::int64_t>(nblocks * 34)}, DType::Bool);
+  std::uint8_t* out = blocks.data<std::uint8_t>();
+  for (std::size_t b = 0; b < nblocks; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    const f16 dh = float_to_f16(d);
+    std::memcpy(out + b * 34, &dh.bits, 2);  // little-endian host
+    for (int j = 0; j < 32; ++j)
+      out[b * 34 + 2 + j] =
+          static_cast<std::uint8_t>(static_cast<std::int8_t>(std::lround(x[b * 32 + j] * id)));
+  }
+  return blocks;
+}
+
+std::vector<float> weights(std::size_t n, std::uint64_t seed) {
+  Generator g(seed);
+  return ops::randn({static_cast<std::int64_t>(n)}, g, 0.0, 0.05).to_float_vector();
+}
+
+TEST(Dequantize, Q8_0RoundTripsWithinTheFormatsBound) {
+  const std::vector<float> x = weights(4 * 32, 5);
+  const Tensor w = ops::dequantize(quantize_q8_0(x), QuantType::Q8_0, {4, 32});
+  ASSERT_EQ(w.shape(), Shape({4, 32}));
+  ASSERT_EQ(w.dtype(), DType::F32);
+  const std::vector<float> got = w.to_float_vector();
+  // Per block, with d = max|x| / 127: rounding q costs d/2, and storing d in f16 (relative
+  // error 2^-11) costs up to 127 * d * 2^-11 more, so |w - x| <= d (0.5 + 128 * 2^-11).
+  for (std::size_t b = 0; b < 4; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const double bound = amax / 127.0 * (0.5 + 128.0 / 2048.0);
+    for (int j = 0; j < 32; ++j)
+      EXPECT_LE(std::fabs(double(got[b * 32 + j]) - x[b * 32 + j]), bound) << b << "," << j;
+  }
+}
+
+TEST(Dequantize, EveryFloatDtypeIsTheExactWeightRoundedOnce) {
+  const Tensor blocks = quantize_q8_0(weights(3 * 32, 9));
+  const Tensor f32 = ops::dequantize(blocks, QuantType::Q8_0, {96});
+  // The weights are exact in f32 (an f16 times an int8), so f64 is the same values and the
+  // 16-bit dtypes are those values rounded once.
+  EXPECT_EQ(ops::dequantize(blocks, QuantType::Q8_0, {96}, DType::F64).to_double_vector(),
+            f32.to(DType::F64).to_double_vector());
+  for (DType dt : {DType::BF16, DType::F16})
+    EXPECT_EQ(ops::dequantize(blocks, QuantType::Q8_0, {96}, dt).to_float_vector(),
+              f32.to(dt).to_float_vector())
+        << dtype_name(dt);
+  // Blocks of any shape with the right byte count.
+  const Tensor rows = blocks.view({3, 34});
+  EXPECT_EQ(ops::dequantize(rows, QuantType::Q8_0, {3, 32}).to_float_vector(),
+            f32.to_float_vector());
+}
+
+TEST(Dequantize, RefusesBadBlocksByName) {
+  const Tensor blocks = quantize_q8_0(weights(64, 3));
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([&] {
+              ops::dequantize(blocks, QuantType::Q8_0, {3, 32});
+            }),
+            "[dequantize] 96 weights in q8_0 take 102 bytes of q8_0 blocks, got 68 bool elements");
+  EXPECT_EQ(message([&] { ops::dequantize(blocks, QuantType::Q8_0, {65}); }),
+            "[dequantize] 65 weights of shape (65,) are not whole q8_0 blocks of 32");
+  EXPECT_EQ(message([&] { ops::dequantize(blocks, QuantType::Q8_0, {64}, DType::I32); }),
+            "[dequantize] weights must be a float dtype, got i32");
+  EXPECT_NE(message([&] {
+              ops::dequantize(blocks.to(DType::I32), QuantType::Q8_0, {64});
+            }).find("got 68 i32 elements"),
+            std::string::npos);
+}
+
+TEST(Dequantize, MetaGivesTheSameShapesAsCpuAndCuda) {
+  const Tensor blocks = quantize_q8_0(weights(64, 4)).to(Device::meta());
+  for (DeviceType sim : {DeviceType::CPU, DeviceType::CUDA}) {
+    MetaSimulatesScope scope(sim);
+    const Tensor w = ops::dequantize(blocks, QuantType::Q8_0, {2, 32}, DType::BF16);
+    EXPECT_TRUE(w.device().is_meta());
+    EXPECT_EQ(w.shape(), Shape({2, 32}));
+    EXPECT_EQ(w.dtype(), DType::BF16);
+  }
+}
+
+// CUDA against the CPU from the same bytes: one rounding of an exact product on both, so the
+// elementwise limit holds with room (the outputs are bit-identical).
+[[maybe_unused]] const bool kBackendCase = backend_ops::register_case(
+    {Op::Dequantize, "dequantize_q8_0", backend_ops::Tol::Elementwise,
+     [](const backend_ops::Env& e) {
+       const Tensor blocks = quantize_q8_0(weights(5 * 32, 6)).to(e.dev);
+       return std::vector{ops::dequantize(blocks, QuantType::Q8_0, {5, 32}, e.dt)};
+     }});
+
+}  // namespace
+}  // namespace kiln
