@@ -1,5 +1,8 @@
-// CUDA front end, basic family (see tensor/kernels_cuda.h): copy, fill, random, elementwise and
-// reductions, on the kernels of kernels/cuda/{copy,elementwise,random,reduce}.
+// CUDA glue, basic family: copy, fill, random, elementwise and reductions, on the kernels of
+// kernels/cuda/{copy,elementwise,random,reduce}, as typed entries registered beside their bodies
+// (tensor/kernels_cuda_glue.h). The front end (tensor/ops_basic.cpp, Tensor::copy_) has checked
+// shapes, dtypes and contiguity and expanded broadcast operands to the output's shape; the
+// dispatcher has put every operand on the op's device.
 //
 // Strided inputs go to the kernels as they are (the kernels walk a collapsed plan of the
 // strides), so these ops allocate no scratch on the device: the meta dry run, which allocates
@@ -10,10 +13,10 @@
 //   d2h: the covering range comes back to a host buffer, then the CPU copy kernel converts and
 //        gathers (a sparse source is packed on the device first).
 // Everything runs on the legacy default stream.
-#include "tensor/kernels_cuda.h"
+#include "tensor/kernels_cuda_glue.h"
+#include "tensor/op_args.h"
 
 #if defined(KILN_CUDA)
-
 #include <cstring>
 
 #include "kernels/cpu/copy.h"
@@ -21,27 +24,70 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/random.h"
 #include "kernels/cuda/reduce.h"
-#include "tensor/dispatch.h"
 #include "tensor/memory.h"
+#endif
 
-namespace kiln::ops::cuda_ops {
+namespace kiln::ops {
+namespace cuda_glue {
 namespace {
+
+// Every entry of this family: run() on T, the dtype the entry was registered for.
+template <class T>
+struct CopyCuda {
+  static void run(CopyArgs& a);
+};
+template <class T>
+struct FillCuda {
+  static void run(FillArgs& a);
+};
+template <class T>
+struct RandomCuda {
+  static void run(RandomArgs& a);
+};
+template <class T>
+struct BinaryCuda {
+  static void run(BinaryArgs& a);
+};
+template <class T>
+struct UnaryCuda {
+  static void run(UnaryArgs& a);
+};
+template <class T>
+struct AffineCuda {
+  static void run(AffineArgs& a);
+};
+template <class T>
+struct AxpyCuda {
+  static void run(AxpyArgs& a);
+};
+template <class T>
+struct ScaleCuda {
+  static void run(ScaleArgs& a);
+};
+template <class T>
+struct ReduceCuda {
+  static void run(ReduceArgs& a);
+};
+template <class T>
+struct ArgmaxCuda {
+  static void run(ArgmaxArgs& a);
+};
+template <class T>
+struct SumAllCuda {
+  static void run(SumAllArgs& a);
+};
+template <class T>
+struct SumSquaresCuda {
+  static void run(SumSquaresArgs& a);
+};
+
+#if defined(KILN_CUDA)
 
 constexpr cuda::StreamHandle kStream = nullptr;  // the legacy default stream
 
 // A strided view whose covering range exceeds 2 * numel + this many elements is packed before
 // it crosses the bus, rather than sent with its gaps.
 constexpr std::int64_t kSpanSlack = 1024;
-
-void check_on_cuda(const Tensor& t, const char* op, const char* what) {
-  KILN_CHECK(t.device().is_cuda(), "[{}] {} is on {}, not a CUDA device", op, what,
-             t.device().str());
-}
-
-void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
-  KILN_CHECK(a.shape() == b.shape(), "[{}] shapes {} and {} differ", op, shape_str(a.shape()),
-             shape_str(b.shape()));
-}
 
 // Walk over `shape_of`'s shape with x's strides (and y's).
 cuda::StridedPlan plan_of(const char* op, const Tensor& shape_of, const Tensor& x) {
@@ -173,21 +219,16 @@ cuda::ReduceOp to_cuda(Reduce op) {
   fail("[reduce] unknown op {}", static_cast<int>(op));
 }
 
-}  // namespace
-
 // ---- copy, fill, random -------------------------------------------------------------------------
 
-void copy(Tensor& dst, const Tensor& src) {
-  check_same_shape(dst, src, "copy");
-  if (dst.numel() == 0) return;
+// Any pair of devices where one is CUDA (h2d, d2h, d2d), any dtypes, any src strides (broadcast
+// dims already expanded to dst's shape); dst may be strided (no stride 0). One body for every
+// dtype pair: registered per destination dtype.
+void copy_any(Tensor& dst, const Tensor& src) {
   const Device dd = dst.device(), sd = src.device();
   KILN_CHECK((dd.is_cuda() || dd.is_cpu()) && (sd.is_cuda() || sd.is_cpu()) &&
                  (dd.is_cuda() || sd.is_cuda()),
              "[copy] {} -> {} is not a copy the CUDA backend makes", sd.str(), dd.str());
-  for (int d = 0; d < dst.dim(); ++d)
-    KILN_CHECK(dst.stride(d) != 0 || dst.size(d) == 1,
-               "[copy] destination has a broadcast (stride 0) dim {}", d);
-
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     const std::size_t bytes = dst.nbytes();
     if (dd.is_cuda() && sd.is_cuda()) {
@@ -219,145 +260,116 @@ void copy(Tensor& dst, const Tensor& src) {
     copy_d2h(dst, src);
 }
 
-void fill(Tensor& t, double value) {
-  check_on_cuda(t, "fill", "the tensor");
-  KILN_CHECK(t.is_contiguous(), "[fill] tensor must be contiguous");
-  dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T v = cpu::convert_scalar<T>(value);  // the CPU's conversion, so both fill the same bits
-    std::uint64_t bits = 0;
-    std::memcpy(&bits, &v, sizeof(T));
-    cuda::fill_bits(t.raw_data(), t.numel(), static_cast<int>(sizeof(T)), bits, kStream);
-  });
+template <class T>
+void CopyCuda<T>::run(CopyArgs& a) {
+  copy_any(a.dst, a.src);
 }
 
-void random(bool normal, Tensor& t, double a, double b, std::uint64_t seed, std::uint64_t offset) {
-  check_on_cuda(t, "random", "the tensor");
-  KILN_CHECK(t.is_contiguous(), "[random] tensor must be contiguous");
-  auto run = [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (normal)
-      cuda::random_normal<T>(t.numel(), a, b, seed, offset, t.data<T>(), kStream);
-    else
-      cuda::random_uniform<T>(t.numel(), a, b, seed, offset, t.data<T>(), kStream);
-  };
-  if (t.dtype() == DType::F64) return run(TypeTag<double>{});
-  dispatch_float(t.dtype(), "random", run);
+template <class T>
+void FillCuda<T>::run(FillArgs& a) {
+  const T v = cpu::convert_scalar<T>(a.value);  // the CPU's conversion: both fill the same bits
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  cuda::fill_bits(a.t.raw_data(), a.t.numel(), static_cast<int>(sizeof(T)), bits, kStream);
+}
+
+template <class T>
+void RandomCuda<T>::run(RandomArgs& a) {
+  if (a.normal)
+    cuda::random_normal<T>(a.t.numel(), a.a, a.b, a.seed, a.offset, a.t.data<T>(), kStream);
+  else
+    cuda::random_uniform<T>(a.t.numel(), a.a, a.b, a.seed, a.offset, a.t.data<T>(), kStream);
 }
 
 // ---- elementwise --------------------------------------------------------------------------------
 
-void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) {
-  check_on_cuda(out, "binary", "the output");
-  check_same_shape(a, out, "binary");
-  check_same_shape(b, out, "binary");
-  KILN_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype(),
-             "[binary] dtypes {} and {} -> {} differ", dtype_name(a.dtype()), dtype_name(b.dtype()),
-             dtype_name(out.dtype()));
-  KILN_CHECK(out.is_contiguous(), "[binary] output must be contiguous");
-  const cuda::StridedPlan plan = plan_of("binary", out, a, b);
-  dispatch_float(out.dtype(), "binary", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cuda::binary<T>(to_cuda(op), plan, a.data<T>(), b.data<T>(), out.data<T>(), kStream);
+template <class T>
+void BinaryCuda<T>::run(BinaryArgs& a) {
+  const Tensor x = a.a.expand(a.out.shape()), y = a.b.expand(a.out.shape());
+  cuda::binary<T>(to_cuda(a.op), plan_of("binary", a.out, x, y), x.data<T>(), y.data<T>(),
+                  a.out.data<T>(), kStream);
+}
+
+template <class T>
+void UnaryCuda<T>::run(UnaryArgs& a) {
+  cuda::unary<T>(to_cuda(a.op), plan_of("unary", a.out, a.x), a.x.data<T>(), a.out.data<T>(),
+                 kStream);
+}
+
+template <class T>
+void AffineCuda<T>::run(AffineArgs& a) {
+  cuda::affine<T>(plan_of("affine", a.out, a.x), a.x.data<T>(), static_cast<float>(a.alpha),
+                  static_cast<float>(a.beta), a.out.data<T>(), kStream);
+}
+
+// y in T; x in any float dtype (a bf16 gradient into an f32 one), widened in registers.
+template <class T>
+void AxpyCuda<T>::run(AxpyArgs& a) {
+  const cuda::StridedPlan plan = plan_of("axpy", a.y, a.y, a.x);
+  dispatch_float(a.x.dtype(), "axpy", [&](auto xtag) {
+    using Tx = typename decltype(xtag)::type;
+    cuda::axpy<T, Tx>(plan, static_cast<float>(a.alpha), a.x.data<Tx>(), a.y.data<T>(), kStream);
   });
 }
 
-void unary(Unary op, const Tensor& x, Tensor& out) {
-  check_on_cuda(out, "unary", "the output");
-  check_same_shape(x, out, "unary");
-  KILN_CHECK(x.dtype() == out.dtype() && out.is_contiguous(),
-             "[unary] output must be contiguous with the input's dtype");
-  const cuda::StridedPlan plan = plan_of("unary", out, x);
-  dispatch_float(out.dtype(), "unary", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cuda::unary<T>(to_cuda(op), plan, x.data<T>(), out.data<T>(), kStream);
-  });
-}
-
-void affine(const Tensor& x, double alpha, double beta, Tensor& out) {
-  check_on_cuda(out, "affine", "the output");
-  check_same_shape(x, out, "affine");
-  KILN_CHECK(x.dtype() == out.dtype() && out.is_contiguous(),
-             "[affine] output must be contiguous with the input's dtype");
-  const cuda::StridedPlan plan = plan_of("affine", out, x);
-  dispatch_float(out.dtype(), "affine", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cuda::affine<T>(plan, x.data<T>(), static_cast<float>(alpha), static_cast<float>(beta),
-                    out.data<T>(), kStream);
-  });
-}
-
-void axpy(Tensor& y, double alpha, const Tensor& x) {
-  check_on_cuda(y, "axpy", "y");
-  check_same_shape(x, y, "axpy");
-  KILN_CHECK(y.is_contiguous(), "[axpy] destination must be contiguous");
-  const cuda::StridedPlan plan = plan_of("axpy", y, y, x);
-  dispatch_float(y.dtype(), "axpy", [&](auto ytag) {
-    using Ty = typename decltype(ytag)::type;
-    dispatch_float(x.dtype(), "axpy", [&](auto xtag) {
-      using Tx = typename decltype(xtag)::type;
-      cuda::axpy<Ty, Tx>(plan, static_cast<float>(alpha), x.data<Tx>(), y.data<Ty>(), kStream);
-    });
-  });
-}
-
-void scale(Tensor& y, double alpha) {
-  check_on_cuda(y, "scale", "the tensor");
-  KILN_CHECK(y.is_contiguous(), "[scale] tensor must be contiguous");
-  dispatch_float(y.dtype(), "scale", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cuda::scale<T>(y.numel(), static_cast<float>(alpha), y.data<T>(), kStream);
-  });
+template <class T>
+void ScaleCuda<T>::run(ScaleArgs& a) {
+  cuda::scale<T>(a.y.numel(), static_cast<float>(a.alpha), a.y.data<T>(), kStream);
 }
 
 // ---- reductions ---------------------------------------------------------------------------------
 
-void reduce(Reduce op, const Tensor& x, std::int64_t outer, std::int64_t n, std::int64_t inner,
-            Tensor& out) {
-  check_on_cuda(out, "reduce", "the output");
-  KILN_CHECK(out.dtype() == x.dtype() && out.is_contiguous() && out.numel() == outer * inner,
-             "[reduce] output must be contiguous, {} elements of {}", outer * inner,
-             dtype_name(x.dtype()));
-  const cuda::ReducePlan plan =
-      cuda::plan_reduce("reduce", x.dim(), x.shape().data(), x.strides().data(), outer, n, inner);
-  dispatch_float(x.dtype(), "reduce", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cuda::reduce<T>(to_cuda(op), plan, x.data<T>(), out.data<T>(), kStream);
-  });
+template <class T>
+void ReduceCuda<T>::run(ReduceArgs& a) {
+  const cuda::ReducePlan plan = cuda::plan_reduce("reduce", a.x.dim(), a.x.shape().data(),
+                                                  a.x.strides().data(), a.outer, a.n, a.inner);
+  cuda::reduce<T>(to_cuda(a.op), plan, a.x.data<T>(), a.out.data<T>(), kStream);
 }
 
-void argmax(const Tensor& x, std::int64_t outer, std::int64_t n, std::int64_t inner, Tensor& out) {
-  check_on_cuda(out, "argmax", "the output");
-  KILN_CHECK(out.dtype() == DType::I64 && out.is_contiguous() && out.numel() == outer * inner,
-             "[argmax] output must be contiguous, {} elements of i64", outer * inner);
-  const cuda::ReducePlan plan =
-      cuda::plan_reduce("argmax", x.dim(), x.shape().data(), x.strides().data(), outer, n, inner);
-  dispatch_float(x.dtype(), "argmax", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cuda::argmax<T>(plan, x.data<T>(), out.data<std::int64_t>(), kStream);
-  });
+template <class T>
+void ArgmaxCuda<T>::run(ArgmaxArgs& a) {
+  const cuda::ReducePlan plan = cuda::plan_reduce("argmax", a.x.dim(), a.x.shape().data(),
+                                                  a.x.strides().data(), a.outer, a.n, a.inner);
+  cuda::argmax<T>(plan, a.x.data<T>(), a.out.data<std::int64_t>(), kStream);
 }
 
-void sum_all(const Tensor& x, Tensor& out) {
-  check_on_cuda(out, "sum_all", "the output");
-  KILN_CHECK(out.numel() == 1 && out.dtype() == x.dtype(),
-             "[sum_all] output must be one element of {}", dtype_name(x.dtype()));
-  const cuda::StridedPlan plan = plan_of("sum_all", x, x);
-  dispatch_float(x.dtype(), "sum_all", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cuda::sum_all<T>(plan, x.data<T>(), out.data<T>(), kStream);
-  });
+template <class T>
+void SumAllCuda<T>::run(SumAllArgs& a) {
+  cuda::sum_all<T>(plan_of("sum_all", a.x, a.x), a.x.data<T>(), a.out.data<T>(), kStream);
 }
 
-void sum_squares(const Tensor& x, double* result) {
-  check_on_cuda(x, "sum_squares", "the tensor");
-  const cuda::StridedPlan plan = plan_of("sum_squares", x, x);
-  *result = dispatch_float(x.dtype(), "sum_squares", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return cuda::sum_squares<T>(plan, x.data<T>(), kStream);
-  });
+// Sum of squares in f32 (f64 accumulation across blocks), copied to the host.
+template <class T>
+void SumSquaresCuda<T>::run(SumSquaresArgs& a) {
+  a.result = cuda::sum_squares<T>(plan_of("sum_squares", a.x, a.x), a.x.data<T>(), kStream);
 }
-
-}  // namespace kiln::ops::cuda_ops
 
 #endif  // KILN_CUDA
+
+}  // namespace
+
+// The glue reads strided inputs itself (the kernels walk a collapsed plan of the strides), so
+// these entries are Layout::Strided: no dense copies, no scratch.
+void register_basic() {
+  const Layout S = Layout::Strided;
+  register_cuda<CopyArgs, CopyCuda, float, double, bf16, f16, std::int32_t, std::int64_t,
+                std::uint8_t>({.layout = S});
+  register_cuda<FillArgs, FillCuda, float, double, bf16, f16, std::int32_t, std::int64_t,
+                std::uint8_t>({.layout = S});
+  // f64 too: the Philox stream matches the CPU's in every float dtype (random.cu instantiates
+  // double, and CudaBasic.RandomMatchesCpuStream compares it).
+  register_cuda<RandomArgs, RandomCuda, float, double, bf16, f16>({.layout = S});
+  register_cuda<BinaryArgs, BinaryCuda, float, bf16, f16>({.layout = S});
+  register_cuda<UnaryArgs, UnaryCuda, float, bf16, f16>({.layout = S});
+  register_cuda<AffineArgs, AffineCuda, float, bf16, f16>({.layout = S});
+  // The kernel widens x from any float dtype in registers (bf16 gradients into f32 ones).
+  register_cuda<AxpyArgs, AxpyCuda, float, bf16, f16>({.layout = S, .mixed_inputs = true});
+  register_cuda<ScaleArgs, ScaleCuda, float, bf16, f16>({.layout = S});
+  register_cuda<ReduceArgs, ReduceCuda, float, bf16, f16>({.layout = S});
+  register_cuda<ArgmaxArgs, ArgmaxCuda, float, bf16, f16>({.layout = S});
+  register_cuda<SumAllArgs, SumAllCuda, float, bf16, f16>({.layout = S});
+  register_cuda<SumSquaresArgs, SumSquaresCuda, float, bf16, f16>({.layout = S});
+}
+
+}  // namespace cuda_glue
+}  // namespace kiln::ops

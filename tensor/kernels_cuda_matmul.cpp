@@ -1,4 +1,8 @@
-// CUDA front end, matmul family: gemm, matmul and linear on cuBLASLt (kernels/cuda/matmul.h).
+// CUDA glue, matmul family: gemm, matmul and linear on cuBLASLt (kernels/cuda/matmul.h), and
+// linear's single bf16 row on kiln's GEMV (kernels/cuda/gemv.h), as entries registered beside
+// their bodies (tensor/kernels_cuda_glue.h). The front end (tensor/ops_basic.cpp) has checked
+// shapes and dtypes and allocated the outputs; one body serves every dtype (cuBLASLt takes the
+// type as a value).
 //
 // Strided inputs go to cuBLASLt without a copy whenever a BLAS can read them: a row-major view
 // with any row stride, or a transposed view (unit row stride), which flips the op's trans flag
@@ -12,18 +16,33 @@
 
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/matmul.h"
-#include "tensor/kernels_cuda.h"
+#include "tensor/kernels_cuda_glue.h"
 #include "tensor/memory.h"
+#include "tensor/op_args.h"
+
+namespace kiln::ops {
+namespace cuda_glue {
+namespace {
+
+template <class T>
+struct GemmCuda {
+  static void run(GemmArgs& a);
+};
+template <class T>
+struct MatmulCuda {
+  static void run(MatmulArgs& a);
+};
+template <class T>
+struct LinearCuda {
+  static void run(LinearArgs& a);
+};
 
 #if defined(KILN_CUDA)
 
-namespace kiln::ops::cuda_ops {
-namespace {
-
-using cuda::GemmArgs;
 using cuda::GemmEpilogue;
 using cuda::GemmEpilogueArgs;
 using cuda::GemmType;
+using LtArgs = cuda::GemmArgs;  // the launcher's arguments (GemmArgs is the op's)
 
 GemmType gemm_type(DType t, const char* op) {
   switch (t) {
@@ -124,9 +143,9 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 void zero(Tensor& t) { cuda::memset_async(t.raw_data(), 0, t.nbytes()); }
 
 // The launcher's arguments for one (M, K) x (K, N) product into a dense (M, N) output.
-GemmArgs gemm_args(GemmType type, const Operand& a, const Operand& b, std::int64_t M,
-                   std::int64_t N, std::int64_t K) {
-  GemmArgs g;
+LtArgs gemm_args(GemmType type, const Operand& a, const Operand& b, std::int64_t M, std::int64_t N,
+                 std::int64_t K) {
+  LtArgs g;
   g.type = type;
   g.trans_a = a.trans;
   g.trans_b = b.trans;
@@ -139,25 +158,22 @@ GemmArgs gemm_args(GemmType type, const Operand& a, const Operand& b, std::int64
   return g;
 }
 
-}  // namespace
-
-// c = alpha * op(a) op(b) + beta * c. The front end checked shapes, dtypes and c contiguous.
+// c = alpha * op(a) op(b) + beta * c; 2-d, c contiguous.
 void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
           double beta) {
   const GemmType type = gemm_type(c.dtype(), "gemm");
   check_device(c, "gemm");
-  KILN_CHECK(c.is_contiguous(), "[gemm] output must be contiguous");
   KILN_CHECK(!overlaps(c, a) && !overlaps(c, b), "[gemm] the output overlaps an input");
   const std::int64_t M = c.size(0), N = c.size(1), K = trans_a ? a.size(0) : a.size(1);
   if (K == 0) {  // empty product: c = beta * c (BLAS: beta == 0 does not read c)
     if (beta == 0.0)
       zero(c);
     else if (beta != 1.0)
-      scale(c, beta);
+      scale_(c, beta);
     return;
   }
   const Operand oa = operand(a, trans_a), ob = operand(b, trans_b);
-  const GemmArgs g = gemm_args(type, oa, ob, M, N, K);
+  const LtArgs g = gemm_args(type, oa, ob, M, N, K);
   cuda::gemm_lt(g, static_cast<float>(alpha), oa.ptr, ob.ptr, static_cast<float>(beta),
                 c.raw_data());
 }
@@ -166,12 +182,11 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_
 void matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, Tensor& out) {
   const GemmType type = gemm_type(out.dtype(), "matmul");
   check_device(out, "matmul");
-  KILN_CHECK(out.is_contiguous(), "[matmul] output must be contiguous");
   const std::int64_t batch = a.dim() == 3 ? a.size(0) : 1;
   const std::int64_t M = out.size(-2), N = out.size(-1), K = trans_a ? a.size(-2) : a.size(-1);
   if (K == 0) return zero(out);
   const Operand oa = operand(a, trans_a), ob = operand(b, trans_b);
-  GemmArgs g = gemm_args(type, oa, ob, M, N, K);
+  LtArgs g = gemm_args(type, oa, ob, M, N, K);
   if (batch > 1 && b.dim() == 2 && !oa.trans &&
       (oa.batch_stride == M * oa.ld || (M == 1 && oa.batch_stride >= K))) {
     // A's batches are consecutive rows of one (B*M, K) matrix (or single rows B apart): one GEMM
@@ -205,12 +220,9 @@ void matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, Tensor
 void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   const GemmType type = gemm_type(out.dtype(), "linear");
   check_device(out, "linear");
-  KILN_CHECK(out.is_contiguous(), "[linear] output must be contiguous");
   const std::int64_t N = w.size(0), K = w.size(1), rows = out.numel() / N;
   Tensor b;  // bias in out's dtype, contiguous
   if (bias.defined()) {
-    KILN_CHECK(bias.dim() == 1 && bias.size(0) == N, "[linear] bias {} does not match {} outputs",
-               shape_str(bias.shape()), N);
     b = bias;
     if (b.dtype() != out.dtype() || !b.is_contiguous()) {
       MemoryScope scratch(MemCategory::Temporaries);
@@ -232,7 +244,7 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
     return;
   }
   const Operand ox = rows_operand(x, rows, K), ow = operand(w, true);
-  const GemmArgs g = gemm_args(type, ox, ow, rows, N, K);
+  const LtArgs g = gemm_args(type, ox, ow, rows, N, K);
   if (b.defined()) {
     GemmEpilogueArgs ep;
     ep.epilogue = GemmEpilogue::Bias;
@@ -246,6 +258,29 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
   cuda::gemm_lt(g, 1.0f, ox.ptr, ow.ptr, 0.0f, out.raw_data());
 }
 
-}  // namespace kiln::ops::cuda_ops
+template <class T>
+void GemmCuda<T>::run(GemmArgs& a) {
+  gemm(a.c, a.a, a.b, a.trans_a, a.trans_b, a.alpha, a.beta);
+}
+template <class T>
+void MatmulCuda<T>::run(MatmulArgs& a) {
+  matmul(a.a, a.b, a.trans_a, a.trans_b, a.out);
+}
+template <class T>
+void LinearCuda<T>::run(LinearArgs& a) {
+  linear(a.x, a.w, a.bias, a.out);
+}
 
 #endif  // KILN_CUDA
+
+}  // namespace
+
+// Strided operands go to cuBLASLt in place where a BLAS can read them (see the top).
+void register_matmul() {
+  register_cuda<GemmArgs, GemmCuda, float, bf16, f16>({.layout = Layout::Strided});
+  register_cuda<MatmulArgs, MatmulCuda, float, bf16, f16>({.layout = Layout::Strided});
+  register_cuda<LinearArgs, LinearCuda, float, bf16, f16>({.layout = Layout::Strided});
+}
+
+}  // namespace cuda_glue
+}  // namespace kiln::ops

@@ -1,62 +1,124 @@
-// CUDA front end, nn family (contract in tensor/kernels_cuda.h): softmax, embedding, norms, RoPE,
-// activations, dropout. The launchers are in kernels/cuda/{softmax,embedding,norm,rope,
-// activation,dropout}.h.
+// CUDA glue, nn family: softmax, embedding, norms, RoPE, activations, SwiGLU and dropout, on the
+// launchers of kernels/cuda/{softmax,embedding,norm,rope,activation,dropout}.h, as typed entries
+// registered beside their bodies (tensor/kernels_cuda_glue.h). The front end
+// (tensor/ops_nn.cpp) has checked shapes and sizes and allocated contiguous outputs; the
+// dispatcher has put every tensor on the op's device and converted inputs to T.
 //
 // Inputs the kernels cannot read in place get a contiguous copy in the kernel's dtype, charged
 // to Temporaries; row kernels (softmax, norms) read any input whose leading dims collapse into
 // one evenly strided row dim with a dense last dim (e.g. a narrow() along the last dim) without
 // a copy, and RoPE reads and writes through arbitrary strides. Scratch that some ops need
-// (embedding backward's sort buffers, the norms' f32 dw/db partial sums) is Temporaries too.
-// Note for the meta dry run: these temporaries are allocated only on the CUDA path.
-#include "tensor/kernels_cuda.h"
+// (embedding backward's sort buffers, the norms' f32 dw/db partial sums) is Temporaries too,
+// and the norms' partials are declared to the table (the dry run charges them).
+#include "kernels/cuda/norm.h"
+#include "tensor/kernels_cuda_glue.h"
+#include "tensor/op_args.h"
 
 #if defined(KILN_CUDA)
-
-#include <initializer_list>
-
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/dropout.h"
 #include "kernels/cuda/embedding.h"
-#include "kernels/cuda/norm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/softmax.h"
-#include "tensor/dispatch.h"
 #include "tensor/memory.h"
+#endif
 
-namespace kiln::ops::cuda_ops {
+namespace kiln::ops {
+namespace cuda_glue {
 namespace {
 
-constexpr cuda::StreamHandle kStream = nullptr;  // the legacy default stream (kernels_cuda.h)
+template <class T>
+struct SoftmaxCuda {
+  static void run(SoftmaxArgs& a);
+};
+template <class T>
+struct SoftmaxBackwardCuda {
+  static void run(SoftmaxBackwardArgs& a);
+};
+template <class T>
+struct EmbeddingCuda {
+  static void run(EmbeddingArgs& a);
+};
+template <class T>
+struct EmbeddingBackwardCuda {
+  static void run(EmbeddingBackwardArgs& a);
+};
+template <class T>
+struct RmsNormCuda {
+  static void run(RmsNormArgs& a);
+};
+template <class T>
+struct RmsNormBackwardCuda {
+  static void run(RmsNormBackwardArgs& a);
+};
+template <class T>
+struct LayerNormCuda {
+  static void run(LayerNormArgs& a);
+};
+template <class T>
+struct LayerNormBackwardCuda {
+  static void run(LayerNormBackwardArgs& a);
+};
+template <class T>
+struct RopeTablesCuda {
+  static void run(RopeTablesArgs& a);
+};
+template <class T>
+struct RopeCuda {
+  static void run(RopeArgs& a);
+};
+// The pointwise activations of kActivations: one entry pair per activation op O.
+template <Op O>
+struct ActivationCuda {
+  template <class T>
+  struct Forward {
+    static void run(ActivationArgs<O>& a);
+  };
+  template <class T>
+  struct Backward {
+    static void run(ActivationBackwardArgs<O>& a);
+  };
+};
+template <class T>
+struct SwiGluCuda {
+  static void run(SwiGluArgs& a);
+};
+template <class T>
+struct SwiGluBackwardCuda {
+  static void run(SwiGluBackwardArgs& a);
+};
+template <class T>
+struct DropoutCuda {
+  static void run(DropoutArgs& a);
+};
+template <class T>
+struct DropoutBackwardCuda {
+  static void run(DropoutBackwardArgs& a);
+};
 
-void check_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : ts) {
-    if (!t || !t->defined()) continue;
-    KILN_CHECK(t->device().is_cuda(), "[{}] expected a CUDA tensor, got one on {}", op,
-               t->device().str());
-    if (!first) first = t;
-    KILN_CHECK(t->device() == first->device(), "[{}] tensors on different devices: {} and {}", op,
-               first->device().str(), t->device().str());
-  }
+// The norm backward kernels sum dw (and db) over row chunks into f32 partials.
+std::int64_t norm_partials_bytes(const Tensor& x, const Tensor& w) {
+  const std::int64_t rows = x.dim() == 0 ? 1 : x.numel() / std::max<std::int64_t>(x.size(-1), 1);
+  return cuda::norm_backward_scratch_floats(rows, w.size(0), false) * 4;
 }
+ScratchList rmsnorm_backward_scratch(const RmsNormBackwardArgs& a, DType) {
+  if (!a.dw.defined()) return {};
+  return {norm_partials_bytes(a.x, a.w)};
+}
+ScratchList layernorm_backward_scratch(const LayerNormBackwardArgs& a, DType) {
+  const std::int64_t n = norm_partials_bytes(a.x, a.w);
+  return {a.dw.defined() ? n : 0, a.db.defined() ? n : 0};
+}
+
+#if defined(KILN_CUDA)
+
+constexpr cuda::StreamHandle kStream = nullptr;  // the legacy default stream
 
 // t contiguous in dtype dt: t itself, or a Temporaries copy. Undefined stays undefined.
 Tensor dense_as(const Tensor& t, DType dt) {
   if (!t.defined() || (t.dtype() == dt && t.is_contiguous())) return t;
   MemoryScope scratch(MemCategory::Temporaries);
   return t.to(dt).contiguous();
-}
-
-// Outputs come from the front end contiguous; a kernel relies on it.
-void check_out(const char* op, const Tensor& out, DType dt, std::int64_t numel) {
-  KILN_CHECK(out.defined() && out.is_contiguous() && out.dtype() == dt && out.numel() == numel,
-             "[{}] output must be a contiguous {} tensor of {} elements", op, dtype_name(dt),
-             numel);
-}
-
-void check_stats(const char* op, const Tensor& s, std::int64_t rows) {
-  KILN_CHECK(s.defined() && s.dtype() == DType::F32 && s.is_contiguous() && s.numel() == rows,
-             "[{}] row statistics must be a contiguous f32 tensor of {} elements", op, rows);
 }
 
 // ---- row views ------------------------------------------------------------------------------
@@ -113,48 +175,16 @@ T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
-// dst (any float dtype the kernels support, contiguous) += sum of the chunk partials.
+// dst (any float dtype the kernels support, contiguous: the front end checked) += sum of the
+// chunk partials.
 void add_partials(const char* op, const Tensor& part, std::int64_t chunks, std::int64_t dim,
                   Tensor& dst) {
-  KILN_CHECK(dst.is_contiguous() && dst.numel() == dim,
-             "[{}] weight gradient must be contiguous with {} elements", op, dim);
   dispatch_float(dst.dtype(), op, [&](auto tag) {
     using U = typename decltype(tag)::type;
     cuda::reduce_partials<U>(chunks, dim, part.data<float>(), dst.data<U>(), kStream);
   });
 }
 
-}  // namespace
-
-// ---- softmax ----------------------------------------------------------------------------------
-
-void softmax(const Tensor& x, bool log, Tensor& y) {
-  const char* op = log ? "log_softmax" : "softmax";
-  check_cuda(op, {&x, &y});
-  check_out(op, y, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Rows r = row_view(x, x.dtype());
-    cuda::softmax_forward<T>(r.rows, r.cols, r.t.data<T>(), r.stride, log, y.data<T>(), kStream);
-  });
-}
-
-void softmax_backward(const Tensor& y, const Tensor& dy, bool log, Tensor& dx) {
-  const char* op = log ? "log_softmax_backward" : "softmax_backward";
-  check_cuda(op, {&y, &dy, &dx});
-  KILN_CHECK(y.shape() == dy.shape(), "[{}] y and dy shapes differ", op);
-  check_out(op, dx, y.dtype(), y.numel());
-  dispatch_float(y.dtype(), op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Rows ry = row_view(y, y.dtype()), rd = row_view(dy, y.dtype());
-    cuda::softmax_backward<T>(ry.rows, ry.cols, ry.t.data<T>(), ry.stride, rd.t.data<T>(),
-                              rd.stride, log, dx.data<T>(), kStream);
-  });
-}
-
-// ---- embedding --------------------------------------------------------------------------------
-
-namespace {
 // Fails like the CPU kernel when an id is outside [0, vocab). Synchronizes (see embedding.h).
 void check_ids(const Tensor& ids, std::int64_t vocab) {
   const std::int64_t bad =
@@ -164,262 +194,226 @@ void check_ids(const Tensor& ids, std::int64_t vocab) {
   cuda::memcpy_d2h(&id, ids.data<std::int32_t>() + bad, sizeof(id), kStream);
   fail("[embedding] token id {} out of range [0, {})", id, vocab);
 }
-}  // namespace
 
-void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
-  check_cuda("embedding", {&ids, &table, &out});
-  KILN_CHECK(ids.dtype() == DType::I32 && table.dim() == 2,
-             "[embedding] needs i32 ids and a 2-d table");
-  const std::int64_t vocab = table.size(0), dim = table.size(1);
-  check_out("embedding", out, table.dtype(), ids.numel() * dim);
-  const Tensor cids = dense_as(ids, DType::I32);
-  check_ids(cids, vocab);
-  dispatch_float(table.dtype(), "embedding", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor ct = dense_as(table, table.dtype());
-    cuda::embedding_forward<T>(cids.numel(), vocab, dim, cids.data<std::int32_t>(), ct.data<T>(),
-                               out.data<T>(), kStream);
-  });
+// ---- softmax ----------------------------------------------------------------------------------
+
+template <class T>
+void SoftmaxCuda<T>::run(SoftmaxArgs& a) {
+  const Rows r = row_view(a.x, a.x.dtype());
+  cuda::softmax_forward<T>(r.rows, r.cols, r.t.template data<T>(), r.stride, a.log,
+                           a.y.template data<T>(), kStream);
 }
 
-void embedding_backward(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
-  const char* op = "embedding_backward";
-  check_cuda(op, {&dtable, &ids, &dout});
-  KILN_CHECK(ids.dtype() == DType::I32 && dtable.dim() == 2 && dtable.is_contiguous(),
-             "[{}] needs i32 ids and a contiguous 2-d gradient table", op);
-  const std::int64_t vocab = dtable.size(0), dim = dtable.size(1), n = ids.numel();
-  KILN_CHECK(dout.numel() == n * dim, "[{}] dout has {} elements, expected {} x {}", op,
-             dout.numel(), n, dim);
+template <class T>
+void SoftmaxBackwardCuda<T>::run(SoftmaxBackwardArgs& a) {
+  const Rows ry = row_view(a.y, a.y.dtype()), rd = row_view(a.dy, a.y.dtype());
+  cuda::softmax_backward<T>(ry.rows, ry.cols, ry.t.template data<T>(), ry.stride,
+                            rd.t.template data<T>(), rd.stride, a.log, a.dx.template data<T>(),
+                            kStream);
+}
+
+// ---- embedding --------------------------------------------------------------------------------
+
+template <class T>
+void EmbeddingCuda<T>::run(EmbeddingArgs& a) {
+  const std::int64_t vocab = a.table.size(0), dim = a.table.size(1);
+  const Tensor ids = dense_as(a.ids, DType::I32), table = dense_as(a.table, a.table.dtype());
+  check_ids(ids, vocab);
+  cuda::embedding_forward<T>(ids.numel(), vocab, dim, ids.data<std::int32_t>(),
+                             table.template data<T>(), a.out.template data<T>(), kStream);
+}
+
+// dtable (T) += scatter(dout), dout in any float dtype; deterministic (no float atomics in a
+// data-dependent order).
+template <class T>
+void EmbeddingBackwardCuda<T>::run(EmbeddingBackwardArgs& a) {
+  const std::int64_t vocab = a.dtable.size(0), dim = a.dtable.size(1), n = a.ids.numel();
   if (n == 0 || dim == 0) return;
-  const Tensor cids = dense_as(ids, DType::I32);
-  check_ids(cids, vocab);
+  const Tensor ids = dense_as(a.ids, DType::I32);
+  check_ids(ids, vocab);
   Tensor workspace;
   {
     MemoryScope scratch(MemCategory::Temporaries);
     const auto bytes = static_cast<std::int64_t>(cuda::embedding_backward_workspace_bytes(n));
-    workspace = Tensor::empty({bytes}, DType::Bool, dtable.device());
+    workspace = Tensor::empty({bytes}, DType::Bool, a.dtable.device());
   }
-  dispatch_float(dtable.dtype(), op, [&](auto gtag) {
-    using G = typename decltype(gtag)::type;
-    dispatch_float(dout.dtype(), op, [&](auto otag) {
-      using O = typename decltype(otag)::type;
-      const Tensor cd = dense_as(dout, dout.dtype());
-      cuda::embedding_backward<G, O>(n, vocab, dim, cids.data<std::int32_t>(), cd.data<O>(),
-                                     dtable.data<G>(), workspace.raw_data(),
-                                     static_cast<std::size_t>(workspace.numel()), kStream);
-    });
+  dispatch_float(a.dout.dtype(), "embedding_backward", [&](auto otag) {
+    using O = typename decltype(otag)::type;
+    const Tensor dout = dense_as(a.dout, a.dout.dtype());
+    cuda::embedding_backward<T, O>(n, vocab, dim, ids.data<std::int32_t>(), dout.data<O>(),
+                                   a.dtable.template data<T>(), workspace.raw_data(),
+                                   static_cast<std::size_t>(workspace.numel()), kStream);
   });
 }
 
 // ---- norms ------------------------------------------------------------------------------------
 
-void rmsnorm(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
-  check_cuda("rmsnorm", {&x, &w, &y, &rstd});
-  check_out("rmsnorm", y, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), "rmsnorm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Rows r = row_view(x, x.dtype());
-    KILN_CHECK(w.numel() == r.cols, "[rmsnorm] weight of {} for rows of {}", w.numel(), r.cols);
-    check_stats("rmsnorm", rstd, r.rows);
-    const Tensor cw = dense_as(w, x.dtype());
-    cuda::rmsnorm_forward<T>(r.rows, r.cols, static_cast<float>(eps), r.t.data<T>(), r.stride,
-                             cw.data<T>(), y.data<T>(), rstd.data<float>(), kStream);
-  });
+template <class T>
+void RmsNormCuda<T>::run(RmsNormArgs& a) {
+  const Rows r = row_view(a.x, a.x.dtype());
+  const Tensor w = dense_as(a.w, a.x.dtype());
+  cuda::rmsnorm_forward<T>(r.rows, r.cols, static_cast<float>(a.eps), r.t.template data<T>(),
+                           r.stride, w.template data<T>(), a.y.template data<T>(),
+                           a.rstd.template data<float>(), kStream);
 }
 
-void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      Tensor& dx, Tensor* dw) {
+// dx =; dw += when defined (any float dtype), through f32 chunk partials.
+template <class T>
+void RmsNormBackwardCuda<T>::run(RmsNormBackwardArgs& a) {
   const char* op = "rmsnorm_backward";
-  const bool want_dw = dw && dw->defined();
-  check_cuda(op, {&x, &w, &rstd, &dy, &dx, want_dw ? dw : nullptr});
-  KILN_CHECK(x.shape() == dy.shape(), "[{}] x and dy shapes differ", op);
-  check_out(op, dx, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Rows rx = row_view(x, x.dtype()), rd = row_view(dy, x.dtype());
-    KILN_CHECK(w.numel() == rx.cols, "[{}] weight of {} for rows of {}", op, w.numel(), rx.cols);
-    const Tensor crstd = dense_as(rstd, DType::F32);
-    check_stats(op, crstd, rx.rows);
-    const Tensor cw = dense_as(w, x.dtype());
-    const cuda::NormChunks ch = cuda::norm_chunks(rx.rows);
-    const Tensor part = want_dw ? scratch_f32(ch.count * rx.cols, x.device()) : Tensor();
-    cuda::rmsnorm_backward<T>(rx.rows, rx.cols, rx.t.data<T>(), rx.stride, cw.data<T>(),
-                              crstd.data<float>(), rd.t.data<T>(), rd.stride, dx.data<T>(),
-                              ptr_or_null<float>(part), kStream);
-    if (part.defined()) add_partials(op, part, ch.count, rx.cols, *dw);
-  });
+  const Rows rx = row_view(a.x, a.x.dtype()), rd = row_view(a.dy, a.x.dtype());
+  const Tensor rstd = dense_as(a.rstd, DType::F32), w = dense_as(a.w, a.x.dtype());
+  const cuda::NormChunks ch = cuda::norm_chunks(rx.rows);
+  const Tensor part = a.dw.defined() ? scratch_f32(ch.count * rx.cols, a.x.device()) : Tensor();
+  cuda::rmsnorm_backward<T>(rx.rows, rx.cols, rx.t.template data<T>(), rx.stride,
+                            w.template data<T>(), rstd.template data<float>(),
+                            rd.t.template data<T>(), rd.stride, a.dx.template data<T>(),
+                            ptr_or_null<float>(part), kStream);
+  if (part.defined()) add_partials(op, part, ch.count, rx.cols, a.dw);
 }
 
-void layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
-               Tensor& mean, Tensor& rstd) {
-  check_cuda("layernorm", {&x, &w, &b, &y, &mean, &rstd});
-  check_out("layernorm", y, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), "layernorm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Rows r = row_view(x, x.dtype());
-    KILN_CHECK(w.numel() == r.cols && (!b.defined() || b.numel() == r.cols),
-               "[layernorm] weight/bias of {}/{} for rows of {}", w.numel(),
-               b.defined() ? b.numel() : 0, r.cols);
-    check_stats("layernorm", mean, r.rows);
-    check_stats("layernorm", rstd, r.rows);
-    const Tensor cw = dense_as(w, x.dtype()), cb = dense_as(b, x.dtype());
-    cuda::layernorm_forward<T>(r.rows, r.cols, static_cast<float>(eps), r.t.data<T>(), r.stride,
-                               cw.data<T>(), ptr_or_null<T>(cb), y.data<T>(), mean.data<float>(),
-                               rstd.data<float>(), kStream);
-  });
+template <class T>
+void LayerNormCuda<T>::run(LayerNormArgs& a) {
+  const Rows r = row_view(a.x, a.x.dtype());
+  const Tensor w = dense_as(a.w, a.x.dtype()), b = dense_as(a.b, a.x.dtype());
+  cuda::layernorm_forward<T>(r.rows, r.cols, static_cast<float>(a.eps), r.t.template data<T>(),
+                             r.stride, w.template data<T>(), ptr_or_null<T>(b),
+                             a.y.template data<T>(), a.mean.template data<float>(),
+                             a.rstd.template data<float>(), kStream);
 }
 
-void layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& dy, Tensor& dx, Tensor* dw, Tensor* db) {
+// dx =; dw, db += when defined.
+template <class T>
+void LayerNormBackwardCuda<T>::run(LayerNormBackwardArgs& a) {
   const char* op = "layernorm_backward";
-  const bool want_dw = dw && dw->defined(), want_db = db && db->defined();
-  check_cuda(op, {&x, &w, &mean, &rstd, &dy, &dx, want_dw ? dw : nullptr, want_db ? db : nullptr});
-  KILN_CHECK(x.shape() == dy.shape(), "[{}] x and dy shapes differ", op);
-  check_out(op, dx, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Rows rx = row_view(x, x.dtype()), rd = row_view(dy, x.dtype());
-    KILN_CHECK(w.numel() == rx.cols, "[{}] weight of {} for rows of {}", op, w.numel(), rx.cols);
-    const Tensor cmean = dense_as(mean, DType::F32), crstd = dense_as(rstd, DType::F32);
-    check_stats(op, cmean, rx.rows);
-    check_stats(op, crstd, rx.rows);
-    const Tensor cw = dense_as(w, x.dtype());
-    const cuda::NormChunks ch = cuda::norm_chunks(rx.rows);
-    const std::int64_t n = ch.count * rx.cols;
-    const Tensor pw = want_dw ? scratch_f32(n, x.device()) : Tensor();
-    const Tensor pb = want_db ? scratch_f32(n, x.device()) : Tensor();
-    cuda::layernorm_backward<T>(rx.rows, rx.cols, rx.t.data<T>(), rx.stride, cw.data<T>(),
-                                cmean.data<float>(), crstd.data<float>(), rd.t.data<T>(), rd.stride,
-                                dx.data<T>(), ptr_or_null<float>(pw), ptr_or_null<float>(pb),
-                                kStream);
-    if (pw.defined()) add_partials(op, pw, ch.count, rx.cols, *dw);
-    if (pb.defined()) add_partials(op, pb, ch.count, rx.cols, *db);
-  });
+  const Rows rx = row_view(a.x, a.x.dtype()), rd = row_view(a.dy, a.x.dtype());
+  const Tensor mean = dense_as(a.mean, DType::F32), rstd = dense_as(a.rstd, DType::F32);
+  const Tensor w = dense_as(a.w, a.x.dtype());
+  const cuda::NormChunks ch = cuda::norm_chunks(rx.rows);
+  const std::int64_t n = ch.count * rx.cols;
+  const Tensor pw = a.dw.defined() ? scratch_f32(n, a.x.device()) : Tensor();
+  const Tensor pb = a.db.defined() ? scratch_f32(n, a.x.device()) : Tensor();
+  cuda::layernorm_backward<T>(
+      rx.rows, rx.cols, rx.t.template data<T>(), rx.stride, w.template data<T>(),
+      mean.template data<float>(), rstd.template data<float>(), rd.t.template data<T>(), rd.stride,
+      a.dx.template data<T>(), ptr_or_null<float>(pw), ptr_or_null<float>(pb), kStream);
+  if (pw.defined()) add_partials(op, pw, ch.count, rx.cols, a.dw);
+  if (pb.defined()) add_partials(op, pb, ch.count, rx.cols, a.db);
 }
 
 // ---- RoPE -------------------------------------------------------------------------------------
 
-void rope_tables(std::int64_t max_pos, std::int64_t head_dim, double theta, Tensor& cos,
-                 Tensor& sin) {
-  check_cuda("rope_tables", {&cos, &sin});
-  KILN_CHECK(cos.dtype() == sin.dtype(), "[rope] cos and sin tables differ in dtype");
-  if (cos.dtype() != DType::F32)
-    fail("[rope] {} is not supported on CUDA", dtype_name(cos.dtype()));
-  check_out("rope", cos, DType::F32, max_pos * (head_dim / 2));
-  check_out("rope", sin, DType::F32, max_pos * (head_dim / 2));
-  cuda::rope_tables(max_pos, head_dim, theta, cos.data<float>(), sin.data<float>(), kStream);
+// cos/sin (max_pos, D/2) f32: the tables stay f32 on CUDA whatever the model dtype.
+template <class T>
+void RopeTablesCuda<T>::run(RopeTablesArgs& a) {
+  cuda::rope_tables(a.max_pos, a.head_dim, a.theta, a.cos.template data<float>(),
+                    a.sin.template data<float>(), kStream);
 }
 
-void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle style,
-          std::int64_t pos_offset, bool backward, Tensor& out) {
-  check_cuda("rope", {&x, &cos, &sin, &out});
-  KILN_CHECK(x.dim() == 4, "[rope] x must be (B, T, H, D), got {}", shape_str(x.shape()));
-  KILN_CHECK(out.shape() == x.shape() && out.dtype() == x.dtype(),
-             "[rope] output {} does not match x {}", shape_str(out.shape()), shape_str(x.shape()));
-  const std::int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
-  KILN_CHECK(cos.dim() == 2 && sin.shape() == cos.shape() && cos.size(1) * 2 == D &&
-                 pos_offset >= 0 && pos_offset + T <= cos.size(0),
-             "[rope] positions [{}, {}) exceed the table {} (head_dim {})", pos_offset,
-             pos_offset + T, shape_str(cos.shape()), D);
+// x: (B, T, H, D); out may be x itself (in place).
+template <class T>
+void RopeCuda<T>::run(RopeArgs& a) {
+  const Tensor& x = a.x;
+  const std::int64_t B = x.size(0), Tn = x.size(1), H = x.size(2), D = x.size(3);
   // In place only as the very same view; otherwise out must not overlap x (it is fresh).
-  const bool in_place = out.same_storage(x) && out.offset() == x.offset();
-  KILN_CHECK(!out.same_storage(x) || (in_place && out.strides() == x.strides()),
+  const bool in_place = a.out.same_storage(x) && a.out.offset() == x.offset();
+  KILN_CHECK(!a.out.same_storage(x) || (in_place && a.out.strides() == x.strides()),
              "[rope] output overlaps the input without being it");
-  const Tensor ccos = dense_as(cos, DType::F32), csin = dense_as(sin, DType::F32);
+  const Tensor cos = dense_as(a.cos, DType::F32), sin = dense_as(a.sin, DType::F32);
   auto strides = [](const Tensor& t) {
     return cuda::Strides4{{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
   };
-  const auto cstyle =
-      style == RopeStyle::Interleaved ? cuda::RopeStyle::Interleaved : cuda::RopeStyle::RotateHalf;
-  dispatch_float(x.dtype(), "rope", [&](auto tag) {
-    using Tp = typename decltype(tag)::type;
-    cuda::rope_apply<Tp>(cstyle, backward, B, T, H, D, ccos.data<float>(), csin.data<float>(),
-                         pos_offset, x.data<Tp>(), strides(x), out.data<Tp>(), strides(out),
-                         kStream);
-  });
+  const auto style = a.style == RopeStyle::Interleaved ? cuda::RopeStyle::Interleaved
+                                                       : cuda::RopeStyle::RotateHalf;
+  cuda::rope_apply<T>(style, a.backward, B, Tn, H, D, cos.template data<float>(),
+                      sin.template data<float>(), a.pos_offset, x.template data<T>(), strides(x),
+                      a.out.template data<T>(), strides(a.out), kStream);
 }
 
 // ---- activations ------------------------------------------------------------------------------
 
-void activation(Op op, const Tensor& x, Tensor& y) {
-  const char* name = op_name(op).data();
-  check_cuda(name, {&x, &y});
-  check_out(name, y, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), name, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor cx = dense_as(x, x.dtype());
-    cuda::activation_forward<T>(op, x.numel(), cx.data<T>(), y.data<T>(), kStream);
-  });
+template <Op O>
+template <class T>
+void ActivationCuda<O>::Forward<T>::run(ActivationArgs<O>& a) {
+  const Tensor x = dense_as(a.x, a.x.dtype());
+  cuda::activation_forward<T>(O, x.numel(), x.template data<T>(), a.y.template data<T>(), kStream);
 }
 
-void activation_backward(Op op, const Tensor& x, const Tensor& dy, Tensor& dx) {
-  const char* name = op_backward_name(op).data();
-  check_cuda(name, {&x, &dy, &dx});
-  KILN_CHECK(x.shape() == dy.shape(), "[{}] x and dy shapes differ", name);
-  check_out(name, dx, x.dtype(), x.numel());
-  dispatch_float(x.dtype(), name, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor cx = dense_as(x, x.dtype()), cdy = dense_as(dy, x.dtype());
-    cuda::activation_backward<T>(op, x.numel(), cx.data<T>(), cdy.data<T>(), dx.data<T>(), kStream);
-  });
+template <Op O>
+template <class T>
+void ActivationCuda<O>::Backward<T>::run(ActivationBackwardArgs<O>& a) {
+  const Tensor x = dense_as(a.x, a.x.dtype()), dy = dense_as(a.dy, a.x.dtype());
+  cuda::activation_backward<T>(O, x.numel(), x.template data<T>(), dy.template data<T>(),
+                               a.dx.template data<T>(), kStream);
 }
 
-void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
-  check_cuda("swiglu", {&gate, &up, &out});
-  KILN_CHECK(gate.shape() == up.shape(), "[swiglu] gate and up shapes differ");
-  check_out("swiglu", out, gate.dtype(), gate.numel());
-  dispatch_float(gate.dtype(), "swiglu", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor cg = dense_as(gate, gate.dtype()), cu = dense_as(up, gate.dtype());
-    cuda::swiglu_forward<T>(gate.numel(), cg.data<T>(), cu.data<T>(), out.data<T>(), kStream);
-  });
+template <class T>
+void SwiGluCuda<T>::run(SwiGluArgs& a) {
+  const Tensor gate = dense_as(a.gate, a.gate.dtype()), up = dense_as(a.up, a.gate.dtype());
+  cuda::swiglu_forward<T>(gate.numel(), gate.template data<T>(), up.template data<T>(),
+                          a.out.template data<T>(), kStream);
 }
 
-void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, Tensor& dgate,
-                     Tensor& dup) {
-  const char* op = "swiglu_backward";
-  check_cuda(op, {&gate, &up, &dout, &dgate, &dup});
-  KILN_CHECK(gate.shape() == up.shape() && gate.shape() == dout.shape(),
-             "[{}] gate, up and dout shapes differ", op);
-  check_out(op, dgate, gate.dtype(), gate.numel());
-  check_out(op, dup, gate.dtype(), gate.numel());
-  dispatch_float(gate.dtype(), op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor cg = dense_as(gate, gate.dtype()), cu = dense_as(up, gate.dtype());
-    const Tensor cd = dense_as(dout, gate.dtype());
-    cuda::swiglu_backward<T>(gate.numel(), cg.data<T>(), cu.data<T>(), cd.data<T>(),
-                             dgate.data<T>(), dup.data<T>(), kStream);
-  });
+template <class T>
+void SwiGluBackwardCuda<T>::run(SwiGluBackwardArgs& a) {
+  const Tensor gate = dense_as(a.gate, a.gate.dtype()), up = dense_as(a.up, a.gate.dtype());
+  const Tensor dout = dense_as(a.dout, a.gate.dtype());
+  cuda::swiglu_backward<T>(gate.numel(), gate.template data<T>(), up.template data<T>(),
+                           dout.template data<T>(), a.dgate.template data<T>(),
+                           a.dup.template data<T>(), kStream);
 }
 
 // ---- dropout ----------------------------------------------------------------------------------
 
-void dropout(const Tensor& x, double p, std::uint64_t seed, std::uint64_t offset, Tensor& y,
-             Tensor& mask) {
-  check_cuda("dropout", {&x, &y, &mask});
-  check_out("dropout", y, x.dtype(), x.numel());
-  check_out("dropout", mask, DType::Bool, x.numel());
-  dispatch_float(x.dtype(), "dropout", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor cx = dense_as(x, x.dtype());
-    cuda::dropout_forward<T>(x.numel(), static_cast<float>(p), seed, offset, cx.data<T>(),
-                             y.data<T>(), mask.data<std::uint8_t>(), kStream);
-  });
+// The same Philox mask as the CPU kernel for the same (seed, offset).
+template <class T>
+void DropoutCuda<T>::run(DropoutArgs& a) {
+  const Tensor x = dense_as(a.x, a.x.dtype());
+  cuda::dropout_forward<T>(x.numel(), static_cast<float>(a.p), a.seed, a.offset,
+                           x.template data<T>(), a.y.template data<T>(),
+                           a.mask.template data<std::uint8_t>(), kStream);
 }
 
-void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) {
-  check_cuda("dropout_backward", {&dy, &mask, &dx});
-  KILN_CHECK(mask.numel() == dy.numel() && mask.dtype() == DType::Bool,
-             "[dropout_backward] mask must be a bool tensor of dy's size");
-  check_out("dropout_backward", dx, dy.dtype(), dy.numel());
-  dispatch_float(dy.dtype(), "dropout_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const Tensor cdy = dense_as(dy, dy.dtype()), cm = dense_as(mask, DType::Bool);
-    cuda::dropout_backward<T>(dy.numel(), static_cast<float>(p), cm.data<std::uint8_t>(),
-                              cdy.data<T>(), dx.data<T>(), kStream);
-  });
+template <class T>
+void DropoutBackwardCuda<T>::run(DropoutBackwardArgs& a) {
+  const Tensor dy = dense_as(a.dy, a.dy.dtype()), mask = dense_as(a.mask, DType::Bool);
+  cuda::dropout_backward<T>(dy.numel(), static_cast<float>(a.p), mask.template data<std::uint8_t>(),
+                            dy.template data<T>(), a.dx.template data<T>(), kStream);
 }
-
-}  // namespace kiln::ops::cuda_ops
 
 #endif  // KILN_CUDA
+
+}  // namespace
+
+// The glue reads strided inputs itself (copying only what a kernel cannot read), so the entries
+// are Layout::Strided.
+void register_nn() {
+  constexpr Layout S = Layout::Strided;
+  register_cuda<SoftmaxArgs, SoftmaxCuda, float, bf16, f16>({.layout = S});
+  register_cuda<SoftmaxBackwardArgs, SoftmaxBackwardCuda, float, bf16, f16>({.layout = S});
+  register_cuda<EmbeddingArgs, EmbeddingCuda, float, bf16, f16>({.layout = S});
+  // dout is read in its own float dtype, widened in registers.
+  register_cuda<EmbeddingBackwardArgs, EmbeddingBackwardCuda, float, bf16, f16>(
+      {.layout = S, .mixed_inputs = true});
+  register_cuda<RmsNormArgs, RmsNormCuda, float, bf16, f16>({.layout = S});
+  register_cuda<RmsNormBackwardArgs, RmsNormBackwardCuda, float, bf16, f16>(
+      {.layout = S, .scratch = &rmsnorm_backward_scratch});
+  register_cuda<LayerNormArgs, LayerNormCuda, float, bf16, f16>({.layout = S});
+  register_cuda<LayerNormBackwardArgs, LayerNormBackwardCuda, float, bf16, f16>(
+      {.layout = S, .scratch = &layernorm_backward_scratch});
+  register_cuda<RopeTablesArgs, RopeTablesCuda, float>({.layout = S});
+  register_cuda<RopeArgs, RopeCuda, float, bf16, f16>({.layout = S});
+  for_each_activation([&]<Op O>() {
+    register_cuda<ActivationArgs<O>, ActivationCuda<O>::template Forward, float, bf16, f16>(
+        {.layout = S});
+    register_cuda<ActivationBackwardArgs<O>, ActivationCuda<O>::template Backward, float, bf16,
+                  f16>({.layout = S});
+  });
+  register_cuda<SwiGluArgs, SwiGluCuda, float, bf16, f16>({.layout = S});
+  register_cuda<SwiGluBackwardArgs, SwiGluBackwardCuda, float, bf16, f16>({.layout = S});
+  register_cuda<DropoutArgs, DropoutCuda, float, bf16, f16>({.layout = S});
+  register_cuda<DropoutBackwardArgs, DropoutBackwardCuda, float, bf16, f16>({.layout = S});
+}
+
+}  // namespace cuda_glue
+}  // namespace kiln::ops

@@ -287,6 +287,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_same_device(x, w, "linear");
   Shape out_shape = x.shape();
   out_shape.back() = w.size(0);
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0)),
+             "[linear] bias {} does not match {} outputs", shape_str(bias.shape()), w.size(0));
   if (bias.defined()) check_same_device(bias, x, "linear");
   LinearArgs args{x, w, bias, Tensor::empty(out_shape, x.dtype(), x.device())};
   run(args);

@@ -2,6 +2,7 @@
 // cross-entropy, dropout and the optimizer steps. Each function checks shapes, allocates its
 // outputs and runs the kernel the table (tensor/kernel_table.h) holds for the device and dtype.
 #include <cmath>
+#include <initializer_list>
 
 #include "tensor/ops.h"
 #include "tensor/ops_util.h"
@@ -64,9 +65,22 @@ std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x, const Tensor& w, double eps)
   return {a.y, rstd};
 }
 
+// A norm backward's weight and row statistics match x's rows and columns, and a weight gradient
+// (when asked for) is a contiguous buffer of the weight's size.
+static void check_norm_backward(const Tensor& x, const Tensor& w, const Tensor& stat,
+                                const Tensor* dw, const char* op) {
+  const std::int64_t cols = x.dim() == 0 ? 1 : x.size(-1);
+  KILN_CHECK(w.numel() == cols && stat.numel() == rows_of(x),
+             "[{}] backward: weight of {} and {} row statistics for {} rows of {}", op, w.numel(),
+             stat.numel(), rows_of(x), cols);
+  KILN_CHECK(!dw || !dw->defined() || (dw->is_contiguous() && dw->numel() == cols),
+             "[{}] weight gradient must be contiguous with {} elements", op, cols);
+}
+
 Tensor rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                         Tensor* dw) {
   check_same_shape(x, dy, "rmsnorm");
+  check_norm_backward(x, w, rstd, dw, "rmsnorm");
   RmsNormBackwardArgs a{x, w, rstd, dy, empty_like(x), dw ? *dw : Tensor()};
   run(a);
   return a.dx;
@@ -88,6 +102,8 @@ std::tuple<Tensor, Tensor, Tensor> layernorm(const Tensor& x, const Tensor& w, c
 Tensor layernorm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                           const Tensor& dy, Tensor* dw, Tensor* db) {
   check_same_shape(x, dy, "layernorm");
+  check_norm_backward(x, w, rstd, dw, "layernorm");
+  check_norm_backward(x, w, mean, db, "layernorm");
   LayerNormBackwardArgs a{
       x, w, mean, rstd, dy, empty_like(x), dw ? *dw : Tensor(), db ? *db : Tensor()};
   run(a);
@@ -156,6 +172,7 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 }
 std::tuple<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up,
                                            const Tensor& dout) {
+  check_same_shape(gate, up, "swiglu");
   check_same_shape(gate, dout, "swiglu");
   SwiGluBackwardArgs a{gate, up, dout, empty_like(gate), empty_like(up)};
   run(a);
@@ -220,6 +237,12 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Ten
                               const Tensor& dloss, std::int32_t ignore_index, bool in_place) {
   KILN_CHECK(dloss.numel() == logits.size(0), "[cross_entropy] dloss has {} elements, want {}",
              dloss.numel(), logits.size(0));
+  KILN_CHECK(logits.dim() == 2 && targets.dtype() == DType::I32 &&
+                 targets.numel() == logits.size(0) && lse.numel() == logits.size(0),
+             "[cross_entropy] backward: logits {} need (N) i32 targets and (N) lse, got {} {} "
+             "and {}",
+             shape_str(logits.shape()), dtype_name(targets.dtype()), shape_str(targets.shape()),
+             shape_str(lse.shape()));
   CrossEntropyBackwardArgs a{logits, lse, targets, dloss, Tensor(), ignore_index};
   const auto chosen = choose_kernel(a);
   // In place only when the kernel writes the logits' own dtype into their own (dense) buffer.
@@ -242,6 +265,8 @@ std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator& gen) {
 
 Tensor dropout_backward(const Tensor& dy, const Tensor& mask, double p) {
   check_same_shape(dy, mask, "dropout");
+  KILN_CHECK(mask.dtype() == DType::Bool, "[dropout] the mask must be bool, got {}",
+             dtype_name(mask.dtype()));
   DropoutBackwardArgs a{dy, mask, empty_like(dy), p};
   run(a);
   return a.dx;
@@ -271,6 +296,7 @@ void adamw_step_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, double
 void sgd_step_(Tensor& param, const Tensor& grad, Tensor& momentum_buf, double lr, double momentum,
                double dampening, double weight_decay, bool nesterov, std::int64_t step) {
   check_opt(param, grad, "sgd");
+  if (momentum_buf.defined()) check_opt(param, momentum_buf, "sgd");
   SgdArgs a{param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, step};
   run(a);
 }
@@ -283,9 +309,15 @@ void adamw_multi_step_(std::span<AdamWTensors> items, double lr, double beta1, d
     check_opt(w, it.m, "adamw", true);
     check_opt(it.m, it.v, "adamw", true);
     KILN_CHECK(it.grad.shape() == w.shape() && it.grad.is_contiguous() &&
-                   it.param.device() == items[0].param.device(),
+                   it.param.is_contiguous() && it.param.numel() == w.numel(),
                "[adamw] gradient {} does not match parameter {}", shape_str(it.grad.shape()),
                shape_str(w.shape()));
+    // One device for every tensor of every item (the dispatcher sees only the first parameter).
+    for (const Tensor* t :
+         std::initializer_list<const Tensor*>{&it.param, &it.grad, &w, &it.m, &it.v})
+      KILN_CHECK(t->device() == items[0].param.device(),
+                 "[adamw] tensors on different devices: {} and {}", items[0].param.device().str(),
+                 t->device().str());
   }
   AdamWMultiArgs a{items, lr, beta1, beta2, eps, step};
   run(a);

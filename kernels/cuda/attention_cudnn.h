@@ -33,7 +33,7 @@
 // plan per shape (and says so once on stderr). Bucketing Tk instead was not chosen: it would
 // read keys past Tk, which kiln's KV cache leaves uninitialized (0 * NaN in P V).
 //
-// Layouts are kiln's (see tensor/kernels_cuda.h), mapped to cuDNN's (batch, head, seq, hidden) dims
+// Layouts are kiln's (see ops::attention in tensor/ops.h), mapped to cuDNN's (batch, head, seq, hidden) dims
 // with strides, so nothing is transposed or copied:
 //   q, out, dq, dout: (B, Tq, Hq, D) dense -> dims (B, Hq, Tq, D),  strides (Tq*Hq*D, D, Hq*D, 1)
 //   k, v: (B, Tk, Hkv, D), batch stride kbs -> dims (B, Hkv, Tk, D), strides (kbs, D, Hkv*D, 1)

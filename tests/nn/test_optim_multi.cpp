@@ -377,7 +377,7 @@ TEST(MultiTensorAdamW, ClipGradNormCpu) {
   EXPECT_NEAR(b.grad().to_double_vector()[1], 0.8, 4e-3);  // bf16
 }
 
-// nn::AdamW and clip_grad_norm with CUDA parameters (the multi-tensor path, cuda_ops::
+// nn::AdamW and clip_grad_norm with CUDA parameters (the multi-tensor path, ops::
 // sum_squares_multi) against the same parameters on the CPU. Skips without a GPU.
 TEST(MultiTensorAdamW, CudaMatchesCpu) {
   if (cuda::device_count() == 0)
