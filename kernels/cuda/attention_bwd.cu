@@ -190,10 +190,8 @@ __global__ void __launch_bounds__(128) flash_bwd_kernel(const FlashBwdParams p) 
         uint32_t bq[4], bo[4];
         attn::ldsm_x4(aQ + tile_byte_offset(rb.row, rb.chunk, kChunks), bq);
         attn::ldsm_x4(adO + tile_byte_offset(rb.row, rb.chunk, kChunks), bo);
-        attn::mma_bf16(st[2 * np], ak, bq[0], bq[1]);
-        attn::mma_bf16(st[2 * np + 1], ak, bq[2], bq[3]);
-        attn::mma_bf16(dpt[2 * np], av, bo[0], bo[1]);
-        attn::mma_bf16(dpt[2 * np + 1], av, bo[2], bo[3]);
+        attn::mma_x2(st[2 * np], st[2 * np + 1], ak, bq);
+        attn::mma_x2(dpt[2 * np], dpt[2 * np + 1], av, bo);
       }
     }
 
@@ -219,24 +217,17 @@ __global__ void __launch_bounds__(128) flash_bwd_kernel(const FlashBwdParams p) 
     // dV += P^T dO and dK += dS^T Q (k = queries).
 #pragma unroll
     for (int kk = 0; kk < kBq / 16; ++kk) {
-      const uint32_t ap[4] = {attn::pack_bf16(st[2 * kk][0], st[2 * kk][1]),
-                              attn::pack_bf16(st[2 * kk][2], st[2 * kk][3]),
-                              attn::pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                              attn::pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-      const uint32_t ads[4] = {attn::pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]),
-                               attn::pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]),
-                               attn::pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                               attn::pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+      uint32_t ap[4], ads[4];
+      attn::accumulators_to_a(st[2 * kk], st[2 * kk + 1], ap);
+      attn::accumulators_to_a(dpt[2 * kk], dpt[2 * kk + 1], ads);
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         const attn::RowChunk rt = ldsm_pattern_x(lane, kk * 16, dp * 2);
         uint32_t bo[4], bq[4];
         attn::ldsm_x4_trans(adO + tile_byte_offset(rt.row, rt.chunk, kChunks), bo);
         attn::ldsm_x4_trans(aQ + tile_byte_offset(rt.row, rt.chunk, kChunks), bq);
-        attn::mma_bf16(dv[2 * dp], ap, bo[0], bo[1]);
-        attn::mma_bf16(dv[2 * dp + 1], ap, bo[2], bo[3]);
-        attn::mma_bf16(dk[2 * dp], ads, bq[0], bq[1]);
-        attn::mma_bf16(dk[2 * dp + 1], ads, bq[2], bq[3]);
+        attn::mma_x2(dv[2 * dp], dv[2 * dp + 1], ap, bo);
+        attn::mma_x2(dk[2 * dp], dk[2 * dp + 1], ads, bq);
       }
     }
 
@@ -268,8 +259,7 @@ __global__ void __launch_bounds__(128) flash_bwd_kernel(const FlashBwdParams p) 
         attn::ldsm_x4_trans(adS + ra.row * kDsStride * 2 + ra.chunk * 16, a);
         const attn::RowChunk rb = ldsm_pattern_x(lane, kk * 16, dc * 2);  // K is [k][n]
         attn::ldsm_x4_trans(aK + tile_byte_offset(rb.row, rb.chunk, kChunks), bk);
-        attn::mma_bf16(acc[0], a, bk[0], bk[1]);
-        attn::mma_bf16(acc[1], a, bk[2], bk[3]);
+        attn::mma_x2(acc[0], acc[1], a, bk);
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {

@@ -112,8 +112,7 @@ __global__ void __launch_bounds__(W * 32) flash_fwd_kernel(const FlashFwdParams 
         uint32_t bk[4];
         const attn::RowChunk kb = ldsm_pattern_y(lane, np * 16, ks * 2);
         attn::ldsm_x4(aK + tile_byte_offset(kb.row, kb.chunk, kChunks), bk);
-        attn::mma_bf16(s[2 * np], a, bk[0], bk[1]);
-        attn::mma_bf16(s[2 * np + 1], a, bk[2], bk[3]);
+        attn::mma_x2(s[2 * np], s[2 * np + 1], a, bk);
       }
     }
 
@@ -171,17 +170,14 @@ __global__ void __launch_bounds__(W * 32) flash_fwd_kernel(const FlashFwdParams 
     // transposed.
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
-      const uint32_t a[4] = {attn::pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                             attn::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             attn::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             attn::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t a[4];
+      attn::accumulators_to_a(s[2 * kk], s[2 * kk + 1], a);
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t bv[4];
         const attn::RowChunk vb = ldsm_pattern_x(lane, kk * 16, dp * 2);
         attn::ldsm_x4_trans(aV + tile_byte_offset(vb.row, vb.chunk, kChunks), bv);
-        attn::mma_bf16(o[2 * dp], a, bv[0], bv[1]);
-        attn::mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+        attn::mma_x2(o[2 * dp], o[2 * dp + 1], a, bv);
       }
     }
   }

@@ -61,11 +61,31 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two adjacent 16x8 output tiles from one A fragment and an x4 B load (two 8-column B
+// fragments): d0 += a * b[0..1], d1 += a * b[2..3].
+__device__ __forceinline__ void mma_x2(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
+                                       const uint32_t (&b)[4]) {
+  mma_bf16(d0, a, b[0], b[1]);
+  mma_bf16(d1, a, b[2], b[3]);
+}
+
 // Two floats to a bf16x2 register, lo in the low half (the lower column index
 // of a fragment).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+// The A fragment (16 x 16 bf16) of two adjacent f32 accumulator tiles: c0 holds columns 0-7 and
+// c1 columns 8-15 of the same 16 rows. An mma's C layout is the next mma's A layout
+// (FlashAttention-2's register reuse), so P or dS feeds the next product with no trip through
+// shared memory.
+__device__ __forceinline__ void accumulators_to_a(const float (&c0)[4], const float (&c1)[4],
+                                                  uint32_t (&a)[4]) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
 }
 
 // Copy rows [r0, r0 + rows) of a (row stride `stride` elements) bf16 matrix
