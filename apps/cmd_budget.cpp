@@ -1,7 +1,7 @@
 // kiln budget: memory for training and inference, per category, three columns
 // (analytic formula, meta-device dry run, optionally a measured run) with
 // deltas, the breakdown at the global peak, what fits in --gpu-mem, and
-// --json / --svg output (models/budget.h). Training on --nproc ranks under
+// --json / --svg output (budget/budget.h). Training on --nproc ranks under
 // --zero 0..3 reports one rank's figures (rank 0, the largest shards).
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 
 #include "apps/commands.h"
 #include "apps/flags.h"
-#include "models/budget.h"
+#include "budget/budget.h"
 #include "models/param_count.h"
 
 namespace kiln::apps {

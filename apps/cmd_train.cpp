@@ -6,7 +6,7 @@
 
 #include "apps/commands.h"
 #include "apps/flags.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "models/config.h"
 #include "models/trainer.h"
 

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "apps/commands.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "kernels/common/error.h"
 #include "kernels/cpu/isa.h"
 

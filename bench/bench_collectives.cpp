@@ -1,4 +1,4 @@
-// The collectives of data-parallel training, timed under mpirun: kiln's ring (dist/mpi_ring.h,
+// The collectives of data-parallel training, timed under mpirun: kiln's ring (distributed/mpi_ring.h,
 // what MpiCommunicator runs) against MPI's own MPI_Ireduce_scatter / MPI_Iallreduce /
 // MPI_Iallgatherv on the same f32 buffers in the same run. Sizes: stories15M's 4 MiB gradient
 // bucket and its tied embedding's 36.9 MB (f32; half that in bf16), which is the bucket backward
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
-#include "dist/mpi_communicator.h"
-#include "dist/shard.h"
+#include "distributed/communicator.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/shard.h"
 #include "tensor/ops.h"
 
 using namespace kiln;

@@ -15,7 +15,7 @@
 #include <map>
 #include <memory>
 
-#include "dist/nccl_communicator.h"
+#include "distributed/nccl_communicator.h"
 #include "models/data.h"
 #include "models/io/mapped_file.h"
 #include "models/io/tokenizer.h"

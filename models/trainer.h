@@ -24,7 +24,7 @@
 #include <string>
 #include <utility>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "models/checkpoint.h"
 #include "models/data.h"
 #include "nn/data_parallel.h"

@@ -194,10 +194,7 @@ void load_safetensors(nn::Module& m, const std::string& path_or_dir, const LoadO
     Tensor t = tensor_from_bytes(e.dtype, e.shape, f->second, e.nbytes(),
                                  fmt::format("{} (tensor {})", path_or_dir, name));
     Tensor dst = p.detach();
-    if (p.device().is_cpu())
-      dst.copy_(t);
-    else
-      dst.copy_(t.to(p.device()));
+    dst.copy_(t);  // converts, and moves to the parameter's device when it is not the host
   }
 }
 

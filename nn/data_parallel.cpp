@@ -3,7 +3,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "dist/shard.h"
+#include "distributed/shard.h"
 #include "tensor/ops.h"
 
 namespace kiln::nn {

@@ -20,7 +20,7 @@
 //     (and f32 masters of bf16 parameters) hold shard_range(numel, r, world).size() elements per
 //     parameter, charged to OptimizerState (MasterWeights). Then every rank's updated shards are
 //     all-gathered, in place, into the parameters.
-// ZeRO-1's shard gradients (and the MPI ring's receive buffer, dist/mpi_ring.h) are Temporaries,
+// ZeRO-1's shard gradients (and the MPI ring's receive buffer, distributed/mpi_ring.h) are Temporaries,
 // freed by the end of the step. A parameter that no backward reached on this rank is given a zero
 // gradient, so that it takes its part in the collective.
 #pragma once
@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "nn/optim.h"
 
 namespace kiln::nn {

@@ -1,4 +1,4 @@
-// Memory budgets (models/budget.h):
+// Memory budgets (budget/budget.h):
 //  - the dry run on the meta device equals the run measured on the CPU, every
 //    row's own peak and the breakdown at the global peak, for one stories15M
 //    training step (batch 4, seq 256, fp32, AdamW) and for a prefill of 64
@@ -18,7 +18,7 @@
 #include <fstream>
 
 #include "kernels/cuda/runtime.h"
-#include "models/budget.h"
+#include "budget/budget.h"
 #include "models/decoder.h"
 #include "models/mfu.h"
 #include "models/param_count.h"

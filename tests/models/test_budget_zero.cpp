@@ -1,4 +1,4 @@
-// Per-rank training budgets (models/budget.h: BudgetSpec::nproc, zero, rank):
+// Per-rank training budgets (budget/budget.h: BudgetSpec::nproc, zero, rank):
 //  - the analytic model equals the dry run for weights, master weights, gradients and optimizer
 //    state at every ZeRO stage, rank count and rank, in f32 and bf16;
 //  - ZeRO-1 on 2 ranks halves stories15M's optimizer state (every dimension is even) and equals
@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <map>
 
-#include "dist/shard.h"
-#include "models/budget.h"
+#include "distributed/shard.h"
+#include "budget/budget.h"
 #include "models/decoder.h"
 #include "models/param_count.h"
 #include "tests/run_kiln.h"

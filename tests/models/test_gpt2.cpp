@@ -23,7 +23,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "models/budget.h"
+#include "budget/budget.h"
 #include "models/param_count.h"
 #include "models/weights.h"
 #include "nn/optim.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "models/trainer.h"
 
 namespace kiln::test {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "models/budget.h"
+#include "budget/budget.h"
 
 namespace kiln::models {
 

@@ -1,8 +1,8 @@
-#include "dist/nccl_bootstrap.h"
+#include "distributed/nccl_bootstrap.h"
 
 #include <cstring>
 
-#include "dist/nccl_communicator.h"
+#include "distributed/nccl_communicator.h"
 
 namespace kiln::dist {
 

@@ -19,8 +19,8 @@
 //              decode step's attention over the full cache.
 #include <algorithm>
 
-#include "dist/shard.h"
-#include "models/budget.h"
+#include "distributed/shard.h"
+#include "budget/budget.h"
 #include "models/param_count.h"
 
 namespace kiln::models {
@@ -69,7 +69,7 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
   const bool swiglu = !plain_mlp && c.hidden_act == MlpActivation::Silu;
 
   // ---- static rows: one allocation per parameter tensor, or per shard under ZeRO ----
-  // n: the parameter's elements; k: rank s.rank's shard of them (dist/shard.h).
+  // n: the parameter's elements; k: rank s.rank's shard of them (distributed/shard.h).
   Moment base;
   std::int64_t largest_param = 0, layer_unit = 0, largest_unit = 0;
   for (const ParamRow& p : count_params(c).rows) {

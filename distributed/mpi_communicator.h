@@ -2,7 +2,7 @@
 // process; MPI is initialized (MPI_THREAD_FUNNELED: only the main thread calls MPI, OpenMP threads
 // stay inside kernels) when world() first runs under an MPI launcher, and never otherwise.
 // all_reduce, reduce_scatter and all_gather run as rings of point-to-point messages
-// (dist/mpi_ring.h, which says why); broadcast and barrier are MPI's own.
+// (distributed/mpi_ring.h, which says why); broadcast and barrier are MPI's own.
 //
 // Errors: MPI_COMM_WORLD and the job's communicator return errors instead of aborting
 // (MPI_ERRORS_RETURN); every return code is checked. Every collective is started non-blocking and
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace kiln::dist {
 
@@ -60,7 +60,7 @@ class MpiCommunicator final : public Communicator {
   // Fails with MPI's own words for `rc` (and any lost peer), naming the call.
   [[noreturn]] void fail_mpi(int rc, const char* call);
   MPI_Datatype mpi_type(DType t) const;
-  // The tag of the next point-to-point collective (dist/mpi_ring.h): the same sequence on every
+  // The tag of the next point-to-point collective (distributed/mpi_ring.h): the same sequence on every
   // rank, since collectives start in the same order everywhere.
   int next_tag() { return tag_ = tag_ % 32767 + 1; }  // MPI guarantees tags up to 32767
 

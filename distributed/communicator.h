@@ -3,8 +3,8 @@
 // A Communicator is one process's handle on the job: rank() of size() processes. Backends:
 //   - LocalCommunicator: a world of one (no MPI at run time; every collective is a copy or
 //   nothing).
-//   - MpiCommunicator (dist/mpi_communicator.h): CPU tensors over MPI, one rank per process.
-//   - NcclCommunicator (dist/nccl_communicator.h, CUDA builds): CUDA tensors over NCCL, one rank
+//   - MpiCommunicator (distributed/mpi_communicator.h): CPU tensors over MPI, one rank per process.
+//   - NcclCommunicator (distributed/nccl_communicator.h, CUDA builds): CUDA tensors over NCCL, one rank
 //     per GPU, bootstrapped through MPI.
 // world() picks the process's communicator once: MPI when the process was started by an MPI
 // launcher (mpirun/srun set OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK), else a world of one.
@@ -115,7 +115,7 @@ std::int64_t sum_counts(std::span<const std::int64_t> counts, int world, const c
 // The deadline of every wait, in seconds: KILN_DIST_TIMEOUT_S (default 600), checked.
 double wait_timeout_s();
 
-// The per-rank element counts of one parameter's ZeRO shards (dist/shard.h), rank order.
+// The per-rank element counts of one parameter's ZeRO shards (distributed/shard.h), rank order.
 std::vector<std::int64_t> shard_counts(std::int64_t numel, int world);
 
 }  // namespace kiln::dist

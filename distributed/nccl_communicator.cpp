@@ -1,5 +1,5 @@
 // Compiled in CUDA builds only (the whole file is under KILN_CUDA).
-#include "dist/nccl_communicator.h"
+#include "distributed/nccl_communicator.h"
 
 #if defined(KILN_CUDA)
 
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "dist/nccl_bootstrap.h"
+#include "distributed/nccl_bootstrap.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
 

@@ -1,7 +1,7 @@
 // kiln budget: the dry run and the measured run (one code path, two devices),
 // the fit search and size parsing. The analytic model is in budget_analytic.cpp,
 // the report (text, JSON, SVG) in budget_report.cpp.
-#include "models/budget.h"
+#include "budget/budget.h"
 
 #include <fmt/format.h>
 
@@ -15,7 +15,7 @@
 #include <optional>
 
 #include "autograd/engine.h"
-#include "dist/shard.h"
+#include "distributed/shard.h"
 #include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
 #include "models/param_count.h"

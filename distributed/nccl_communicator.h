@@ -1,13 +1,13 @@
 // NcclCommunicator: collectives on CUDA tensors over NCCL, one rank per GPU (CUDA builds only).
-// Start-up goes through MPI (dist/nccl_bootstrap.h): rank 0's ncclUniqueId is broadcast over the
+// Start-up goes through MPI (distributed/nccl_bootstrap.h): rank 0's ncclUniqueId is broadcast over the
 // MpiCommunicator, each rank takes the GPU of its local rank, then ncclCommInitRank. Collectives
 // run on the default stream, in order with kiln's kernels; a wait polls the collective's event and
 // ncclCommGetAsyncError with the same deadline as MPI (KILN_DIST_TIMEOUT_S), and aborts the NCCL
 // communicator on an error or timeout, so a lost peer ends this rank instead of hanging it.
 #pragma once
 
-#include "dist/communicator.h"
-#include "dist/mpi_communicator.h"
+#include "distributed/communicator.h"
+#include "distributed/mpi_communicator.h"
 
 namespace kiln::dist {
 

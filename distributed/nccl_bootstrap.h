@@ -6,7 +6,7 @@
 #include <array>
 #include <string>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace kiln::dist {
 

@@ -30,14 +30,14 @@
 #include <sstream>
 
 #include "autograd/engine.h"
-#include "dist/shard.h"
+#include "distributed/shard.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
 #include "models/data.h"
 #include "models/decoder.h"
 #include "nn/data_parallel.h"
 #include "tensor/ops.h"
-#include "tests/dist/dist_test_util.h"
+#include "tests/distributed/dist_test_util.h"
 
 using namespace kiln;
 using namespace kiln::test;

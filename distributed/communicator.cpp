@@ -1,11 +1,11 @@
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 #include <climits>
 #include <cstdlib>
 #include <mutex>
 
-#include "dist/mpi_communicator.h"
-#include "dist/shard.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/shard.h"
 #include "tensor/ops.h"
 
 namespace kiln::dist {

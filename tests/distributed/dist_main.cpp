@@ -2,7 +2,7 @@
 // finalized; a failing rank aborts the job, so that no peer waits for it.
 #include <gtest/gtest.h>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

@@ -5,14 +5,14 @@
 
 #include <cmath>
 
-#include "dist/communicator.h"
-#include "dist/mpi_communicator.h"
-#include "dist/nccl_bootstrap.h"
-#include "dist/nccl_communicator.h"
-#include "dist/shard.h"
+#include "distributed/communicator.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/nccl_bootstrap.h"
+#include "distributed/nccl_communicator.h"
+#include "distributed/shard.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
-#include "tests/dist/dist_test_util.h"
+#include "tests/distributed/dist_test_util.h"
 
 using namespace kiln;
 using kiln::test::comm;
@@ -64,7 +64,7 @@ TEST(Dist, CollectivesF32Bf16F64) {
   EXPECT_EQ(c.max_scalar(static_cast<double>(r)), n - 1);
 }
 
-// The ring collectives (dist/mpi_ring.h) on buffers of many uneven segments, several in flight
+// The ring collectives (distributed/mpi_ring.h) on buffers of many uneven segments, several in flight
 // at once (each has its own tag) and tested in reverse order: every rank ends with the same
 // bits; the sums match an f64 sum to the dtype's rounding; an all-reduce gives bit for bit what
 // a reduce-scatter then all-gather gives.

@@ -1,4 +1,4 @@
-#include "dist/mpi_communicator.h"
+#include "distributed/mpi_communicator.h"
 
 #include <fmt/format.h>
 #include <sched.h>
@@ -13,7 +13,7 @@
 #include <fstream>
 #include <utility>
 
-#include "dist/mpi_ring.h"
+#include "distributed/mpi_ring.h"
 #include "tensor/ops.h"
 
 namespace kiln::dist {

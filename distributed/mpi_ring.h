@@ -1,5 +1,5 @@
 // Ring collectives on CPU tensors over MPI point-to-point messages, for MpiCommunicator's
-// all_reduce, reduce_scatter and all_gather. Internal to dist/.
+// all_reduce, reduce_scatter and all_gather. Internal to distributed/.
 //
 // Why not MPI's own collectives: with two ranks on one host, OpenMPI 4.1's MPI_Ireduce_scatter
 // and MPI_Iallreduce are 3.5-5x slower than this ring on stories15M's tied-embedding gradient
@@ -33,7 +33,7 @@
 #include <span>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace kiln::dist {
 

@@ -1,9 +1,9 @@
-#include "dist/mpi_ring.h"
+#include "distributed/mpi_ring.h"
 
 #include <climits>
 #include <utility>
 
-#include "dist/mpi_communicator.h"
+#include "distributed/mpi_communicator.h"
 #include "kernels/cpu/elementwise.h"
 #include "tensor/ops.h"
 
