@@ -10,7 +10,8 @@
 # 1. Training steps, for stories15M (seq 256) and stories42M (seq 1024):
 #    - the largest power-of-two batch that fits, found by each peer itself (PyTorch eager, kiln
 #      bf16); the comparison runs at the smaller of the two, B, so that memory compares too;
-#    - at B: kiln (bf16 weights/activations, f32 masters and moments, kiln attention),
+#    - at B: kiln (bf16 weights/activations, f32 masters and moments, kiln attention), the
+#      same kiln step with cuDNN's attention (--attention cudnn: which should be the default),
 #      PyTorch eager and PyTorch torch.compile (bf16 autocast, SDPA flash, fused AdamW).
 #    Tokens/s, MFU (6N + 12 L H Dh T per token over the card's bf16 dense peak), peak memory
 #    (kiln's tracker allocated peak vs torch.cuda.max_memory_allocated) and the driver's used.
@@ -114,6 +115,10 @@ for spec in $CONFIGS; do
   fi
   record "kiln_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 --preset "$cfg" \
     --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" >/dev/null
+  # The same step with cuDNN's fused attention (--attention cudnn): which one should be kiln's
+  # default is this ratio, measured end to end (issue 19).
+  record "kilncudnn_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 --preset "$cfg" \
+    --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" --attention cudnn >/dev/null
   record "torch_eager_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" --seq "$seq" \
     --batch "$b" --warmup "$WARMUP" --steps "$STEPS" >/dev/null
   record "torch_compile_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" \
@@ -169,14 +174,18 @@ for kind in [r["kind"] for r in runs if r["kind"].startswith("kiln_")]:
         if ok(k) and ok(t):
             res["ratios"][f"{cfg}_tok_per_s_kiln_over_{peer}"] = round(k["tok_per_s"] / t["tok_per_s"], 3)
             res["ratios"][f"{cfg}_peak_bytes_kiln_over_{peer}"] = round(k["peak_bytes"] / t["peak_bytes"], 3)
-    rows = [("kiln", k), ("torch.compile", by_kind.get(f"torch_compile_{cfg}")), ("torch eager", by_kind.get(f"torch_eager_{cfg}"))]
+    kc = by_kind.get(f"kilncudnn_{cfg}")
+    if ok(k) and ok(kc):
+        res["ratios"][f"{cfg}_tok_per_s_kiln_cudnn_attention_over_kiln_attention"] = round(kc["tok_per_s"] / k["tok_per_s"], 3)
+    rows = [("kiln", k), ("kiln, cuDNN attention", kc), ("torch.compile", by_kind.get(f"torch_compile_{cfg}")), ("torch eager", by_kind.get(f"torch_eager_{cfg}"))]
     for name, r in rows:
         if not ok(r):
             err = (r or {}).get("error", "no result")
             md.append(f"| {cfg} | | | {name} | failed: {str(err)[:80]} | | | | | |")
             continue
-        rk = "" if name == "kiln" or not ok(k) else f"{k['tok_per_s'] / r['tok_per_s']:.3f}"
-        rm = "" if name == "kiln" or not ok(k) else f"{k['peak_bytes'] / r['peak_bytes']:.3f}"
+        own = name.startswith("kiln")
+        rk = "" if own or not ok(k) else f"{k['tok_per_s'] / r['tok_per_s']:.3f}"
+        rm = "" if own or not ok(k) else f"{k['peak_bytes'] / r['peak_bytes']:.3f}"
         md.append(f"| {cfg} | {r['seq']} | {r['batch']} | {name} | {r['tok_per_s']:,.0f} | {100 * r['mfu']:.1f}% | "
                   f"{gib(r['peak_bytes'])} | {gib(r.get('driver_used_bytes'))} | {rk} | {rm} |")
 searches = {r["kind"]: r["result"] for r in runs if r["kind"].startswith("search_")}
