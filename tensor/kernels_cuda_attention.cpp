@@ -29,8 +29,15 @@ namespace {
 namespace sdpa = ::kiln::cuda::cudnn_sdpa;
 
 // The kernels' view of q (B, Tq, Hq, D) against k/v (B, Tk, Hkv, D): the batch stride is k's (a
-// KV cache's may be larger); a single batch may carry any, so make it at least one batch.
-cuda::AttentionShape attention_shape(const Tensor& q, const Tensor& k, std::int64_t q_offset) {
+// KV cache's may be larger), which v must share; a single batch may carry any, so make it at
+// least one batch. (The front end checked k and v alike, but the dispatcher may have copied one
+// of them to a dense layout since: then their batch strides differ, and v would be misread.)
+cuda::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     std::int64_t q_offset) {
+  KILN_CHECK(q.size(0) == 1 || k.stride(0) == v.stride(0),
+             "[attention] k and v have batch strides {} and {} (one was not dense in (T, H, D) "
+             "and was copied): give both the same layout",
+             k.stride(0), v.stride(0));
   cuda::AttentionShape s{.B = q.size(0),
                          .Tq = q.size(1),
                          .Tk = k.size(1),
@@ -141,7 +148,7 @@ struct DeviceScope {
 template <class T>
 void AttentionCuda<T>::run(AttentionArgs& a) {
   check_current_device(a.q, "attention");
-  const cuda::AttentionShape s = attention_shape(a.q, a.k, a.q_offset);
+  const cuda::AttentionShape s = attention_shape(a.q, a.k, a.v, a.q_offset);
   const bool aligned = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) &&
                        s.kv_batch_stride % 8 == 0;
   const cuda::AttentionPlan plan =
@@ -171,8 +178,8 @@ void AttentionBackwardCuda<T>::run(AttentionBackwardArgs& a) {
 
 template <class T>
 void AttentionCudnn<T>::run(AttentionArgs& a) {
-  const sdpa::SdpaKey key =
-      sdpa_key(attention_shape(a.q, a.k, a.q_offset), false, dtype_of<T>(), a.scale, a.q.device());
+  const sdpa::SdpaKey key = sdpa_key(attention_shape(a.q, a.k, a.v, a.q_offset), false,
+                                     dtype_of<T>(), a.scale, a.q.device());
   DeviceScope device(key.device);
   const std::size_t ws_bytes = sdpa::workspace_bytes(key);
   Tensor ws = scratch_tensor(static_cast<std::int64_t>(ws_bytes), DType::Bool, a.q.device());

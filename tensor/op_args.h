@@ -589,7 +589,13 @@ struct AdamWMultiArgs {  // every item of a multi-tensor AdamW step (ops::adamw_
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0;
   std::int64_t step = 0;
   DType key() const { return DType::F32; }  // the f32 masters (or f32 params) are updated
-  const Tensor& anchor() const { return items.front().param; }
+  // The first item with elements: the dispatcher runs nothing for an empty anchor, so an empty
+  // first item must not stand for the whole step.
+  const Tensor& anchor() const {
+    for (const AdamWTensors& it : items)
+      if (it.param.numel() > 0) return it.param;
+    return items.front().param;
+  }
   template <class F>
   void slots(F&&) {}
 };

@@ -47,6 +47,8 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
 
 void embedding_backward_(Tensor& dtable, const Tensor& ids, const Tensor& dout) {
   KILN_CHECK(dtable.is_contiguous() && dtable.dim() == 2, "[embedding] bad gradient buffer");
+  KILN_CHECK(ids.dtype() == DType::I32, "[embedding] token ids must be i32, got {}",
+             dtype_name(ids.dtype()));
   KILN_CHECK(dout.numel() == ids.numel() * dtable.size(1), "[embedding] dout {} vs ids {}",
              shape_str(dout.shape()), shape_str(ids.shape()));
   EmbeddingBackwardArgs a{dtable, ids, dout};
@@ -130,6 +132,8 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeStyle sty
       cos.dim() == 2 && cos.size(1) * 2 == D && pos_offset >= 0 && pos_offset + T <= cos.size(0),
       "[rope] positions [{}, {}) exceed the table of {} positions (head_dim {})", pos_offset,
       pos_offset + T, cos.size(0), D);
+  KILN_CHECK(sin.shape() == cos.shape(), "[rope] sin table {} differs from cos table {}",
+             shape_str(sin.shape()), shape_str(cos.shape()));
   RopeArgs a{x, cos, sin, empty_like(x), style, pos_offset, backward};
   run(a);
   return a.out;
@@ -209,7 +213,14 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
                                                       double scale) {
   check_same_shape(q, out, "attention");
   check_same_shape(out, dout, "attention");
+  KILN_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
+                 k.size(3) == q.size(3) && k.size(2) > 0 && q.size(2) % k.size(2) == 0,
+             "[attention] backward: q {} k {} v {}: expected (B, T, H, D) with k and v alike",
+             shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
   KILN_CHECK(q.size(1) == k.size(1), "[attention] backward needs Tq == Tk (training)");
+  KILN_CHECK(lse.shape() == Shape({q.size(0), q.size(2), q.size(1)}),
+             "[attention] backward: lse {} must be (B, Hq, T) = ({}, {}, {})",
+             shape_str(lse.shape()), q.size(0), q.size(2), q.size(1));
   AttentionBackwardArgs a{q,    k, v, out, lse, dout, empty_like(q), empty_like(k), empty_like(v),
                           scale};
   run(a);

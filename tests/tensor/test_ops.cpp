@@ -238,6 +238,87 @@ TEST(Ops, SumSquaresMultiSumsEveryTensor) {
                Error);
 }
 
+// Checks the CUDA glue alone used to make are the front end's now, for every backend: each
+// inconsistent call is refused by name on the CPU, before any kernel reads past a buffer.
+TEST(Ops, FrontEndRefusesWhatOnlyTheCudaGlueChecked) {
+  auto refused = [](auto&& f, const std::string& part) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what()).find(part) != std::string::npos
+                 ? testing::AssertionSuccess()
+                 : testing::AssertionFailure() << "message: " << e.what();
+    }
+    return testing::AssertionFailure() << "accepted";
+  };
+  const Tensor x = randt({3, 8}, 1, DType::F32), w = randt({8}, 2, DType::F32);
+  EXPECT_TRUE(refused(
+      [&] {
+        ops::linear(x, randt({5, 8}, 3, DType::F32), randt({4}, 4, DType::F32));
+      },
+      "[linear] bias (4,) does not match 5 outputs"));
+  Tensor dw = ops::zeros({8});
+  EXPECT_TRUE(refused([&] { ops::rmsnorm_backward(x, w, ops::zeros({2}), x, &dw); },
+                      "[rmsnorm] backward: weight of 8 and 2 row statistics for 3 rows of 8"));
+  Tensor short_dw = ops::zeros({7});
+  EXPECT_TRUE(refused([&] { ops::rmsnorm_backward(x, w, ops::zeros({3}), x, &short_dw); },
+                      "[rmsnorm] weight gradient must be contiguous with 8 elements"));
+  EXPECT_TRUE(refused(
+      [&] {
+        ops::swiglu_backward(x, randt({3, 7}, 5, DType::F32), x);
+      },
+      "[swiglu] shapes"));
+  EXPECT_TRUE(refused(
+      [&] {
+        ops::dropout_backward(x, ops::zeros({3, 8}), 0.1);
+      },
+      "[dropout] the mask must be bool, got f32"));
+  Tensor p = ops::zeros({8}), buf = ops::zeros({7});
+  EXPECT_TRUE(refused([&] { ops::sgd_step_(p, w, buf, 0.1, 0.9, 0, 0, false, 1); }, "[sgd]"));
+  const Tensor logits = randt({4, 6}, 6, DType::F32);
+  const Tensor targets = ops::from_vector(std::vector<std::int32_t>{0, 1, 2, 3}, {4});
+  EXPECT_TRUE(refused(
+      [&] { ops::cross_entropy_backward(logits, ops::zeros({3}), targets, ops::zeros({4}), -100); },
+      "[cross_entropy] backward: logits (4, 6) need (N) i32 targets and (N) lse"));
+  const Tensor q = randt({1, 4, 2, 8}, 7, DType::F32), k = randt({1, 4, 1, 8}, 8, DType::F32);
+  EXPECT_TRUE(refused(
+      [&] {
+        ops::attention_backward(q, k, k, q, ops::zeros({1, 2, 3}), q, 0.3);
+      },
+      "[attention] backward: lse (1, 2, 3) must be (B, Hq, T) = (1, 2, 4)"));
+  EXPECT_TRUE(refused(
+      [&] {
+        ops::attention_backward(q, k, randt({1, 4, 2, 8}, 9, DType::F32), q, ops::zeros({1, 2, 4}),
+                                q, 0.3);
+      },
+      "[attention] backward: q (1, 4, 2, 8) k (1, 4, 1, 8) v (1, 4, 2, 8)"));
+  auto [cos, sin] = ops::rope_tables(16, 8, 10000.0);
+  EXPECT_TRUE(
+      refused([&] { ops::rope(q, cos, sin.narrow(0, 0, 8), ops::RopeStyle::RotateHalf, 0); },
+              "[rope] sin table (8, 4) differs from cos table (16, 4)"));
+  Tensor dtable = ops::zeros({10, 8});
+  EXPECT_TRUE(refused([&] { ops::embedding_backward_(dtable, ops::zeros({3}, DType::I64), x); },
+                      "[embedding] token ids must be i32, got i64"));
+  // One device for every tensor of every multi-tensor AdamW item.
+  std::vector<ops::AdamWTensors> items{{ops::zeros({8}), ops::zeros({8}), Tensor(),
+                                        ops::zeros({8}, DType::F32, Device::meta()),
+                                        ops::zeros({8}), 0.0}};
+  EXPECT_TRUE(refused([&] { ops::adamw_multi_step_(items, 1e-3, 0.9, 0.99, 1e-8, 1); },
+                      "[adamw] tensors on different devices: cpu and meta"));
+}
+
+// An empty first item does not stand for the whole multi-tensor AdamW step (the dispatcher
+// runs nothing for an empty anchor): the second item is still updated.
+TEST(Ops, AdamWMultiStepWithAnEmptyFirstItemUpdatesTheRest) {
+  std::vector<ops::AdamWTensors> items{
+      {ops::zeros({0}), ops::zeros({0}), Tensor(), ops::zeros({0}), ops::zeros({0}), 0.0},
+      {ops::ones({4}), ops::full({4}, 0.5), Tensor(), ops::zeros({4}), ops::zeros({4}), 0.0}};
+  ops::adamw_multi_step_(items, 0.1, 0.9, 0.99, 1e-8, 1);
+  // The first AdamW step moves every weight by lr * sign(grad) (m / sqrt(v) = 1 after bias
+  // correction, up to eps).
+  for (double v : items[1].param.to_double_vector()) EXPECT_NEAR(v, 0.9, 1e-6);
+}
+
 TEST(Ops, SumTo) {
   Tensor x = randt({2, 3, 4}, 5);
   auto xv = x.to_double_vector();
