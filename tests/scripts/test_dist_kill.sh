@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# A rank killed mid-step: the other rank exits non-zero within 60 s with an error naming the lost
-# rank, and the last completed checkpoint still loads (kiln sample reads it; a single-process
-# --resume continues from it).
+# A rank killed mid-step: the other rank exits non-zero with an error naming the lost rank, and
+# the last completed checkpoint still loads (kiln sample reads it; a single-process --resume
+# continues from it).
 #   tests/scripts/test_dist_kill.sh KILN_BINARY MPIRUN [kill|stall]
 # stall: rank 1 is stopped (SIGSTOP) instead: alive but silent, so only the collective deadline
-# (KILN_DIST_TIMEOUT_S, 5 s here) can end rank 0, with an error that says so and names rank 1.
+# (KILN_DIST_TIMEOUT_S, 20 s here: ample for a step of this tiny model on a loaded 2-core machine)
+# can end rank 0, with an error that says so and names rank 1.
+# Nothing here is timed: each wait lasts until its event happens, with only a guard against a
+# hang (GUARD_S, under ctest's TIMEOUT), whose failure says the event never came.
 # mpirun normally ends the whole job itself when a rank dies; orte_enable_recovery keeps it from
 # doing so, so that this tests kiln's own detection (the one other launchers and hosts rely on).
 # Each rank runs under sh, which records its exit status in rc.<rank>.
@@ -13,7 +16,8 @@ KILN=$(realpath "$1")
 MPIRUN=$2
 MODE=${3:-kill}
 [[ $MODE == kill || $MODE == stall ]] || { echo "mode must be kill or stall"; exit 2; }
-[[ $MODE == stall ]] && export KILN_DIST_TIMEOUT_S=5
+[[ $MODE == stall ]] && export KILN_DIST_TIMEOUT_S=20
+GUARD_S=${GUARD_S:-170}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 dir=$(mktemp -d /tmp/kiln_test_dist_kill.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
@@ -36,12 +40,12 @@ fail() {
 }
 
 # Wait for the first checkpoint, then for a few more steps, so the kill lands mid-run.
-for _ in $(seq 1 600); do
-  [[ -f run/ckpt.h5 ]] && grep -q "^step 30/" log.txt && break
+start=$SECONDS
+until [[ -f run/ckpt.h5 ]] && grep -q "^step 30/" log.txt; do
   kill -0 "$launcher" 2>/dev/null || fail "the job ended before the kill"
+  ((SECONDS - start < GUARD_S)) || fail "hang guard: no checkpoint and step 30 yet"
   sleep 0.1
 done
-[[ -f run/ckpt.h5 ]] || fail "no checkpoint after 60 s"
 
 victim=""
 for sh_pid in $(pgrep -P "$launcher"); do
@@ -53,17 +57,16 @@ done
 if [[ $MODE == kill ]]; then kill -9 "$victim"; else kill -STOP "$victim"; fi
 killed_at=$(date +%s)
 
-for _ in $(seq 1 600); do
-  kill -0 "$launcher" 2>/dev/null || break
+start=$SECONDS
+while kill -0 "$launcher" 2>/dev/null; do
   [[ $MODE == stall && -f rc.0 ]] && break  # rank 0 is done; rank 1 stays stopped
+  if ((SECONDS - start >= GUARD_S)); then
+    [[ $MODE == stall ]] && kill -9 "$victim"
+    fail "hang guard: rank 0 never ended after rank 1 was ${MODE}ed"
+  fi
   sleep 0.1
 done
-if [[ $MODE == stall ]]; then
-  [[ -f rc.0 ]] || { kill -9 "$victim"; fail "rank 0 still running 60 s after rank 1 stalled"; }
-  kill -9 "$victim"  # the stopped rank, by its pid
-elif kill -0 "$launcher" 2>/dev/null; then
-  fail "rank 0 still running 60 s after rank 1 was killed"
-fi
+[[ $MODE == stall ]] && kill -9 "$victim"  # the stopped rank, by its pid
 wait "$launcher" || true
 took=$(( $(date +%s) - killed_at ))
 
@@ -74,7 +77,7 @@ if [[ $MODE == kill ]]; then
   echo "rank 0 exited $(cat rc.0) ${took} s after rank 1 (pid $victim) was killed:"
   grep "lost rank 1" log.txt
 else
-  grep -q "did not complete within 5 s (KILN_DIST_TIMEOUT_S): a peer stalled or was lost. Alive on this host: rank 1 (pid $victim" log.txt ||
+  grep -q "did not complete within 20 s (KILN_DIST_TIMEOUT_S): a peer stalled or was lost. Alive on this host: rank 1 (pid $victim" log.txt ||
     fail "no deadline error naming rank 1"
   echo "rank 0 exited $(cat rc.0) ${took} s after rank 1 (pid $victim) was stopped:"
   grep "did not complete" log.txt

@@ -196,7 +196,9 @@ check "window: every limit under 8 minutes" bash -c "! grep -v '^#' <<<'$plan' |
 check "window: the plan names the files back" grep -q \
   '^# files back in OUTDIR: results.json summary.md logs.tar.gz gpu_check.log gpu_bench.json gpu_bench.md decode_8b.json' <<<"$plan"
 
-# ---- no GPU: every stage exits 2, with results, in seconds -----------------------------------
+# ---- no GPU: every stage exits 2, with results, running no step ------------------------------
+# (No wall-clock thresholds anywhere here: that nothing ran, or that the deadline cut a step
+# which would otherwise have finished, is read from the results, not from the time taken.)
 for stage in smoke cuda-tests sanitizer bench window; do
   o=$tmp/nogpu_$stage
   t=$(date +%s)
@@ -208,7 +210,7 @@ for stage in smoke cuda-tests sanitizer bench window; do
   # One command for the three files (joined by && outside it, only the first would count).
   check "no GPU, $stage: results" bash -c "[ -s '$o/results.json' ] && [ -s '$o/summary.md' ] && [ -s '$o/logs.tar.gz' ]"
   check "no GPU, $stage: status no_gpu" [ "$(json "$o" 'r["status"]')" = no_gpu ]
-  check "no GPU, $stage: in seconds ($secs s; loose, for loaded CI machines)" [ "$secs" -lt 60 ]
+  check "no GPU, $stage: no step ran (took $secs s)" [ "$(json "$o" 'len(r["steps"])')" = 0 ]
 done
 
 # ---- a passing smoke stage; results after every step; the expected skip ----------------------
@@ -268,7 +270,7 @@ run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=decode KILN_PYTHON="$tmp/bin/fak
 rc=$?
 secs=$(($(date +%s) - t))
 check "slow writer: exit 4 ($rc)" [ "$rc" = 4 ]
-check "slow writer: within the deadline ($secs s of 35; loose)" [ "$secs" -le 50 ]
+echo "slow writer: the call took $secs s (deadline 35 s; the writer alone sleeps 120 s)"
 check "slow writer: decode steps not run" \
   [ "$(json "$o" '" ".join(sorted(set(r["not_run"])))')" = "decode_hf decode_kiln decode_kiln_cublaslt decode_ncu decode_write" ]
 
@@ -286,7 +288,7 @@ run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=smoke KILN_GPU_CHECK_DEADLINE=27
 rc=$?
 secs=$(($(date +%s) - t))
 check "deadline: exit 4, incomplete ($rc)" [ "$rc" = 4 ]
-check "deadline: stopped near the deadline ($secs s of 27; loose, for loaded CI machines)" [ "$secs" -le 45 ]
+echo "deadline: the call took $secs s (deadline 27 s; the step alone sleeps 60 s)"
 check "deadline: status incomplete" [ "$(json "$o" 'r["status"]')" = incomplete ]
 check "deadline: the cut step recorded" [ "$(json "$o" 'r["steps"]["smoke_probe"]["result"]')" = deadline ]
 check "deadline: later steps listed" [ "$(json "$o" '" ".join(r["not_run"])')" = "smoke_probe smoke_runtime smoke_train smoke_generate" ]
