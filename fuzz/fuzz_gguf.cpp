@@ -1,0 +1,25 @@
+// libFuzzer target: a GGUF file (header, typed metadata, tensor infos, aligned data), read by
+// GgufFile; every accepted tensor's first and last bytes and every metadata value are touched
+// so ASan sees any out-of-range span.
+#include "fuzz/fuzz_util.h"
+#include "models/io/gguf.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string path = kiln::fuzz::write_file("model.gguf", kiln::fuzz::as_view(data, size));
+  kiln::fuzz::expect_clean([&] {
+    kiln::io::GgufFile f(path);
+    volatile uint8_t sink = 0;
+    for (const auto& t : f.tensors()) {
+      (void)t.numel();
+      (void)t.shape();
+      if (t.nbytes > 0) sink = sink + f.data(t)[0] + f.data(t)[t.nbytes - 1];
+      (void)f.find(t.name);
+    }
+    // Not dump(): GGUF strings may hold any bytes, and JSON text needs UTF-8.
+    for (const auto& [k, v] : f.metadata())
+      sink = sink + static_cast<uint8_t>(k.size() + (v.value.is_array() ? v.value.size() : 1));
+    (void)f.get_string("general.architecture");
+    (void)f.get_int("general.alignment");
+  });
+  return 0;
+}
