@@ -141,7 +141,7 @@ struct DequantizeCpu {
     for (std::int64_t k = 0; k < nblocks; ++k)
       for (int j = 0; j < q.block_size; ++j)
         out[k * q.block_size + j] =
-            kiln::cpu::from_compute<T>(quant::q8_0_weight(blocks + k * q.block_bytes, j));
+            kiln::cpu::from_compute<T>(quant::block_weight(a.type, blocks + k * q.block_bytes, j));
   }
 };
 

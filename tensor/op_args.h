@@ -16,6 +16,7 @@
 #include <span>
 #include <utility>
 
+#include "kernels/common/quant.h"
 #include "kernels/op_list.h"
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"

@@ -12,10 +12,13 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/common/quant.h"
 #include "kernels/op_list.h"
 #include "tensor/random.h"
 #include "tensor/tensor.h"
+
+namespace kiln::quant {
+enum class QuantType : std::uint8_t;  // kernels/common/quant.h
+}  // namespace kiln::quant
 
 namespace kiln::ops {
 
@@ -71,10 +74,10 @@ double sum_squares(const Tensor& x);
 // tensor's sum_squares.
 double sum_squares_multi(std::span<const Tensor> tensors);
 
-// The weights stored in GGML's quantized blocks (kernels/common/quant.h), as a `shape` tensor of
-// `dtype` on the blocks' device: blocks holds numel(shape) / block_size blocks of block_bytes
-// bytes each, in a Bool tensor (u8 storage) of any shape. Each weight is computed exactly and
-// rounded once to dtype, so every backend gives the same bits.
+// The weights stored in GGML's quantized blocks (Q8_0, Q4_K, Q6_K: kernels/common/quant.h), as a
+// `shape` tensor of `dtype` on the blocks' device: blocks holds numel(shape) / block_size blocks
+// of block_bytes bytes each, in a Bool tensor (u8 storage) of any shape. Each weight is llama.cpp's
+// f32 value, rounded once to dtype, so every backend gives the same bits.
 Tensor dequantize(const Tensor& blocks, quant::QuantType type, const Shape& shape,
                   DType dtype = DType::F32);
 

@@ -1,5 +1,5 @@
-// Dequantization (formats and math in kernels/common/quant.h). blocks: (n / 32) x 34 bytes;
-// out: (n) T. Thread i reads its block's scale and its own int8.
+// Dequantization (formats and math in kernels/common/quant.h). blocks: (n / block_size) x
+// block_bytes; out: (n) T. Thread i decodes weight i from its block's scales and its own bits.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant.h"
 
@@ -9,11 +9,13 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename T>
-__global__ void dequantize_q8_0_kernel(std::int64_t n, const std::uint8_t* blocks, T* out) {
+__global__ void dequantize_kernel(quant::QuantType type, std::int64_t n, std::int64_t block_size,
+                                  std::int64_t block_bytes, const std::uint8_t* blocks, T* out) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride)
-    out[i] = store<T>(quant::q8_0_weight(blocks + (i / 32) * 34, static_cast<int>(i % 32)));
+    out[i] = store<T>(quant::block_weight(type, blocks + (i / block_size) * block_bytes,
+                                          static_cast<int>(i % block_size)));
 }
 
 }  // namespace
@@ -25,7 +27,8 @@ void dequantize(quant::QuantType type, std::int64_t n, const std::uint8_t* block
   KILN_CHECK(n >= 0 && n % q.block_size == 0,
              "[dequantize] {} weights are not whole {} blocks of {}", n, q.name, q.block_size);
   if (n == 0) return;
-  dequantize_q8_0_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(n, blocks, out);
+  dequantize_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(type, n, q.block_size,
+                                                                       q.block_bytes, blocks, out);
   KILN_CUDA_CHECK_LAUNCH();
 }
 

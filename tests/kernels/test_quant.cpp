@@ -1,13 +1,17 @@
 // Quantized blocks (kernels/common/quant.h): every Q8_0 weight against a float64 decode of the
-// block's bytes written from GGML's definition (w = d * q, d an IEEE half read bit by bit here).
+// block's bytes written from GGML's definition (w = d * q, d an IEEE half read bit by bit here),
+// and every Q4_K and Q6_K weight against llama.cpp's row dequantizers as ggml writes them
+// (tests/kernels/quant_ref.h), bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/common/quant.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/quant_ref.h"
 
 namespace kiln {
 KILN_OP_TESTED(Op::Dequantize);
@@ -51,6 +55,57 @@ TEST(Quant, Q8_0ReadsEachWeightFromItsOwnByte) {
   for (int j = 0; j < 32; ++j) block[2 + j] = static_cast<std::uint8_t>(j * 7 - 100);
   for (int j = 0; j < 32; ++j)
     EXPECT_EQ(quant::q8_0_weight(block.data(), j), static_cast<float>(std::int8_t(j * 7 - 100)));
+}
+
+// Bit-for-bit equality of f32 values (both finite here).
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+TEST(Quant, Q4_KMatchesLlamaCppsRowDequantizerBitForBit) {
+  const quant::QuantInfo& q = quant::quant_info(quant::QuantType::Q4_K);
+  EXPECT_EQ(q.name, "q4_k");
+  EXPECT_EQ(q.block_size, 256);
+  EXPECT_EQ(q.block_bytes, 2 + 2 + 12 + 128);
+  const int n = 64;
+  const auto blocks = test::random_blocks(n, 144, {0, 2}, 11);
+  for (int k = 0; k < n; ++k) {
+    const std::uint8_t* b = blocks.data() + k * 144;
+    const std::vector<float> want = test::ref_q4_k(b);
+    for (int i = 0; i < 256; ++i)
+      ASSERT_TRUE(same_bits(quant::q4_k_weight(b, i), want[i]))
+          << "block " << k << " weight " << i << ": " << quant::q4_k_weight(b, i) << " vs "
+          << want[i];
+  }
+}
+
+TEST(Quant, Q6_KMatchesLlamaCppsRowDequantizerBitForBit) {
+  const quant::QuantInfo& q = quant::quant_info(quant::QuantType::Q6_K);
+  EXPECT_EQ(q.name, "q6_k");
+  EXPECT_EQ(q.block_size, 256);
+  EXPECT_EQ(q.block_bytes, 128 + 64 + 16 + 2);
+  const int n = 64;
+  const auto blocks = test::random_blocks(n, 210, {208}, 12);
+  for (int k = 0; k < n; ++k) {
+    const std::uint8_t* b = blocks.data() + k * 210;
+    const std::vector<float> want = test::ref_q6_k(b);
+    for (int i = 0; i < 256; ++i)
+      ASSERT_TRUE(same_bits(quant::q6_k_weight(b, i), want[i]))
+          << "block " << k << " weight " << i << ": " << quant::q6_k_weight(b, i) << " vs "
+          << want[i];
+  }
+}
+
+// block_weight dispatches each type to its decoder.
+TEST(Quant, BlockWeightDispatchesByType) {
+  const auto b = test::random_blocks(1, 210, {0, 2, 208}, 13);
+  for (int i = 0; i < 32; ++i)
+    EXPECT_TRUE(same_bits(quant::block_weight(quant::QuantType::Q8_0, b.data(), i),
+                          quant::q8_0_weight(b.data(), i)));
+  for (int i = 0; i < 256; i += 17) {
+    EXPECT_TRUE(same_bits(quant::block_weight(quant::QuantType::Q4_K, b.data(), i),
+                          quant::q4_k_weight(b.data(), i)));
+    EXPECT_TRUE(same_bits(quant::block_weight(quant::QuantType::Q6_K, b.data(), i),
+                          quant::q6_k_weight(b.data(), i)));
+  }
 }
 
 }  // namespace

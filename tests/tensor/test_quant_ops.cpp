@@ -9,8 +9,10 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/common/quant.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
+#include "tests/kernels/quant_ref.h"
 #include "tests/tensor/backend_ops.h"
 
 namespace kiln {
@@ -110,6 +112,48 @@ TEST(Dequantize, MetaGivesTheSameShapesAsCpuAndCuda) {
   }
 }
 
+// Random K-quant blocks (finite scales) as a Bool tensor.
+Tensor kquant_blocks(QuantType t, int n, std::uint32_t seed) {
+  const auto& q = quant::quant_info(t);
+  const auto bytes = test::random_blocks(
+      n, static_cast<int>(q.block_bytes),
+      t == QuantType::Q4_K ? std::vector<int>{0, 2} : std::vector<int>{208}, seed);
+  Tensor b = Tensor::empty({static_cast<std::int64_t>(bytes.size())}, DType::Bool);
+  std::memcpy(b.data<std::uint8_t>(), bytes.data(), bytes.size());
+  return b;
+}
+
+// Q4_K and Q6_K through the op: llama.cpp's values (tests/kernels/quant_ref.h) bit for bit in
+// f32, each rounded once in bf16.
+TEST(Dequantize, KQuantsAreLlamaCppsValues) {
+  for (QuantType t : {QuantType::Q4_K, QuantType::Q6_K}) {
+    const Tensor blocks = kquant_blocks(t, 3, 21 + static_cast<int>(t));
+    const Tensor w = ops::dequantize(blocks, t, {3, 256});
+    const std::vector<float> got = w.to_float_vector();
+    const std::uint8_t* b = blocks.data<std::uint8_t>();
+    const auto bb = quant::quant_info(t).block_bytes;
+    for (int k = 0; k < 3; ++k) {
+      const std::vector<float> want =
+          t == QuantType::Q4_K ? test::ref_q4_k(b + k * bb) : test::ref_q6_k(b + k * bb);
+      for (int i = 0; i < 256; ++i)
+        ASSERT_EQ(got[k * 256 + i], want[i]) << quant::quant_info(t).name << " " << k << "," << i;
+    }
+    EXPECT_EQ(ops::dequantize(blocks, t, {3, 256}, DType::BF16).to_float_vector(),
+              w.to(DType::BF16).to_float_vector());
+    EXPECT_NE(
+        [&] {
+          try {
+            ops::dequantize(blocks, t, {3, 128});
+          } catch (const Error& e) {
+            return std::string(e.what());
+          }
+          return std::string();
+        }()
+            .find("are not whole"),
+        std::string::npos);
+  }
+}
+
 // CUDA against the CPU from the same bytes: one rounding of an exact product on both, so the
 // elementwise limit holds with room (the outputs are bit-identical).
 [[maybe_unused]] const bool kBackendCase = backend_ops::register_case(
@@ -117,6 +161,14 @@ TEST(Dequantize, MetaGivesTheSameShapesAsCpuAndCuda) {
      [](const backend_ops::Env& e) {
        const Tensor blocks = quantize_q8_0(weights(5 * 32, 6)).to(e.dev);
        return std::vector{ops::dequantize(blocks, QuantType::Q8_0, {5, 32}, e.dt)};
+     }});
+[[maybe_unused]] const bool kBackendCaseKQuants = backend_ops::register_case(
+    {Op::Dequantize, "dequantize_q4_k_q6_k", backend_ops::Tol::Elementwise,
+     [](const backend_ops::Env& e) {
+       return std::vector{ops::dequantize(kquant_blocks(QuantType::Q4_K, 2, 31).to(e.dev),
+                                          QuantType::Q4_K, {2, 256}, e.dt),
+                          ops::dequantize(kquant_blocks(QuantType::Q6_K, 2, 32).to(e.dev),
+                                          QuantType::Q6_K, {512}, e.dt)};
      }});
 
 }  // namespace
