@@ -42,7 +42,9 @@ struct CommonOptions {
 };
 
 void add_common(CLI::App& app, CommonOptions& o) {
-  app.add_option("--model", o.model, "Hugging Face model folder, or a llama2.c .bin");
+  app.add_option("--model", o.model,
+                 "Hugging Face model folder, a GGUF file (.gguf: f32/f16/bf16/q8_0/q4_k/q6_k, "
+                 "dequantized into --dtype), or a llama2.c .bin");
   app.add_option("--config", o.config, "config.json (HF names) for --random-weights");
   app.add_flag("--random-weights", o.random_weights,
                "Seeded random weights in --dtype for --config (no weight files needed)");

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 
+#include "models/gguf_model.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/weights.h"
 
@@ -181,6 +182,18 @@ LoadedModel load_model(const ModelSource& src) {
         out.generation = load_generation_config((d / "generation_config.json").string());
       tok_dir = d;
       out.description = fmt::format("{} from {}", cfg.name, src.model);
+    } else if (fs::path(src.model).extension() == ".gguf") {
+      // GGUF (llama.cpp): f32/f16/bf16 weights converted, Q8_0/Q4_K/Q6_K dequantized into
+      // --dtype. The tokenizer is not read from the file's metadata yet: give --tokenizer, or
+      // keep Qwen's tokenizer files beside it.
+      out.model = load_gguf_model(src.model, src.dtype, src.device);
+      out.model->eval();
+      fs::path gdir = fs::path(src.model).parent_path();
+      if (gdir.empty()) gdir = ".";
+      if (fs::exists(gdir / "generation_config.json"))
+        out.generation = load_generation_config((gdir / "generation_config.json").string());
+      tok_dir = gdir;
+      out.description = fmt::format("{} from GGUF {}", out.model->cfg.name, src.model);
     } else {
       // llama2.c .bin: read in f32, then converted when another dtype is asked for.
       auto m = load_llama2c_model(src.model);

@@ -41,7 +41,7 @@ GenerationConfig load_generation_config(const std::string& path);
 
 // Where the model comes from.
 struct ModelSource {
-  std::string model;   // HF folder, or a llama2.c .bin file; empty with random_weights
+  std::string model;   // HF folder, a .gguf file or a llama2.c .bin; empty with random_weights
   std::string config;  // config.json for random_weights (HF field names)
   bool random_weights = false;
   std::uint64_t weights_seed = 0;

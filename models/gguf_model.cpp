@@ -1,0 +1,201 @@
+#include "models/gguf_model.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+
+#include "kernels/common/quant.h"
+#include "models/weights.h"
+#include "tensor/memory.h"
+
+namespace kiln::models {
+
+namespace {
+
+// Metadata that would change the model if ignored, refused unless it has its neutral value.
+void refuse_unimplemented(const io::GgufFile& f, const std::string& arch) {
+  for (const auto& [key, v] : f.metadata()) {
+    if (key.rfind(arch + ".", 0) != 0) continue;
+    const std::string field = key.substr(arch.size() + 1);
+    auto refuse = [&](const char* why) {
+      fail("[gguf] {}: {} = {} is not supported ({})", f.path(), key,
+           v.value.is_string() ? v.value.get<std::string>() : v.value.dump(), why);
+    };
+    if (field == "rope.scaling.type" && v.value != "none")
+      refuse("kiln implements no RoPE scaling");
+    if (field.rfind("rope.scaling.", 0) == 0 && field != "rope.scaling.type" &&
+        field != "rope.scaling.factor" && field != "rope.scaling.original_context_length")
+      refuse("kiln implements no RoPE scaling");
+    if (field == "rope.scaling.factor" && v.value.is_number() && v.value.get<double>() != 1.0 &&
+        v.value.get<double>() != 0.0)
+      refuse("kiln implements no RoPE scaling");
+    if (field == "attention.sliding_window") refuse("kiln implements no sliding windows");
+    if ((field == "expert_count" || field == "expert_used_count") && v.value.is_number() &&
+        v.value.get<double>() != 0)
+      refuse("kiln implements no mixture of experts");
+    if (field == "rope.dimension_count") {
+      // Partial rotary embeddings: only the full head is implemented.
+      const auto heads = f.get_int(arch + ".attention.head_count");
+      const auto emb = f.get_int(arch + ".embedding_length");
+      const auto key_len = f.get_int(arch + ".attention.key_length");
+      const std::int64_t head_dim = key_len ? *key_len : (heads && *heads ? *emb / *heads : 0);
+      if (v.value.is_number_integer() && v.value.get<std::int64_t>() != head_dim)
+        refuse("kiln rotates the whole head");
+    }
+  }
+}
+
+std::int64_t need_int(const io::GgufFile& f, const std::string& key) {
+  const auto v = f.get_int(key);
+  KILN_CHECK(v.has_value(), "[gguf] {}: {} is missing", f.path(), key);
+  return *v;
+}
+
+}  // namespace
+
+std::string kiln_name_of_gguf_tensor(const std::string& g) {
+  static const std::map<std::string, std::string, std::less<>> top = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"}};
+  if (auto it = top.find(g); it != top.end()) return it->second;
+  static const std::map<std::string, std::string, std::less<>> layer = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
+  if (g.rfind("blk.", 0) != 0) return "";
+  const std::size_t dot = g.find('.', 4);
+  if (dot == std::string::npos || dot == 4) return "";
+  const std::string n = g.substr(4, dot - 4);
+  if (n.find_first_not_of("0123456789") != std::string::npos) return "";
+  auto it = layer.find(std::string_view(g).substr(dot + 1));
+  if (it == layer.end()) return "";
+  return "model.layers." + n + "." + it->second;
+}
+
+ModelConfig gguf_model_config(const io::GgufFile& f) {
+  const auto arch = f.get_string("general.architecture");
+  KILN_CHECK(arch.has_value(), "[gguf] {}: general.architecture is missing", f.path());
+  KILN_CHECK(*arch == "qwen3" || *arch == "qwen2" || *arch == "llama",
+             "[gguf] {}: general.architecture {} is not supported (kiln reads qwen3, qwen2 and "
+             "llama)",
+             f.path(), *arch);
+  refuse_unimplemented(f, *arch);
+  const std::string a = *arch + ".";
+  ModelConfig c;
+  c.name = *arch;
+  c.n_layers = need_int(f, a + "block_count");
+  c.dim = need_int(f, a + "embedding_length");
+  c.hidden_dim = need_int(f, a + "feed_forward_length");
+  c.n_heads = need_int(f, a + "attention.head_count");
+  c.n_kv_heads = f.get_int(a + "attention.head_count_kv").value_or(c.n_heads);
+  KILN_CHECK(c.n_heads > 0, "[gguf] {}: {}attention.head_count is {}", f.path(), a, c.n_heads);
+  c.head_dim = f.get_int(a + "attention.key_length").value_or(c.dim / c.n_heads);
+  if (auto vl = f.get_int(a + "attention.value_length"))
+    KILN_CHECK(*vl == c.head_dim, "[gguf] {}: value_length {} differs from key_length {}", f.path(),
+               *vl, c.head_dim);
+  c.max_seq_len = f.get_int(a + "context_length").value_or(4096);
+  c.norm_eps = f.get_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-6);
+  c.rope_theta = f.get_float(a + "rope.freq_base").value_or(10000.0);
+  c.rope_style = *arch == "llama" ? ops::RopeStyle::Interleaved : ops::RopeStyle::RotateHalf;
+  c.qk_norm = *arch == "qwen3";
+  c.qkv_bias = *arch == "qwen2";
+  const io::GgufTensor* embd = f.find("token_embd.weight");
+  KILN_CHECK(embd && embd->dims.size() == 2, "[gguf] {}: no 2-d token_embd.weight", f.path());
+  c.vocab_size = embd->dims[1];
+  c.tie_embeddings = f.find("output.weight") == nullptr;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("[gguf] {}: {}", f.path(), e.what());
+  }
+  return c;
+}
+
+std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device) {
+  io::GgufFile f(path);
+  const ModelConfig cfg = gguf_model_config(f);
+  // Names and shapes first, on the meta device: a file that does not match is refused before
+  // any memory is taken.
+  std::map<std::string, const io::GgufTensor*> by_kiln;
+  std::vector<std::string> unexpected, missing, misshaped;
+  for (const io::GgufTensor& t : f.tensors()) {
+    const std::string k = kiln_name_of_gguf_tensor(t.name);
+    if (k.empty())
+      unexpected.push_back(t.name);
+    else
+      by_kiln[k] = &t;
+  }
+  {
+    DecoderModel probe(cfg, 0, dtype, Device::meta());
+    std::set<std::string> used;
+    for (const auto& [name, p] : probe.named_parameters()) {
+      auto it = by_kiln.find(name);
+      if (it == by_kiln.end()) {
+        missing.push_back(name);
+        continue;
+      }
+      used.insert(name);
+      if (it->second->shape() != p.shape())
+        misshaped.push_back(fmt::format("{} {} (the model: {})", it->second->name,
+                                        shape_str(it->second->shape()), shape_str(p.shape())));
+    }
+    for (const auto& [k, t] : by_kiln)
+      if (!used.count(k)) unexpected.push_back(t->name);
+  }
+  if (!unexpected.empty() || !missing.empty() || !misshaped.empty()) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (std::size_t i = 0; i < v.size() && i < 12; ++i) s += (i ? ", " : "") + v[i];
+      if (v.size() > 12) s += fmt::format(", ... ({} in all)", v.size());
+      return s;
+    };
+    std::string msg = fmt::format("[gguf] {}: the tensors do not match a {} model", path, cfg.name);
+    if (!missing.empty()) msg += "\n  missing: " + list(missing);
+    if (!unexpected.empty()) msg += "\n  not used by kiln: " + list(unexpected);
+    if (!misshaped.empty()) msg += "\n  wrong shape: " + list(misshaped);
+    fail("{}", msg);
+  }
+
+  auto model = std::make_unique<DecoderModel>(cfg, 0, dtype, device);
+  for (auto& [name, p] : model->named_parameters()) {
+    const io::GgufTensor& t = *by_kiln.at(name);
+    const io::GgmlTypeInfo& info = *io::ggml_type_info(t.type);
+    const std::string source = fmt::format("{} (tensor {})", path, t.name);
+    MemoryScope scope(MemCategory::Temporaries);
+    Tensor dst = p.detach();
+    if (info.name == "f32" || info.name == "f16" || info.name == "bf16") {
+      const std::string st = info.name == "f32" ? "F32" : info.name == "f16" ? "F16" : "BF16";
+      dst.copy_(tensor_from_bytes(st, p.shape(), f.data(t), t.nbytes, source));
+      continue;
+    }
+    quant::QuantType q;
+    if (info.name == "q8_0")
+      q = quant::QuantType::Q8_0;
+    else if (info.name == "q4_k")
+      q = quant::QuantType::Q4_K;
+    else if (info.name == "q6_k")
+      q = quant::QuantType::Q6_K;
+    else
+      fail("[gguf] {}: tensor {} is {}; kiln reads f32, f16, bf16, q8_0, q4_k and q6_k", path,
+           t.name, info.name);
+    Tensor blocks =
+        tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t), t.nbytes, source);
+    dst.copy_(ops::dequantize(blocks.to(device), q, p.shape(), dtype));
+  }
+  return model;
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,40 @@
+// A decoder from a GGUF file (llama.cpp's format: models/io/gguf.h): the config from its
+// metadata, the weights by llama.cpp's tensor names. Architectures: qwen3, qwen2 and llama.
+// Weights in f32, f16 and bf16 are converted to the model's dtype; Q8_0, Q4_K and Q6_K weights
+// are dequantized at load (ops::dequantize) into it: kiln has no quantized matmul yet, so a
+// quantized file runs at the memory and speed of the dtype it is loaded in.
+//
+//   llama.cpp name                  kiln name
+//   token_embd.weight               model.embed_tokens.weight
+//   blk.N.attn_norm.weight          model.layers.N.input_layernorm.weight
+//   blk.N.attn_{q,k,v}.{weight,bias} model.layers.N.self_attn.{q,k,v}_proj.{weight,bias}
+//   blk.N.attn_output.weight        model.layers.N.self_attn.o_proj.weight
+//   blk.N.attn_{q,k}_norm.weight    model.layers.N.self_attn.{q,k}_norm.weight (qwen3)
+//   blk.N.ffn_norm.weight           model.layers.N.post_attention_layernorm.weight
+//   blk.N.ffn_{gate,up,down}.weight model.layers.N.mlp.{gate,up,down}_proj.weight
+//   output_norm.weight              model.norm.weight
+//   output.weight                   lm_head.weight (absent: tied to the embedding)
+// llama.cpp's converter permutes a llama's q/k rows for its interleaved ("normal") RoPE, which
+// is kiln's RopeStyle::Interleaved; qwen2/qwen3 keep HF's order and rotate halves (NEOX).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "models/decoder.h"
+#include "models/io/gguf.h"
+
+namespace kiln::models {
+
+// The config a GGUF file's metadata describes. Metadata kiln does not implement (RoPE scaling,
+// sliding windows, experts) is refused by name with its value: "[gguf] <path>: ...".
+ModelConfig gguf_model_config(const io::GgufFile& f);
+
+// Reads `path` into a new model of `dtype` on `device`. Every parameter must be in the file with
+// its shape, and the file must hold no other tensor; otherwise one error names them.
+std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device);
+
+// kiln's parameter name for a llama.cpp tensor name; empty when there is none.
+std::string kiln_name_of_gguf_tensor(const std::string& gguf_name);
+
+}  // namespace kiln::models

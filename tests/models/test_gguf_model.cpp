@@ -1,0 +1,249 @@
+// A model from a GGUF file: a tiny Qwen3 written with llama.cpp's tensor names and metadata keys
+// loads back with every parameter equal (f32 tensors as written, a Q8_0 one as its dequantized
+// weights) and the same logits; metadata and tensors kiln does not implement are refused by name.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "kernels/common/half.h"
+#include "kernels/common/quant.h"
+#include "models/generation_config.h"
+#include "models/gguf_model.h"
+#include "tests/models/tiny_hf.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln {
+namespace {
+
+using io::GgufMetadata;
+using io::GgufType;
+
+// llama.cpp's name for a kiln parameter (the inverse of kiln_name_of_gguf_tensor).
+std::string gguf_name(const std::string& kiln) {
+  if (kiln == "model.embed_tokens.weight") return "token_embd.weight";
+  if (kiln == "model.norm.weight") return "output_norm.weight";
+  if (kiln == "lm_head.weight") return "output.weight";
+  const std::map<std::string, std::string> layer = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"}};
+  const std::string rest = kiln.substr(std::string("model.layers.").size());
+  const std::size_t dot = rest.find('.');
+  return "blk." + rest.substr(0, dot) + "." + layer.at(rest.substr(dot + 1));
+}
+
+// llama.cpp's quantize_row_q8_0 on one row of floats (a multiple of 32).
+std::vector<std::uint8_t> quantize_q8_0(const std::vector<float>& x) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t b = 0; b < x.size() / 32; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    const f16 dh = float_to_f16(d);
+    out.push_back(static_cast<std::uint8_t>(dh.bits & 0xff));
+    out.push_back(static_cast<std::uint8_t>(dh.bits >> 8));
+    for (int j = 0; j < 32; ++j)
+      out.push_back(
+          static_cast<std::uint8_t>(static_cast<std::int8_t>(std::lround(x[b * 32 + j] * id))));
+  }
+  return out;
+}
+
+class GgufModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("kiln_gguf_model_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  GgufMetadata metadata(const models::ModelConfig& c, const std::string& arch) {
+    GgufMetadata md;
+    auto u32 = [](std::int64_t v) { return io::GgufValue{GgufType::Uint32, GgufType::Uint8, v}; };
+    auto f32 = [](double v) { return io::GgufValue{GgufType::Float32, GgufType::Uint8, v}; };
+    md["general.architecture"] = {GgufType::String, GgufType::Uint8, arch};
+    md[arch + ".block_count"] = u32(c.n_layers);
+    md[arch + ".embedding_length"] = u32(c.dim);
+    md[arch + ".feed_forward_length"] = u32(c.hidden_dim);
+    md[arch + ".attention.head_count"] = u32(c.n_heads);
+    md[arch + ".attention.head_count_kv"] = u32(c.n_kv_heads);
+    md[arch + ".attention.key_length"] = u32(c.head_dim);
+    md[arch + ".attention.value_length"] = u32(c.head_dim);
+    md[arch + ".context_length"] = u32(c.max_seq_len);
+    md[arch + ".attention.layer_norm_rms_epsilon"] = f32(c.norm_eps);
+    md[arch + ".rope.freq_base"] = f32(c.rope_theta);
+    return md;
+  }
+
+  // Writes m's parameters (f32; the names in `q8` as Q8_0) and returns the file's path.
+  std::string write(const models::DecoderModel& m, const GgufMetadata& md,
+                    const std::vector<std::string>& q8 = {}, const std::string& skip = "") {
+    io::GgufWriter w;
+    keep_.clear();
+    for (const auto& [name, p] : m.named_parameters()) {
+      if (name == skip) continue;
+      std::vector<std::int64_t> dims(p.shape().rbegin(), p.shape().rend());
+      const std::vector<float> v = p.to_float_vector();
+      std::vector<std::uint8_t> bytes;
+      std::uint32_t type = 0;
+      if (std::find(q8.begin(), q8.end(), name) != q8.end()) {
+        bytes = quantize_q8_0(v);
+        type = 8;
+      } else {
+        bytes.resize(v.size() * 4);
+        std::memcpy(bytes.data(), v.data(), bytes.size());
+      }
+      keep_.push_back(std::move(bytes));
+      w.add_tensor(gguf_name(name), dims, type, keep_.back().data(), keep_.back().size());
+    }
+    const std::string path = (dir_ / "model.gguf").string();
+    w.write(path, md);
+    return path;
+  }
+
+  fs::path dir_;
+  std::vector<std::vector<std::uint8_t>> keep_;
+};
+
+Tensor logits_of(models::DecoderModel& m) {
+  NoGradGuard no_grad;
+  const Tensor ids = ops::from_vector(std::vector<std::int32_t>{3, 17, 256, 999, 5, 42}, {1, 6});
+  return m.forward(ids);
+}
+
+TEST_F(GgufModelTest, Qwen3LoadsWithEveryParameterAndTheSameLogits) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const models::ModelConfig c = test_hf::tiny_qwen3(tied);
+    models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+    test_hf::init_weights(m, 9);
+    const std::string path =
+        write(m, metadata(c, "qwen3"), {"model.layers.1.mlp.down_proj.weight"});
+
+    io::GgufFile f(path);
+    const models::ModelConfig g = models::gguf_model_config(f);
+    EXPECT_EQ(g.to_json().dump(), [&] {
+      models::ModelConfig want = c;
+      want.name = "qwen3";
+      want.norm_eps =
+          static_cast<float>(c.norm_eps);  // GGUF stores it as f32, as llama.cpp uses it
+      return want.to_json().dump();
+    }()) << "the config from the GGUF metadata";
+
+    auto loaded = models::load_gguf_model(path, DType::F32, Device::cpu());
+    auto want = m.state_dict();
+    for (const auto& [name, p] : loaded->named_parameters()) {
+      std::vector<float> expect = want.at(name).to_float_vector();
+      if (name == "model.layers.1.mlp.down_proj.weight") {  // the Q8_0 one: its weights
+        const std::vector<std::uint8_t> q = quantize_q8_0(expect);
+        Tensor blocks = Tensor::empty({static_cast<std::int64_t>(q.size())}, DType::Bool);
+        std::memcpy(blocks.data<std::uint8_t>(), q.data(), q.size());
+        expect = ops::dequantize(blocks, quant::QuantType::Q8_0, p.shape()).to_float_vector();
+      }
+      EXPECT_EQ(p.to_float_vector(), expect) << name;
+    }
+    if (!tied) {
+      // Every tensor as written, but for the quantized one: compare logits without it.
+      const std::string exact = write(m, metadata(c, "qwen3"));
+      auto same = models::load_gguf_model(exact, DType::F32, Device::cpu());
+      EXPECT_EQ(logits_of(*same).to_float_vector(), logits_of(m).to_float_vector());
+    }
+  }
+}
+
+// kiln generate --model file.gguf goes through load_model, as a folder or a .bin does.
+TEST_F(GgufModelTest, LoadModelTakesAGgufFile) {
+  const models::ModelConfig c = test_hf::tiny_qwen3(true);
+  models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+  test_hf::init_weights(m, 5);
+  models::ModelSource src;
+  src.model = write(m, metadata(c, "qwen3"));
+  src.tokenizer = "byte";
+  src.dtype = DType::BF16;
+  models::LoadedModel l = models::load_model(src);
+  ASSERT_NE(l.model, nullptr);
+  EXPECT_EQ(l.description, "qwen3 from GGUF " + src.model);
+  EXPECT_EQ(l.model->cfg.n_layers, 2);
+  EXPECT_EQ(l.model->named_parameters().front().second.dtype(), DType::BF16);
+  ASSERT_NE(l.tokenizer, nullptr);
+}
+
+TEST_F(GgufModelTest, LlamaUsesInterleavedRopeAndBf16Loads) {
+  models::ModelConfig c = test_hf::tiny_qwen3(false);
+  c.qk_norm = false;
+  c.rope_style = ops::RopeStyle::Interleaved;
+  models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+  test_hf::init_weights(m, 4);
+  const std::string path = write(m, metadata(c, "llama"));
+  io::GgufFile f(path);
+  const models::ModelConfig g = models::gguf_model_config(f);
+  EXPECT_EQ(g.rope_style, ops::RopeStyle::Interleaved);
+  EXPECT_FALSE(g.qk_norm);
+  auto bf = models::load_gguf_model(path, DType::BF16, Device::cpu());
+  EXPECT_EQ(bf->named_parameters().front().second.dtype(), DType::BF16);
+  EXPECT_EQ(
+      bf->state_dict().at("model.layers.0.mlp.up_proj.weight").to_float_vector(),
+      m.state_dict().at("model.layers.0.mlp.up_proj.weight").to(DType::BF16).to_float_vector());
+}
+
+TEST_F(GgufModelTest, RefusesWhatKilnDoesNotImplementByName) {
+  const models::ModelConfig c = test_hf::tiny_qwen3(false);
+  models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+  auto error_of = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  GgufMetadata md = metadata(c, "qwen3");
+  md["qwen3.rope.scaling.type"] = {GgufType::String, GgufType::Uint8, "yarn"};
+  std::string path = write(m, md);
+  EXPECT_NE(error_of([&] { models::load_gguf_model(path, DType::F32, Device::cpu()); })
+                .find("qwen3.rope.scaling.type = yarn is not supported (kiln implements no RoPE "
+                      "scaling)"),
+            std::string::npos);
+  md = metadata(c, "qwen3");
+  md["qwen3.expert_count"] = {GgufType::Uint32, GgufType::Uint8, 8};
+  path = write(m, md);
+  EXPECT_NE(error_of([&] { models::load_gguf_model(path, DType::F32, Device::cpu()); })
+                .find("qwen3.expert_count = 8 is not supported (kiln implements no mixture of "
+                      "experts)"),
+            std::string::npos);
+  md = metadata(c, "mamba");
+  md["general.architecture"] = {GgufType::String, GgufType::Uint8, "mamba"};
+  path = write(m, md);
+  EXPECT_NE(error_of([&] {
+              models::load_gguf_model(path, DType::F32, Device::cpu());
+            }).find("general.architecture mamba is not supported"),
+            std::string::npos);
+  path = write(m, metadata(c, "qwen3"), {}, "model.layers.1.self_attn.k_norm.weight");
+  EXPECT_NE(error_of([&] {
+              models::load_gguf_model(path, DType::F32, Device::cpu());
+            }).find("missing: model.layers.1.self_attn.k_norm.weight"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln
