@@ -2,6 +2,7 @@
 // GgufFile; every accepted tensor's first and last bytes and every metadata value are touched
 // so ASan sees any out-of-range span.
 #include "fuzz/fuzz_util.h"
+#include "models/gguf_model.h"
 #include "models/io/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -18,8 +19,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Not dump(): GGUF strings may hold any bytes, and JSON text needs UTF-8.
     for (const auto& [k, v] : f.metadata())
       sink = sink + static_cast<uint8_t>(k.size() + (v.value.is_array() ? v.value.size() : 1));
-    (void)f.get_string("general.architecture");
     (void)f.get_int("general.alignment");
+    // The model config from the metadata, as kiln generate --model file.gguf reads it.
+    (void)kiln::models::gguf_model_config(f);
   });
   return 0;
 }

@@ -15,12 +15,15 @@ namespace {
 
 // Metadata that would change the model if ignored, refused unless it has its neutral value.
 void refuse_unimplemented(const io::GgufFile& f, const std::string& arch) {
-  for (const auto& [key, v] : f.metadata()) {
+  // Not a structured binding: clang 14 (the fuzz build) cannot capture one in the lambda below.
+  for (const auto& entry : f.metadata()) {
+    const std::string& key = entry.first;
+    const io::GgufValue& v = entry.second;
     if (key.rfind(arch + ".", 0) != 0) continue;
     const std::string field = key.substr(arch.size() + 1);
     auto refuse = [&](const char* why) {
-      fail("[gguf] {}: {} = {} is not supported ({})", f.path(), key,
-           v.value.is_string() ? v.value.get<std::string>() : v.value.dump(), why);
+      fail("[gguf] {}: {} = {} is not supported ({})", f.path(), io::gguf_printable(key),
+           io::gguf_shown(v.value), why);
     };
     if (field == "rope.scaling.type" && v.value != "none")
       refuse("kiln implements no RoPE scaling");
@@ -34,15 +37,6 @@ void refuse_unimplemented(const io::GgufFile& f, const std::string& arch) {
     if ((field == "expert_count" || field == "expert_used_count") && v.value.is_number() &&
         v.value.get<double>() != 0)
       refuse("kiln implements no mixture of experts");
-    if (field == "rope.dimension_count") {
-      // Partial rotary embeddings: only the full head is implemented.
-      const auto heads = f.get_int(arch + ".attention.head_count");
-      const auto emb = f.get_int(arch + ".embedding_length");
-      const auto key_len = f.get_int(arch + ".attention.key_length");
-      const std::int64_t head_dim = key_len ? *key_len : (heads && *heads ? *emb / *heads : 0);
-      if (v.value.is_number_integer() && v.value.get<std::int64_t>() != head_dim)
-        refuse("kiln rotates the whole head");
-    }
   }
 }
 
@@ -121,6 +115,12 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
   } catch (const Error& e) {
     fail("[gguf] {}: {}", f.path(), e.what());
   }
+  // Partial rotary embeddings: kiln rotates the whole head (checked on the validated sizes).
+  if (auto rot = f.get_int(a + "rope.dimension_count"); rot && *rot != c.head_dim)
+    fail(
+        "[gguf] {}: {}rope.dimension_count = {} is not supported (kiln rotates the whole head "
+        "of {})",
+        f.path(), a, *rot, c.head_dim);
   return c;
 }
 
@@ -134,7 +134,7 @@ std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dty
   for (const io::GgufTensor& t : f.tensors()) {
     const std::string k = kiln_name_of_gguf_tensor(t.name);
     if (k.empty())
-      unexpected.push_back(t.name);
+      unexpected.push_back(io::gguf_printable(t.name));
     else
       by_kiln[k] = &t;
   }

@@ -227,10 +227,11 @@ Tensor dequantize(const Tensor& blocks, quant::QuantType type, const Shape& shap
   KILN_CHECK(n % q.block_size == 0,
              "[dequantize] {} weights of shape {} are not whole {} blocks of {}", n,
              shape_str(shape), q.name, q.block_size);
-  KILN_CHECK(blocks.dtype() == DType::Bool && blocks.numel() == n / q.block_size * q.block_bytes,
-             "[dequantize] {} weights in {} take {} bytes of {} blocks, got {} {} elements", n,
-             q.name, n / q.block_size * q.block_bytes, q.name, blocks.numel(),
-             dtype_name(blocks.dtype()));
+  // Compared as block counts, so no product can overflow.
+  KILN_CHECK(blocks.dtype() == DType::Bool && blocks.numel() % q.block_bytes == 0 &&
+                 blocks.numel() / q.block_bytes == n / q.block_size,
+             "[dequantize] {} weights in {} take {} blocks of {} bytes, got {} {} elements", n,
+             q.name, n / q.block_size, q.block_bytes, blocks.numel(), dtype_name(blocks.dtype()));
   KILN_CHECK(is_floating(dtype), "[dequantize] weights must be a float dtype, got {}",
              dtype_name(dtype));
   DequantizeArgs a{blocks, Tensor::empty(shape, dtype, blocks.device()), type};

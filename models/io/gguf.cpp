@@ -81,8 +81,12 @@ class Cursor {
     pos_ += sizeof(T);
     return v;
   }
-  std::string read_string(std::string_view what) {
+  // A string of at most `max_len` bytes: the length is checked before anything is copied.
+  std::string read_string(std::string_view what, std::uint64_t max_len = kGgufMaxStringBytes) {
     const auto n = read<std::uint64_t>(what);
+    if (n > max_len && n <= left())
+      fail(fmt::format("{}: string length {} is longer than the {} bytes allowed", what, n,
+                       max_len));
     if (n > kGgufMaxStringBytes || n > left())
       fail(fmt::format("{}: string length {} is larger than the file's {} bytes left", what, n,
                        left()));
@@ -133,7 +137,9 @@ nlohmann::json read_scalar(Cursor& c, GgufType t, std::string_view what) {
   c.fail(fmt::format("{}: an array inside an array is not supported", what));
 }
 
-GgufValue read_value(Cursor& c, const std::string& key) {
+// `elements`: the array elements read so far in the whole file (kGgufMaxMetadataElements).
+GgufValue read_value(Cursor& c, const std::string& raw_key, std::uint64_t& elements) {
+  const std::string key = gguf_printable(raw_key);
   GgufValue v;
   const auto t = c.read<std::uint32_t>(key);
   if (!known_type(t)) c.fail(fmt::format("{}: unknown value type {}", key, t));
@@ -154,7 +160,14 @@ GgufValue read_value(Cursor& c, const std::string& key) {
   if (!checked_mul(n, least, &bytes) || bytes > c.left())
     c.fail(fmt::format("{}: array of {} {} is larger than the file's {} bytes left", key, n,
                        gguf_type_name(v.elem), c.left()));
+  if (n > kGgufMaxArrayElements || n > kGgufMaxMetadataElements - elements)
+    c.fail(
+        fmt::format("{}: array of {} elements is more than kiln reads ({} per array, {} in all "
+                    "the metadata)",
+                    key, n, kGgufMaxArrayElements, kGgufMaxMetadataElements));
+  elements += n;
   v.value = nlohmann::json::array();
+  v.value.get_ref<nlohmann::json::array_t&>().reserve(n);
   for (std::uint64_t i = 0; i < n; ++i) v.value.push_back(read_scalar(c, v.elem, key));
   return v;
 }
@@ -168,6 +181,28 @@ bool is_int_type(GgufType t) {
 }
 
 }  // namespace
+
+std::string gguf_printable(std::string_view s, std::size_t max) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (out.size() >= max) {
+      out += fmt::format("... ({} bytes)", s.size());
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f)
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
+std::string gguf_shown(const nlohmann::json& v) {
+  if (v.is_string()) return gguf_printable(v.get_ref<const std::string&>());
+  std::string s = v.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+  return s.size() > 120 ? s.substr(0, 117) + "..." : s;
+}
 
 std::string_view gguf_type_name(GgufType t) {
   static constexpr std::string_view names[] = {"u8",  "i8",  "u16",  "i16",    "u32",
@@ -196,6 +231,14 @@ std::int64_t GgufTensor::numel() const {
 }
 
 GgufFile::GgufFile(const std::string& path) : file_(path) {
+  try {
+    parse();
+  } catch (const std::bad_alloc&) {
+    fail("[gguf] {}: out of memory while reading the metadata", file_.path());
+  }
+}
+
+void GgufFile::parse() {
   Cursor c(file_.data(), file_.size(), file_.path());
   const auto magic = c.read<std::uint32_t>("the magic");
   if (magic != kMagic) c.fail(fmt::format("not a GGUF file (magic {:#010x})", magic));
@@ -213,10 +256,12 @@ GgufFile::GgufFile(const std::string& path) : file_(path) {
   if (n_tensors > kGgufMaxTensors || n_tensors > c.left() / 28)
     c.fail(fmt::format("{} tensors cannot fit in the file's {} bytes left", n_tensors, c.left()));
 
+  std::uint64_t elements = 0;
   for (std::uint64_t i = 0; i < n_kv; ++i) {
-    std::string key = c.read_string("a metadata key");
-    if (metadata_.count(key)) c.fail(fmt::format("metadata key {} appears twice", key));
-    GgufValue v = read_value(c, key);
+    std::string key = c.read_string("a metadata key", kGgufMaxKeyBytes);
+    if (metadata_.count(key))
+      c.fail(fmt::format("metadata key {} appears twice", gguf_printable(key)));
+    GgufValue v = read_value(c, key, elements);
     metadata_.emplace(std::move(key), std::move(v));
   }
   if (auto it = metadata_.find("general.alignment"); it != metadata_.end()) {
@@ -230,33 +275,32 @@ GgufFile::GgufFile(const std::string& path) : file_(path) {
 
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensor t;
-    t.name = c.read_string("a tensor name");
-    if (t.name.size() > kMaxTensorName)
-      c.fail(fmt::format("tensor name {} is longer than {} bytes", t.name, kMaxTensorName));
-    if (index_.count(t.name)) c.fail(fmt::format("tensor {} appears twice", t.name));
-    const auto n_dims = c.read<std::uint32_t>(t.name);
+    t.name = c.read_string("a tensor name", kMaxTensorName);
+    const std::string name = gguf_printable(t.name);  // for messages
+    if (index_.count(t.name)) c.fail(fmt::format("tensor {} appears twice", name));
+    const auto n_dims = c.read<std::uint32_t>(name);
     if (n_dims < 1 || n_dims > 4)
-      c.fail(fmt::format("tensor {} has {} dims; GGUF allows 1 to 4", t.name, n_dims));
+      c.fail(fmt::format("tensor {} has {} dims; GGUF allows 1 to 4", name, n_dims));
     std::uint64_t numel = 1;
     for (std::uint32_t d = 0; d < n_dims; ++d) {
-      const auto dim = c.read<std::uint64_t>(t.name);
+      const auto dim = c.read<std::uint64_t>(name);
       if (dim == 0 || dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        c.fail(fmt::format("tensor {} has dim {} of size {}", t.name, d, dim));
+        c.fail(fmt::format("tensor {} has dim {} of size {}", name, d, dim));
       if (!checked_mul(numel, dim, &numel) ||
           numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        c.fail(fmt::format("tensor {}: the element count overflows", t.name));
+        c.fail(fmt::format("tensor {}: the element count overflows", name));
       t.dims.push_back(static_cast<std::int64_t>(dim));
     }
-    t.type = c.read<std::uint32_t>(t.name);
+    t.type = c.read<std::uint32_t>(name);
     const GgmlTypeInfo* info = ggml_type_info(t.type);
-    if (!info) c.fail(fmt::format("tensor {} has unknown ggml type {}", t.name, t.type));
+    if (!info) c.fail(fmt::format("tensor {} has unknown ggml type {}", name, t.type));
     if (t.dims[0] % info->block_size != 0)
-      c.fail(fmt::format("tensor {}: rows of {} are not whole {} blocks of {}", t.name, t.dims[0],
+      c.fail(fmt::format("tensor {}: rows of {} are not whole {} blocks of {}", name, t.dims[0],
                          info->name, info->block_size));
     if (!checked_mul(numel / static_cast<std::uint64_t>(info->block_size),
                      static_cast<std::uint64_t>(info->block_bytes), &t.nbytes))
-      c.fail(fmt::format("tensor {}: the byte size overflows", t.name));
-    t.offset = c.read<std::uint64_t>(t.name);
+      c.fail(fmt::format("tensor {}: the byte size overflows", name));
+    t.offset = c.read<std::uint64_t>(name);
     index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
   }
@@ -269,13 +313,13 @@ GgufFile::GgufFile(const std::string& path) : file_(path) {
   std::vector<const GgufTensor*> by_offset;
   for (const GgufTensor& t : tensors_) {
     if (t.offset % alignment_ != 0)
-      c.fail(
-          fmt::format("tensor {} at offset {} is not aligned to {}", t.name, t.offset, alignment_));
+      c.fail(fmt::format("tensor {} at offset {} is not aligned to {}", gguf_printable(t.name),
+                         t.offset, alignment_));
     std::uint64_t begin = 0, end = 0;
     if (!checked_add(data_offset_, t.offset, &begin) || !checked_add(begin, t.nbytes, &end) ||
         end > file_.size())
       c.fail(fmt::format("tensor {} ({} bytes at data offset {}) runs past the end of the file",
-                         t.name, t.nbytes, t.offset));
+                         gguf_printable(t.name), t.nbytes, t.offset));
     by_offset.push_back(&t);
   }
   std::sort(by_offset.begin(), by_offset.end(),
@@ -284,7 +328,8 @@ GgufFile::GgufFile(const std::string& path) : file_(path) {
     const GgufTensor& a = *by_offset[i - 1];
     const GgufTensor& b = *by_offset[i];
     if (a.offset + a.nbytes > b.offset)
-      c.fail(fmt::format("tensors {} and {} overlap", a.name, b.name));
+      c.fail(
+          fmt::format("tensors {} and {} overlap", gguf_printable(a.name), gguf_printable(b.name)));
   }
 }
 
@@ -383,7 +428,7 @@ void put_scalar(Bytes& b, GgufType t, const nlohmann::json& v, std::string_view 
         break;
     }
   } catch (const nlohmann::json::exception& e) {
-    fail("[gguf] writing {}: {} is not a {} ({})", key, v.dump(), gguf_type_name(t), e.what());
+    fail("[gguf] writing {}: {} is not a {} ({})", key, gguf_shown(v), gguf_type_name(t), e.what());
   }
   fail("[gguf] writing {}: nested arrays are not supported", key);
 }

@@ -84,6 +84,17 @@ struct GgufTensor {
 inline constexpr std::uint64_t kGgufMaxTensors = 1u << 20;
 inline constexpr std::uint64_t kGgufMaxKeys = 1u << 20;
 inline constexpr std::uint64_t kGgufMaxStringBytes = 1u << 30;
+inline constexpr std::uint64_t kGgufMaxKeyBytes = 65535;  // gguf.md: keys are at most 2^16 - 1
+// Metadata arrays become JSON values (16+ bytes each), so their elements are capped, per array
+// and in all: far above a real vocabulary, far below what a crafted file could ask for.
+inline constexpr std::uint64_t kGgufMaxArrayElements = 1u << 24;
+inline constexpr std::uint64_t kGgufMaxMetadataElements = 1u << 26;
+
+// A name or value from a file, for a message: non-printable bytes escaped (\xNN), cut to about
+// `max` bytes. Untrusted text never reaches a terminal raw or unbounded.
+std::string gguf_printable(std::string_view s, std::size_t max = 80);
+// A metadata value for a message: strings as gguf_printable, anything else as JSON, cut.
+std::string gguf_shown(const nlohmann::json& v);
 
 class GgufFile {
  public:
@@ -108,6 +119,7 @@ class GgufFile {
   std::optional<std::string> get_string(std::string_view key) const;
 
  private:
+  void parse();
   MappedFile file_;
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;

@@ -231,6 +231,13 @@ TEST_F(GgufModelTest, RefusesWhatKilnDoesNotImplementByName) {
                 .find("qwen3.expert_count = 8 is not supported (kiln implements no mixture of "
                       "experts)"),
             std::string::npos);
+  md = metadata(c, "qwen3");
+  md["qwen3.rope.dimension_count"] = {GgufType::Uint32, GgufType::Uint8, 8};
+  path = write(m, md);
+  EXPECT_NE(error_of([&] { models::load_gguf_model(path, DType::F32, Device::cpu()); })
+                .find("qwen3.rope.dimension_count = 8 is not supported (kiln rotates the whole "
+                      "head of 16)"),
+            std::string::npos);
   md = metadata(c, "mamba");
   md["general.architecture"] = {GgufType::String, GgufType::Uint8, "mamba"};
   path = write(m, md);

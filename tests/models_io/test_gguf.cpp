@@ -242,8 +242,25 @@ TEST_F(GgufTest, RefusesEachMalformedFileByName) {
       RawGguf().header(2, 0).tensor("a", {16}, 0, 0).tensor("b", {16}, 0, 32).pad().bytes(128));
   add("duplicate_tensor", "tensor a appears twice",
       RawGguf().header(2, 0).tensor("a", {4}, 0, 0).tensor("a", {4}, 0, 32).pad().bytes(64));
-  add("long_name", "is longer than 64 bytes",
+  add("long_name", "a tensor name: string length 65 is longer than the 64 bytes allowed",
       RawGguf().header(1, 0).tensor(std::string(65, 'x'), {4}, 0, 0).pad().bytes(32));
+  add("long_key", "a metadata key: string length 65536 is longer than the 65535 bytes allowed",
+      RawGguf()
+          .header(0, 1)
+          .str(std::string(65536, 'k'))
+          .put<std::uint32_t>(4)
+          .put<std::uint32_t>(1));
+  // Untrusted names reach messages escaped: no raw control bytes on the user's terminal.
+  add("escaped_key", "metadata key \\x1b[31mred appears twice",
+      RawGguf()
+          .header(0, 2)
+          .str("\x1b[31mred")
+          .put<std::uint32_t>(4)
+          .put<std::uint32_t>(1)
+          .str("\x1b[31mred")
+          .put<std::uint32_t>(4)
+          .put<std::uint32_t>(2)
+          .bytes(8));
   for (const Case& c : cases) {
     const std::string p = path(c.name + ".gguf");
     c.file.save(p);

@@ -90,7 +90,7 @@ TEST(Dequantize, RefusesBadBlocksByName) {
   EXPECT_EQ(message([&] {
               ops::dequantize(blocks, QuantType::Q8_0, {3, 32});
             }),
-            "[dequantize] 96 weights in q8_0 take 102 bytes of q8_0 blocks, got 68 bool elements");
+            "[dequantize] 96 weights in q8_0 take 3 blocks of 34 bytes, got 68 bool elements");
   EXPECT_EQ(message([&] { ops::dequantize(blocks, QuantType::Q8_0, {65}); }),
             "[dequantize] 65 weights of shape (65,) are not whole q8_0 blocks of 32");
   EXPECT_EQ(message([&] { ops::dequantize(blocks, QuantType::Q8_0, {64}, DType::I32); }),
