@@ -4,9 +4,12 @@
 // bit by bit, without kiln's conversion.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "kernels/common/half.h"
 
 namespace kiln::test {
 
@@ -75,6 +78,24 @@ inline std::vector<float> ref_q6_k(const std::uint8_t* x) {
     sc += 8;
   }
   return y;
+}
+
+// llama.cpp's quantize_row_q8_0: d = max|x| / 127 (stored as f16), q = round(x / d), for a
+// row of floats whose length is a multiple of 32.
+inline std::vector<std::uint8_t> quantize_q8_0(const std::vector<float>& x) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t b = 0; b < x.size() / 32; ++b) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    const f16 dh = float_to_f16(d);
+    out.push_back(static_cast<std::uint8_t>(dh.bits & 0xff));
+    out.push_back(static_cast<std::uint8_t>(dh.bits >> 8));
+    for (int j = 0; j < 32; ++j)
+      out.push_back(
+          static_cast<std::uint8_t>(static_cast<std::int8_t>(std::lround(x[b * 32 + j] * id))));
+  }
+  return out;
 }
 
 // Random blocks of `bytes` each whose f16 fields at `half_offsets` are finite (exponent < 31).

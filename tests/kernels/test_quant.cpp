@@ -18,14 +18,6 @@ KILN_OP_TESTED(Op::Dequantize);
 
 namespace {
 
-// An IEEE 754 half from its bits, in float64, without kiln's conversion.
-double half_value(std::uint16_t h) {
-  const int sign = h >> 15, exponent = (h >> 10) & 31, mantissa = h & 1023;
-  const double magnitude =
-      exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1024 + mantissa, exponent - 25);
-  return sign ? -magnitude : magnitude;
-}
-
 TEST(Quant, Q8_0WeightIsScaleTimesCodeForEveryFiniteScale) {
   const quant::QuantInfo& q = quant::quant_info(quant::QuantType::Q8_0);
   EXPECT_EQ(q.name, "q8_0");
@@ -42,7 +34,7 @@ TEST(Quant, Q8_0WeightIsScaleTimesCodeForEveryFiniteScale) {
     for (std::size_t j = 0; j < codes.size(); ++j)
       block[2 + j] = static_cast<std::uint8_t>(codes[j]);
     for (std::size_t j = 0; j < codes.size(); ++j) {
-      const double want = half_value(static_cast<std::uint16_t>(h)) * codes[j];
+      const double want = test::half_bits_value(static_cast<std::uint16_t>(h)) * codes[j];
       ASSERT_EQ(static_cast<double>(quant::q8_0_weight(block.data(), static_cast<int>(j))), want)
           << "scale bits " << h << " code " << int(codes[j]);
     }

@@ -17,6 +17,7 @@
 #include "kernels/common/quant.h"
 #include "models/generation_config.h"
 #include "models/gguf_model.h"
+#include "tests/kernels/quant_ref.h"
 #include "tests/models/tiny_hf.h"
 
 namespace fs = std::filesystem;
@@ -47,23 +48,6 @@ std::string gguf_name(const std::string& kiln) {
   const std::string rest = kiln.substr(std::string("model.layers.").size());
   const std::size_t dot = rest.find('.');
   return "blk." + rest.substr(0, dot) + "." + layer.at(rest.substr(dot + 1));
-}
-
-// llama.cpp's quantize_row_q8_0 on one row of floats (a multiple of 32).
-std::vector<std::uint8_t> quantize_q8_0(const std::vector<float>& x) {
-  std::vector<std::uint8_t> out;
-  for (std::size_t b = 0; b < x.size() / 32; ++b) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
-    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
-    const f16 dh = float_to_f16(d);
-    out.push_back(static_cast<std::uint8_t>(dh.bits & 0xff));
-    out.push_back(static_cast<std::uint8_t>(dh.bits >> 8));
-    for (int j = 0; j < 32; ++j)
-      out.push_back(
-          static_cast<std::uint8_t>(static_cast<std::int8_t>(std::lround(x[b * 32 + j] * id))));
-  }
-  return out;
 }
 
 class GgufModelTest : public ::testing::Test {
@@ -107,7 +91,7 @@ class GgufModelTest : public ::testing::Test {
       std::vector<std::uint8_t> bytes;
       std::uint32_t type = 0;
       if (std::find(q8.begin(), q8.end(), name) != q8.end()) {
-        bytes = quantize_q8_0(v);
+        bytes = test::quantize_q8_0(v);
         type = 8;
       } else {
         bytes.resize(v.size() * 4);
@@ -155,7 +139,7 @@ TEST_F(GgufModelTest, Qwen3LoadsWithEveryParameterAndTheSameLogits) {
     for (const auto& [name, p] : loaded->named_parameters()) {
       std::vector<float> expect = want.at(name).to_float_vector();
       if (name == "model.layers.1.mlp.down_proj.weight") {  // the Q8_0 one: its weights
-        const std::vector<std::uint8_t> q = quantize_q8_0(expect);
+        const std::vector<std::uint8_t> q = test::quantize_q8_0(expect);
         Tensor blocks = Tensor::empty({static_cast<std::int64_t>(q.size())}, DType::Bool);
         std::memcpy(blocks.data<std::uint8_t>(), q.data(), q.size());
         expect = ops::dequantize(blocks, quant::QuantType::Q8_0, p.shape()).to_float_vector();

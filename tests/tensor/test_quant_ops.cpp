@@ -22,19 +22,9 @@ using quant::QuantType;
 
 // The Q8_0 blocks of x (x.size() a multiple of 32), as a Bool (byte) tensor on the CPU.
 Tensor quantize_q8_0(const std::vector<float>& x) {
-  const std::size_t nblocks = x.size() / 32;
-  Tensor blocks = Tensor::empty({static_cast<std::int64_t>(nblocks * 34)}, DType::Bool);
-  std::uint8_t* out = blocks.data<std::uint8_t>();
-  for (std::size_t b = 0; b < nblocks; ++b) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
-    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
-    const f16 dh = float_to_f16(d);
-    std::memcpy(out + b * 34, &dh.bits, 2);  // little-endian host
-    for (int j = 0; j < 32; ++j)
-      out[b * 34 + 2 + j] =
-          static_cast<std::uint8_t>(static_cast<std::int8_t>(std::lround(x[b * 32 + j] * id)));
-  }
+  const std::vector<std::uint8_t> bytes = test::quantize_q8_0(x);
+  Tensor blocks = Tensor::empty({static_cast<std::int64_t>(bytes.size())}, DType::Bool);
+  std::memcpy(blocks.data<std::uint8_t>(), bytes.data(), bytes.size());
   return blocks;
 }
 
