@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,7 +36,7 @@ namespace {
 // defaults come from generation_config.json.
 struct CommonOptions {
   std::string model, config, tokenizer, device = "cpu", dtype = "auto", attention = "kiln";
-  bool random_weights = false;
+  bool random_weights = false, dequantize = false;
   std::uint64_t weights_seed = 0, seed = 0;
   std::optional<double> temperature, top_p, min_p, repetition_penalty;
   std::optional<std::int64_t> top_k, max_new;
@@ -43,8 +44,11 @@ struct CommonOptions {
 
 void add_common(CLI::App& app, CommonOptions& o) {
   app.add_option("--model", o.model,
-                 "Hugging Face model folder, a GGUF file (.gguf: f32/f16/bf16/q8_0/q4_k/q6_k, "
-                 "dequantized into --dtype), or a llama2.c .bin");
+                 "Hugging Face model folder, a GGUF file (.gguf: f32/f16/bf16 weights, or "
+                 "q8_0/q4_k/q6_k ones, which stay quantized), or a llama2.c .bin");
+  app.add_flag("--dequantize", o.dequantize,
+               "GGUF: dequantize q8_0/q4_k/q6_k weights into --dtype at load (more memory; "
+               "exact float matmuls instead of 8-bit activations)");
   app.add_option("--config", o.config, "config.json (HF names) for --random-weights");
   app.add_flag("--random-weights", o.random_weights,
                "Seeded random weights in --dtype for --config (no weight files needed)");
@@ -99,6 +103,9 @@ models::LoadedModel load(const CommonOptions& o) {
   src.tokenizer = o.tokenizer;
   src.device = resolve_device(o.device, "generate");
   src.dtype = resolve_train_dtype(o.dtype, src.device, "generate");
+  src.keep_quantized = !o.dequantize;
+  KILN_CHECK(!o.dequantize || o.model.ends_with(".gguf"),
+             "[generate] --dequantize applies to a .gguf --model only");
   set_attention_from_flag(o.attention, "generate");
   KILN_CHECK(o.random_weights || !o.model.empty(),
              "[generate] give --model DIR|file.bin, or --random-weights --config config.json");
@@ -107,8 +114,14 @@ models::LoadedModel load(const CommonOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   models::LoadedModel m = models::load_model(src);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print(stderr, "loaded {} in {:.2f} s ({}, {}{}, {} layers, vocab {}{})\n", m.description, s,
-             dtype_name(src.dtype), o.device,
+  std::map<std::string, int> quantized;  // GGML type -> Linear weights of it
+  for (const auto& [name, l] : m.model->linears())
+    if (l->weight_quant) ++quantized[std::string(quant::quant_info(*l->weight_quant).name)];
+  std::string qdesc;
+  for (const auto& [q, n] : quantized)
+    qdesc += fmt::format("{}{} {} weights", qdesc.empty() ? "" : ", ", n, q);
+  fmt::print(stderr, "loaded {} in {:.2f} s ({}{}, {}{}, {} layers, vocab {}{})\n", m.description,
+             s, dtype_name(src.dtype), qdesc.empty() ? "" : " with " + qdesc, o.device,
              src.device.is_cuda() ? "" : fmt::format(" (cpu isa {})", kiln::cpu::cpu_isa_summary()),
              m.model->cfg.n_layers, m.model->cfg.vocab_size,
              m.tokenizer ? fmt::format(", tokenizer {} ({} ids)", m.tokenizer->name(),
@@ -169,7 +182,7 @@ DecodeBytes decode_bytes(const models::DecoderModel& m, double ctx) {
       bytes = static_cast<double>(p.nbytes()) / static_cast<double>(p.size(0));
     b.weights += bytes;
   }
-  double esize = static_cast<double>(dtype_size(m.lm_head_weight().dtype()));
+  double esize = static_cast<double>(dtype_size(m.dtype()));
   b.kv = 2.0 * static_cast<double>(m.cfg.n_layers * m.cfg.kv_dim()) * esize * ctx;
   return b;
 }
@@ -186,7 +199,7 @@ int run_generate(const GenerateCmd& o) {
   KILN_CHECK(o.prompt.empty() || o.prompt_ids.empty(),
              "[generate] --prompt and --prompt-ids exclude each other");
   models::LoadedModel m = load(o.c);
-  const Device device = m.model->lm_head_weight().device();
+  const Device device = m.model->device();
   models::DecoderModel& model = *m.model;
   const io::Tokenizer* tok = m.tokenizer.get();
   std::vector<std::int32_t> ids;
@@ -350,7 +363,7 @@ int run_chat(const ChatCmd& o) {
                turn, st.prompt_tokens, st.new_tokens, models::stop_reason_name(st.stop),
                st.ttft_s() * 1e3, st.decode_tokens_per_s(), session.tokens().size(), context);
   }
-  fmt::print(stderr, "{}", memory_summary(m.model->lm_head_weight().device()));
+  fmt::print(stderr, "{}", memory_summary(m.model->device()));
   return 0;
 }
 

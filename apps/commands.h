@@ -2,9 +2,8 @@
 // app and returns the function that runs it.
 #pragma once
 
-#include <functional>
-
 #include <CLI/CLI.hpp>
+#include <functional>
 
 namespace kiln::apps {
 
@@ -16,5 +15,6 @@ Run add_params_command(CLI::App& app);
 Run add_budget_command(CLI::App& app);
 Run add_generate_command(CLI::App& app);
 Run add_chat_command(CLI::App& app);
+Run add_quantize_command(CLI::App& app);
 
 }  // namespace kiln::apps

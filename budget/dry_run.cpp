@@ -1,8 +1,6 @@
 // kiln budget: the dry run and the measured run (one code path, two devices),
 // the fit search and size parsing. The analytic model is in budget_analytic.cpp,
 // the report (text, JSON, SVG) in budget_report.cpp.
-#include "budget/budget.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 #include <optional>
 
 #include "autograd/engine.h"
+#include "budget/budget.h"
 #include "distributed/shard.h"
 #include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
@@ -309,7 +308,7 @@ void infer_run(const BudgetSpec& s, Device device) {
       h = Tensor();
       MemLabelScope label("lm_head");
       MemoryScope logits_scope(MemCategory::Logits);
-      logits = ops::linear(last, model.lm_head_weight(), Tensor());
+      logits = model.logits(last);
     }
     pos += ids.size(1);
     ids = Tensor();

@@ -35,7 +35,7 @@ enum class Op : int {
   AdamW,         // fused AdamW step, single and multi-tensor
   Sgd,           // SGD with momentum step
   Random,        // Philox normal / uniform init
-  Dequantize,    // GGML quantized blocks (Q8_0, Q4_K, Q6_K) to float weights
+  Dequantize,    // GGML quantized blocks (Q8_0, Q4_K, Q6_K): to float weights, linear on them
   Count
 };
 

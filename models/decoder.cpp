@@ -96,6 +96,34 @@ const Tensor& DecoderModel::lm_head_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
 
+std::map<std::string, nn::Linear*> DecoderModel::linears() const {
+  std::map<std::string, nn::Linear*> out;
+  auto add = [&](const std::string& name, const std::shared_ptr<nn::Linear>& l) {
+    if (l) out[name + ".weight"] = l.get();
+  };
+  for (std::size_t i = 0; i < model->layers->items.size(); ++i) {
+    const auto& layer = model->layers->items[i];
+    const std::string p = fmt::format("model.layers.{}.", i);
+    add(p + "self_attn.q_proj", layer->self_attn->q_proj);
+    add(p + "self_attn.k_proj", layer->self_attn->k_proj);
+    add(p + "self_attn.v_proj", layer->self_attn->v_proj);
+    add(p + "self_attn.o_proj", layer->self_attn->o_proj);
+    add(p + "mlp.gate_proj", layer->mlp->gate_proj);
+    add(p + "mlp.up_proj", layer->mlp->up_proj);
+    add(p + "mlp.down_proj", layer->mlp->down_proj);
+    add(p + "mlp.fc", layer->mlp->fc);
+    add(p + "mlp.proj", layer->mlp->proj);
+  }
+  add("lm_head", lm_head);
+  return out;
+}
+
+Tensor DecoderModel::logits(const Tensor& h) const {
+  if (lm_head && lm_head->weight_quant)
+    return ops::linear_quant(h, lm_head->weight, *lm_head->weight_quant, lm_head->out_features);
+  return ops::linear(h, lm_head_weight(), Tensor());
+}
+
 Tensor DecoderModel::hidden(const Tensor& ids, std::int64_t pos_offset, KVCache* cache) {
   KILN_CHECK(ids.dim() == 2 && ids.dtype() == DType::I32,
              "[model] ids must be i32 (B, T), got {} {}", dtype_name(ids.dtype()),
@@ -130,7 +158,7 @@ Tensor DecoderModel::forward(const Tensor& ids, std::int64_t pos_offset, KVCache
   Tensor h = hidden(ids, pos_offset, cache);
   MemLabelScope label("lm_head");
   MemoryScope scope(MemCategory::Logits);
-  return ag::linear(h, lm_head_weight());
+  return lm_head ? lm_head->forward(h) : ag::linear(h, lm_head_weight());
 }
 
 Tensor DecoderModel::loss(const Tensor& ids, const Tensor& targets, std::int32_t ignore_index) {

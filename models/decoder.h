@@ -19,6 +19,7 @@
 //   lm_head.weight (tied to wte)           none: the LM head is model.embed_tokens.weight
 #pragma once
 
+#include <map>
 #include <memory>
 
 #include "models/config.h"
@@ -63,7 +64,17 @@ class DecoderModel : public nn::Module {
   Tensor forward(const Tensor& ids, std::int64_t pos_offset = 0, KVCache* cache = nullptr);
   // Mean cross-entropy over targets != ignore_index.
   Tensor loss(const Tensor& ids, const Tensor& targets, std::int32_t ignore_index = -100);
+  // The LM head's weight: lm_head's, or the token embedding when tied. With a quantized LM head
+  // (set_quantized_weight) it holds GGML blocks: use logits() to apply it, dtype() for the
+  // model's compute dtype.
   const Tensor& lm_head_weight() const;
+  // h (..., C) -> logits (..., V) through the LM head, without recording a graph (inference).
+  Tensor logits(const Tensor& h) const;
+  // Every Linear by its weight's full name ("model.layers.0.self_attn.q_proj.weight"): the
+  // weights a quantized file can keep quantized (nn::Linear::set_quantized_weight).
+  std::map<std::string, nn::Linear*> linears() const;
+  // The dtype the model computes in: the token embedding's (never quantized).
+  DType dtype() const { return model->embed_tokens->weight.dtype(); }
   // Where the model's inputs must live: the token embedding table's device. Callers that build
   // token ids on the host (generation, training batches) move them here before forward().
   Device device() const { return model->embed_tokens->weight.device(); }

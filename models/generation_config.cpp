@@ -183,10 +183,10 @@ LoadedModel load_model(const ModelSource& src) {
       tok_dir = d;
       out.description = fmt::format("{} from {}", cfg.name, src.model);
     } else if (fs::path(src.model).extension() == ".gguf") {
-      // GGUF (llama.cpp): f32/f16/bf16 weights converted, Q8_0/Q4_K/Q6_K dequantized into
-      // --dtype. The tokenizer is not read from the file's metadata yet: give --tokenizer, or
-      // keep Qwen's tokenizer files beside it.
-      out.model = load_gguf_model(src.model, src.dtype, src.device);
+      // GGUF (llama.cpp): f32/f16/bf16 weights converted; Q8_0/Q4_K/Q6_K Linear weights kept
+      // quantized (or dequantized into --dtype). The tokenizer is not read from the file's
+      // metadata yet: give --tokenizer, or keep Qwen's tokenizer files beside it.
+      out.model = load_gguf_model(src.model, src.dtype, src.device, src.keep_quantized);
       out.model->eval();
       fs::path gdir = fs::path(src.model).parent_path();
       if (gdir.empty()) gdir = ".";

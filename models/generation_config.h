@@ -48,6 +48,9 @@ struct ModelSource {
   std::string tokenizer;     // make_tokenizer spec; empty: found next to the model (see below)
   DType dtype = DType::F32;  // parameter (and KV cache) dtype
   Device device = Device::cpu();
+  // GGUF: keep quantized Linear weights quantized (ops::linear_quant), else dequantize them all
+  // into dtype.
+  bool keep_quantized = true;
 };
 
 struct LoadedModel {

@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <map>
 #include <set>
 
 #include "kernels/common/quant.h"
+#include "kernels/cpu/quantize.h"
 #include "models/weights.h"
 #include "tensor/memory.h"
 
@@ -48,35 +50,54 @@ std::int64_t need_int(const io::GgufFile& f, const std::string& key) {
 
 }  // namespace
 
+namespace {
+
+// llama.cpp's names for kiln's (HF's): the top-level tensors and those of each block.
+const std::map<std::string, std::string, std::less<>> kTopNames = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"}};
+const std::map<std::string, std::string, std::less<>> kLayerNames = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"}};
+
+}  // namespace
+
 std::string kiln_name_of_gguf_tensor(const std::string& g) {
-  static const std::map<std::string, std::string, std::less<>> top = {
-      {"token_embd.weight", "model.embed_tokens.weight"},
-      {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"}};
-  if (auto it = top.find(g); it != top.end()) return it->second;
-  static const std::map<std::string, std::string, std::less<>> layer = {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_q.bias", "self_attn.q_proj.bias"},
-      {"attn_k.bias", "self_attn.k_proj.bias"},
-      {"attn_v.bias", "self_attn.v_proj.bias"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"}};
+  if (auto it = kTopNames.find(g); it != kTopNames.end()) return it->second;
   if (g.rfind("blk.", 0) != 0) return "";
   const std::size_t dot = g.find('.', 4);
   if (dot == std::string::npos || dot == 4) return "";
   const std::string n = g.substr(4, dot - 4);
   if (n.find_first_not_of("0123456789") != std::string::npos) return "";
-  auto it = layer.find(std::string_view(g).substr(dot + 1));
-  if (it == layer.end()) return "";
+  auto it = kLayerNames.find(std::string_view(g).substr(dot + 1));
+  if (it == kLayerNames.end()) return "";
   return "model.layers." + n + "." + it->second;
+}
+
+std::string gguf_name_of_kiln_tensor(const std::string& k) {
+  for (const auto& [g, kn] : kTopNames)
+    if (kn == k) return g;
+  const std::string prefix = "model.layers.";
+  if (k.rfind(prefix, 0) != 0) return "";
+  const std::size_t dot = k.find('.', prefix.size());
+  if (dot == std::string::npos) return "";
+  const std::string rest = k.substr(dot + 1);
+  for (const auto& [g, kn] : kLayerNames)
+    if (kn == rest) return "blk." + k.substr(prefix.size(), dot - prefix.size()) + "." + g;
+  return "";
 }
 
 ModelConfig gguf_model_config(const io::GgufFile& f) {
@@ -124,7 +145,8 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
   return c;
 }
 
-std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device) {
+std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device,
+                                              bool keep_quantized) {
   io::GgufFile f(path);
   const ModelConfig cfg = gguf_model_config(f);
   // Names and shapes first, on the meta device: a file that does not match is refused before
@@ -170,6 +192,7 @@ std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dty
   }
 
   auto model = std::make_unique<DecoderModel>(cfg, 0, dtype, device);
+  const std::map<std::string, nn::Linear*> linears = model->linears();
   for (auto& [name, p] : model->named_parameters()) {
     const io::GgufTensor& t = *by_kiln.at(name);
     const io::GgmlTypeInfo& info = *io::ggml_type_info(t.type);
@@ -191,11 +214,84 @@ std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dty
     else
       fail("[gguf] {}: tensor {} is {}; kiln reads f32, f16, bf16, q8_0, q4_k and q6_k", path,
            t.name, info.name);
+    auto linear = linears.find(name);
+    if (keep_quantized && linear != linears.end()) {
+      MemoryScope weights(MemCategory::Weights);
+      Tensor blocks = tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t),
+                                        t.nbytes, source);
+      linear->second->set_quantized_weight(blocks.to(device), q);
+      continue;
+    }
     Tensor blocks =
         tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t), t.nbytes, source);
     dst.copy_(ops::dequantize(blocks.to(device), q, p.shape(), dtype));
   }
   return model;
+}
+
+io::GgufMetadata gguf_metadata_of(const ModelConfig& c) {
+  const bool qwen3 = c.qk_norm && !c.qkv_bias, qwen2 = c.qkv_bias && !c.qk_norm;
+  KILN_CHECK((qwen3 || qwen2) && c.rope_style == ops::RopeStyle::RotateHalf && c.uses_rope() &&
+                 c.norm_kind == NormKind::RmsNorm && c.mlp_kind == MlpKind::Gated &&
+                 c.hidden_act == MlpActivation::Silu && !c.bias && c.final_norm,
+             "[gguf] kiln writes Qwen3 and Qwen2 models (RMSNorm, rotate-half RoPE, SiLU-gated "
+             "MLP, QK-norm or QKV bias); {} is not one",
+             c.name);
+  const std::string arch = qwen3 ? "qwen3" : "qwen2", a = arch + ".";
+  using io::GgufType;
+  auto u32 = [](std::int64_t v) { return io::GgufValue{GgufType::Uint32, GgufType::Uint8, v}; };
+  auto f32 = [](double v) { return io::GgufValue{GgufType::Float32, GgufType::Uint8, v}; };
+  io::GgufMetadata md;
+  md["general.architecture"] = {GgufType::String, GgufType::Uint8, arch};
+  md["general.name"] = {GgufType::String, GgufType::Uint8, c.name};
+  md[a + "block_count"] = u32(c.n_layers);
+  md[a + "embedding_length"] = u32(c.dim);
+  md[a + "feed_forward_length"] = u32(c.hidden_dim);
+  md[a + "attention.head_count"] = u32(c.n_heads);
+  md[a + "attention.head_count_kv"] = u32(c.n_kv_heads);
+  md[a + "attention.key_length"] = u32(c.head_dim);
+  md[a + "attention.value_length"] = u32(c.head_dim);
+  md[a + "context_length"] = u32(c.max_seq_len);
+  md[a + "attention.layer_norm_rms_epsilon"] = f32(c.norm_eps);
+  md[a + "rope.freq_base"] = f32(c.rope_theta);
+  return md;
+}
+
+void save_gguf_model(const DecoderModel& m, const std::string& path,
+                     std::optional<quant::QuantType> linear_type) {
+  KILN_CHECK(!linear_type || *linear_type == quant::QuantType::Q8_0,
+             "[gguf] writing {} is not implemented (kiln quantizes to q8_0)",
+             quant::quant_info(*linear_type).name);
+  const io::GgufMetadata md = gguf_metadata_of(m.cfg);
+  const std::map<std::string, nn::Linear*> linears = m.linears();
+  io::GgufWriter w;
+  std::vector<std::vector<std::uint8_t>> keep;  // the bytes, until write()
+  for (const auto& [name, p] : m.named_parameters()) {
+    const std::string g = gguf_name_of_kiln_tensor(name);
+    KILN_CHECK(!g.empty(), "[gguf] {}: no llama.cpp name for {}", path, name);
+    auto lin = linears.find(name);
+    KILN_CHECK(lin == linears.end() || !lin->second->weight_quant,
+               "[gguf] {}: {} is already quantized; write from a float model", path, name);
+    std::vector<std::int64_t> dims(p.shape().rbegin(), p.shape().rend());
+    const std::vector<float> v = p.to_float_vector();
+    // As llama.cpp's converter does for q8_0: every 2-d weight (embedding and LM head too) whose
+    // rows are whole blocks; norms and biases stay f32.
+    const bool quantize = linear_type && p.dim() == 2 && p.size(1) % 32 == 0;
+    std::vector<std::uint8_t> bytes;
+    std::uint32_t type;
+    if (quantize) {
+      bytes.resize(v.size() / 32 * 34);
+      kiln::cpu::quantize_q8_0(v.data(), static_cast<std::int64_t>(v.size()), bytes.data());
+      type = io::ggml_type_by_name("q8_0")->id;
+    } else {
+      bytes.resize(v.size() * 4);
+      std::memcpy(bytes.data(), v.data(), bytes.size());
+      type = io::ggml_type_by_name("f32")->id;
+    }
+    keep.push_back(std::move(bytes));
+    w.add_tensor(g, dims, type, keep.back().data(), keep.back().size());
+  }
+  w.write(path, md);
 }
 
 }  // namespace kiln::models

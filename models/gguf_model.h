@@ -1,8 +1,9 @@
 // A decoder from a GGUF file (llama.cpp's format: models/io/gguf.h): the config from its
 // metadata, the weights by llama.cpp's tensor names. Architectures: qwen3, qwen2 and llama.
-// Weights in f32, f16 and bf16 are converted to the model's dtype; Q8_0, Q4_K and Q6_K weights
-// are dequantized at load (ops::dequantize) into it: kiln has no quantized matmul yet, so a
-// quantized file runs at the memory and speed of the dtype it is loaded in.
+// Weights in f32, f16 and bf16 are converted to the model's dtype. Q8_0, Q4_K and Q6_K weights of
+// the Linear layers (projections, LM head) stay quantized (nn::Linear::set_quantized_weight:
+// ops::linear_quant runs them) unless keep_quantized is false; the token embedding and the
+// norms are dequantized (ops::dequantize) into the model's dtype.
 //
 //   llama.cpp name                  kiln name
 //   token_embd.weight               model.embed_tokens.weight
@@ -19,8 +20,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "kernels/common/quant.h"
 #include "models/decoder.h"
 #include "models/io/gguf.h"
 
@@ -32,9 +35,21 @@ ModelConfig gguf_model_config(const io::GgufFile& f);
 
 // Reads `path` into a new model of `dtype` on `device`. Every parameter must be in the file with
 // its shape, and the file must hold no other tensor; otherwise one error names them.
-std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device);
+std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device,
+                                              bool keep_quantized = true);
 
 // kiln's parameter name for a llama.cpp tensor name; empty when there is none.
 std::string kiln_name_of_gguf_tensor(const std::string& gguf_name);
+// The inverse: llama.cpp's name for a kiln parameter name; empty when there is none.
+std::string gguf_name_of_kiln_tensor(const std::string& kiln_name);
+
+// The GGUF metadata (llama.cpp's keys) of a Qwen3 or Qwen2 config; other models are refused.
+io::GgufMetadata gguf_metadata_of(const ModelConfig& c);
+
+// Writes m (float weights) as GGUF v3 with llama.cpp's names: with linear_type (q8_0 only so
+// far), every 2-d weight whose rows are whole blocks is quantized as llama.cpp's
+// quantize_row_q8_0_ref does it (byte for byte), the rest is f32. Atomic (GgufWriter).
+void save_gguf_model(const DecoderModel& m, const std::string& path,
+                     std::optional<quant::QuantType> linear_type);
 
 }  // namespace kiln::models

@@ -123,8 +123,7 @@ double GenerationStats::decode_tokens_per_s() const {
 
 GenerationSession::GenerationSession(DecoderModel& model, std::int64_t context)
     : model_(model),
-      cache_(model.cfg, 1, context, model.lm_head_weight().dtype(),
-             model.lm_head_weight().device()),
+      cache_(model.cfg, 1, context, model.dtype(), model.device()),
       seen_flag_(static_cast<std::size_t>(model.cfg.vocab_size), 0) {}
 
 void GenerationSession::reset() {
@@ -154,7 +153,7 @@ std::vector<float> GenerationSession::forward_last(std::span<const std::int32_t>
     Tensor last = h.narrow(1, T - 1, 1);
     MemoryScope lscope(MemCategory::Logits);
     MemLabelScope label("lm_head");
-    logits = ops::linear(last, model_.lm_head_weight(), Tensor());
+    logits = model_.logits(last);
   }
   return logits.to_float_vector();
 }

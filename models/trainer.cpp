@@ -123,7 +123,7 @@ double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::
   NoGradGuard no_grad;
   bool was_training = model.is_training();
   model.eval();
-  const Device device = model.lm_head_weight().device();
+  const Device device = model.device();
   BatchSampler s(tokens, batch, seq, seed);
   double sum = 0;
   for (std::int64_t i = 0; i < n_batches; ++i) {

@@ -19,10 +19,31 @@ Tensor init_const(const Shape& shape, const Init& init, double value) {
 
 }  // namespace
 
-Linear::Linear(std::int64_t in, std::int64_t out, bool has_bias, const Init& init, double std) {
+Linear::Linear(std::int64_t in, std::int64_t out, bool has_bias, const Init& init, double std)
+    : in_features(in), out_features(out) {
   KILN_CHECK(in > 0 && out > 0, "[linear] sizes must be positive, got in {} out {}", in, out);
   weight = register_parameter("weight", init_normal({out, in}, init, std));
   if (has_bias) bias = register_parameter("bias", init_const({out}, init, 0.0));
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  if (!weight_quant) return ag::linear(x, weight, bias);
+  KILN_CHECK(!(grad_enabled() && x.requires_grad()),
+             "[linear] {} is a {} weight: quantized weights run inference only (no gradient)",
+             weight.name().empty() ? "this" : weight.name(), quant::quant_info(*weight_quant).name);
+  return ops::linear_quant(x, weight, *weight_quant, out_features, bias);
+}
+
+void Linear::set_quantized_weight(const Tensor& blocks, quant::QuantType t) {
+  const quant::QuantInfo& q = quant::quant_info(t);
+  KILN_CHECK(in_features % q.block_size == 0 && blocks.dtype() == DType::Bool &&
+                 blocks.numel() == out_features * (in_features / q.block_size) * q.block_bytes,
+             "[linear] {}: a {} x {} {} weight takes {} bytes of whole blocks, got {} {} elements",
+             weight.name(), out_features, in_features, q.name,
+             out_features * (in_features / q.block_size) * q.block_bytes, blocks.numel(),
+             dtype_name(blocks.dtype()));
+  assign_data(weight, blocks);
+  weight_quant = t;
 }
 
 Embedding::Embedding(std::int64_t vocab, std::int64_t dim, const Init& init) {

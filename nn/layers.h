@@ -2,8 +2,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "kernels/common/quant.h"
 #include "nn/module.h"
 #include "nn/variants.h"
 
@@ -21,8 +23,14 @@ struct Init {
 class Linear : public Module {
  public:
   Linear(std::int64_t in, std::int64_t out, bool bias, const Init& init, double std);
-  Tensor forward(const Tensor& x) const { return ag::linear(x, weight, bias); }
+  Tensor forward(const Tensor& x) const;
+  // Makes the weight GGML blocks of type t (a Bool tensor of the bytes of an (out, in) matrix,
+  // ops::linear_quant): inference only. The parameter keeps its name; its data, shape and dtype
+  // become the blocks'.
+  void set_quantized_weight(const Tensor& blocks, quant::QuantType t);
   Tensor weight, bias;
+  std::int64_t in_features, out_features;
+  std::optional<quant::QuantType> weight_quant;  // set: weight holds blocks of this type
 };
 
 class Embedding : public Module {

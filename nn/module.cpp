@@ -1,8 +1,8 @@
 #include "nn/module.h"
 
-#include <set>
-
 #include <fmt/format.h>
+
+#include <set>
 
 namespace kiln::nn {
 
@@ -90,8 +90,10 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& sd, bool stric
   }
 }
 
-void Module::to(Device device, DType dtype) {
+void Module::to(Device device, DType dtype_) {
   for (auto& [name, p] : named_parameters()) {
+    // Quantized weights (GGML blocks in a Bool tensor) move but keep their bytes.
+    const DType dtype = is_floating(p.dtype()) ? dtype_ : p.dtype();
     if (p.device() == device && p.dtype() == dtype) continue;
     MemoryScope scope(MemCategory::Weights);
     Tensor moved = p.to(device, dtype);
@@ -101,7 +103,7 @@ void Module::to(Device device, DType dtype) {
 
 void Module::to(DType dtype) {
   for (auto& [name, p] : named_parameters()) {
-    if (p.dtype() == dtype) continue;
+    if (p.dtype() == dtype || !is_floating(p.dtype())) continue;
     MemoryScope scope(MemCategory::Weights);
     assign_data(p, p.to(dtype));
   }

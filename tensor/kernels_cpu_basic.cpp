@@ -129,22 +129,6 @@ void sum_squares_multi_cpu(SumSquaresMultiArgs& a) {
   a.result = sum;
 }
 
-// Block by block (kernels/common/quant.h): each weight exact in f32, rounded once to T.
-template <class T>
-struct DequantizeCpu {
-  static void run(DequantizeArgs& a) {
-    const quant::QuantInfo& q = quant::quant_info(a.type);
-    const std::uint8_t* blocks = a.blocks.template data<std::uint8_t>();
-    T* out = a.out.template data<T>();
-    const std::int64_t nblocks = a.out.numel() / q.block_size;
-#pragma omp parallel for schedule(static)
-    for (std::int64_t k = 0; k < nblocks; ++k)
-      for (int j = 0; j < q.block_size; ++j)
-        out[k * q.block_size + j] =
-            kiln::cpu::from_compute<T>(quant::block_weight(a.type, blocks + k * q.block_bytes, j));
-  }
-};
-
 template <class T>
 struct GemmCpu {
   static void run(GemmArgs& a) {
@@ -190,10 +174,6 @@ struct LinearCpu {
 }  // namespace
 
 }  // namespace cpu_glue
-
-void DequantizeArgs::register_cpu() {
-  cpu_glue::register_float_storage<DequantizeArgs, cpu_glue::DequantizeCpu>();
-}
 
 namespace cpu_glue {
 

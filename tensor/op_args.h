@@ -206,7 +206,28 @@ struct DequantizeArgs {  // out = the weights of GGML blocks (kernels/common/qua
     f(Slot::Aux, blocks);
     f(Slot::Out, out);
   }
-  // Registered beside their kernels: tensor/kernels_cpu_basic.cpp, tensor/kernels_cuda_quant.cpp.
+  // Registered beside their kernels: tensor/kernels_cpu_quant.cpp, tensor/kernels_cuda_quant.cpp.
+  static void register_cpu();
+  static void register_cuda();
+};
+
+struct LinearQuantArgs {  // out = x W^T + bias; W (N, K) as GGML blocks, row after row
+  static constexpr Op kOp = Op::Dequantize;
+  static constexpr std::string_view kName = "linear_quant";
+  Tensor x;       // (..., K), contiguous rows
+  Tensor blocks;  // W's blocks (a Bool tensor: u8 storage), N * K / block_size of them
+  Tensor bias;    // (N) or undefined
+  Tensor out;     // (..., N), x's dtype
+  quant::QuantType type = quant::QuantType::Q8_0;
+  const Tensor& anchor() const { return out; }
+  template <class F>
+  void slots(F&& f) {
+    f(Slot::In, x);
+    f(Slot::Aux, blocks);
+    f(Slot::In, bias);
+    f(Slot::Out, out);
+  }
+  // Registered beside their kernels: tensor/kernels_cpu_quant.cpp, tensor/kernels_cuda_quant.cpp.
   static void register_cpu();
   static void register_cuda();
 };
@@ -637,8 +658,8 @@ using AllKernels = decltype(detail::concat(
                EmbeddingBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, LayerNormArgs,
                LayerNormBackwardArgs, RopeTablesArgs, RopeArgs, SwiGluArgs, SwiGluBackwardArgs,
                AttentionArgs, AttentionBackwardArgs, CrossEntropyArgs, CrossEntropyBackwardArgs,
-               DropoutArgs, DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs,
-               DequantizeArgs>{},
+               DropoutArgs, DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs, DequantizeArgs,
+               LinearQuantArgs>{},
     detail::activation_kernels(std::make_index_sequence<kActivations.size()>{})));
 
 }  // namespace kiln::ops

@@ -239,6 +239,34 @@ Tensor dequantize(const Tensor& blocks, quant::QuantType type, const Shape& shap
   return a.out;
 }
 
+Tensor linear_quant(const Tensor& x, const Tensor& blocks, quant::QuantType type, std::int64_t n,
+                    const Tensor& bias) {
+  const quant::QuantInfo& q = quant::quant_info(type);
+  KILN_CHECK(x.dim() >= 1 && is_floating(x.dtype()) && x.dtype() != DType::F64,
+             "[linear_quant] input must be f32, bf16 or f16 with at least one dim, got {} {}",
+             dtype_name(x.dtype()), shape_str(x.shape()));
+  const std::int64_t k = x.size(-1);
+  KILN_CHECK(n > 0 && k > 0 && k % q.block_size == 0,
+             "[linear_quant] a {} weight of {} x {} is not rows of whole blocks of {}", q.name, n,
+             k, q.block_size);
+  KILN_CHECK(blocks.dtype() == DType::Bool && blocks.numel() % q.block_bytes == 0 &&
+                 blocks.numel() / q.block_bytes / n == k / q.block_size &&
+                 blocks.numel() / q.block_bytes % n == 0,
+             "[linear_quant] a {} weight of {} x {} takes {} blocks of {} bytes, got {} {} "
+             "elements",
+             q.name, n, k, n * (k / q.block_size), q.block_bytes, blocks.numel(),
+             dtype_name(blocks.dtype()));
+  check_same_device(x, blocks, "linear_quant");
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == n),
+             "[linear_quant] bias {} does not match {} outputs", shape_str(bias.shape()), n);
+  if (bias.defined()) check_same_device(bias, x, "linear_quant");
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  LinearQuantArgs a{x, blocks, bias, Tensor::empty(out_shape, x.dtype(), x.device()), type};
+  run(a);
+  return a.out;
+}
+
 // ---- matmul ---------------------------------------------------------------------
 
 void gemm_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,

@@ -124,6 +124,20 @@ CpuIsa cpu_isa_detected() {
   return level;
 }
 
+bool avx512_vnni_detected() {
+#if KILN_CPU_X86
+  static const bool vnni = [] {
+    if (static_cast<int>(cpu_isa_detected()) < static_cast<int>(CpuIsa::Avx512)) return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return ((c >> 11) & 1) != 0;  // CPUID.(7,0):ECX[11] AVX512_VNNI
+  }();
+  return vnni;
+#else
+  return false;
+#endif
+}
+
 CpuIsa cpu_isa() {
   int level = static_cast<int>(cpu_isa_detected());
   if (const int e = env_cap(); e != kNoOverride && e < level) level = e;

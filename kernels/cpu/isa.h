@@ -25,6 +25,8 @@
 #define KILN_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
 #define KILN_TARGET_AVX512BF16 \
   __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")))
+#define KILN_TARGET_AVX512VNNI \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KILN_TARGET_AMX \
   __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 #else
@@ -38,6 +40,10 @@ enum class CpuIsa : int { Scalar = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3, Amx 
 // The highest level this machine and OS support (AMX counts only if the tile permission was
 // granted). Computed once.
 CpuIsa cpu_isa_detected();
+
+// Whether the CPU has AVX512-VNNI (vpdpbusd), which is not a level of its own: the int8 kernels
+// use it at Avx512Bf16 and above when it is there (kernels/cpu/gemv_quant.h).
+bool avx512_vnni_detected();
 
 // The level kernels use: detected, capped by KILN_CPU_ISA, or by a ScopedCpuIsa in tests.
 CpuIsa cpu_isa();

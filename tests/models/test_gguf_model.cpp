@@ -134,7 +134,8 @@ TEST_F(GgufModelTest, Qwen3LoadsWithEveryParameterAndTheSameLogits) {
       return want.to_json().dump();
     }()) << "the config from the GGUF metadata";
 
-    auto loaded = models::load_gguf_model(path, DType::F32, Device::cpu());
+    // Dequantized at load: every parameter a float tensor of the model's shape.
+    auto loaded = models::load_gguf_model(path, DType::F32, Device::cpu(), false);
     auto want = m.state_dict();
     for (const auto& [name, p] : loaded->named_parameters()) {
       std::vector<float> expect = want.at(name).to_float_vector();
@@ -152,6 +153,101 @@ TEST_F(GgufModelTest, Qwen3LoadsWithEveryParameterAndTheSameLogits) {
       auto same = models::load_gguf_model(exact, DType::F32, Device::cpu());
       EXPECT_EQ(logits_of(*same).to_float_vector(), logits_of(m).to_float_vector());
     }
+  }
+}
+
+// By default the Q8_0 Linear weight stays quantized (its bytes as written, run by
+// ops::linear_quant); the logits then differ from the dequantized model's only by quantizing
+// that layer's input to 8 bits (|d logit| well below the logits' spread).
+TEST_F(GgufModelTest, QuantizedLinearWeightsStayQuantizedAndRun) {
+  const models::ModelConfig c = test_hf::tiny_qwen3(false);
+  models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+  test_hf::init_weights(m, 9);
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  const std::string path = write(m, metadata(c, "qwen3"), {name, "lm_head.weight"});
+  auto q = models::load_gguf_model(path, DType::F32, Device::cpu());
+  auto deq = models::load_gguf_model(path, DType::F32, Device::cpu(), false);
+  const auto linears = q->linears();
+  ASSERT_TRUE(linears.at(name)->weight_quant.has_value());
+  EXPECT_EQ(*linears.at(name)->weight_quant, quant::QuantType::Q8_0);
+  EXPECT_TRUE(linears.at("lm_head.weight")->weight_quant.has_value());
+  EXPECT_FALSE(linears.at("model.layers.0.mlp.down_proj.weight")->weight_quant.has_value());
+  const Tensor& blocks = linears.at(name)->weight;
+  EXPECT_EQ(blocks.dtype(), DType::Bool);
+  const std::vector<std::uint8_t> written =
+      test::quantize_q8_0(m.state_dict().at(name).to_float_vector());
+  ASSERT_EQ(blocks.numel(), static_cast<std::int64_t>(written.size()));
+  EXPECT_EQ(std::memcmp(blocks.data<std::uint8_t>(), written.data(), written.size()), 0);
+  EXPECT_EQ(q->dtype(), DType::F32);
+  const std::vector<float> a = logits_of(*q).to_float_vector(),
+                           b = logits_of(*deq).to_float_vector();
+  double diff = 0, spread = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+    spread = std::max(spread, std::fabs(double(b[i])));
+  }
+  EXPECT_GT(spread, 0.0);
+  EXPECT_LT(diff, 0.05 * spread);
+  // Module::to keeps the blocks' bytes; training through them is refused by name.
+  q->to(DType::BF16);
+  EXPECT_EQ(linears.at(name)->weight.dtype(), DType::Bool);
+  EXPECT_EQ(q->dtype(), DType::BF16);
+  Tensor x = ops::zeros({1, c.hidden_dim}).set_requires_grad(true);
+  try {
+    linears.at(name)->forward(x);
+    ADD_FAILURE() << "a quantized weight took a gradient";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quantized weights run inference only"), std::string::npos)
+        << e.what();
+  }
+}
+
+// save_gguf_model: llama.cpp's names and metadata, Q8_0 bytes as llama.cpp's quantize_row_q8_0_ref
+// writes them (tests/kernels/quant_ref.h), norms in f32; it reads back as the same config.
+TEST_F(GgufModelTest, SavedQ8_0FileReadsBackWithLlamaCppsBytes) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const models::ModelConfig c = test_hf::tiny_qwen3(tied);
+    models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+    test_hf::init_weights(m, 21);
+    const std::string path = (dir_ / "saved.gguf").string();
+    models::save_gguf_model(m, path, quant::QuantType::Q8_0);
+    io::GgufFile f(path);
+    EXPECT_EQ(f.get_string("general.architecture"), "qwen3");
+    models::ModelConfig want = c;
+    want.name = "qwen3";
+    want.norm_eps = static_cast<float>(c.norm_eps);
+    EXPECT_EQ(models::gguf_model_config(f).to_json().dump(), want.to_json().dump());
+    const auto sd = m.state_dict();
+    EXPECT_EQ(f.tensors().size(), sd.size());
+    for (const auto& [name, p] : sd) {
+      const io::GgufTensor* t = f.find(models::gguf_name_of_kiln_tensor(name));
+      ASSERT_NE(t, nullptr) << name;
+      EXPECT_EQ(t->shape(), p.shape()) << name;
+      const std::vector<float> v = p.to_float_vector();
+      if (p.dim() == 2) {
+        EXPECT_EQ(io::ggml_type_info(t->type)->name, "q8_0") << name;
+        const std::vector<std::uint8_t> ref = test::quantize_q8_0(v);
+        ASSERT_EQ(t->nbytes, ref.size()) << name;
+        EXPECT_EQ(std::memcmp(f.data(*t), ref.data(), ref.size()), 0) << name;
+      } else {
+        EXPECT_EQ(io::ggml_type_info(t->type)->name, "f32") << name;
+        EXPECT_EQ(std::memcmp(f.data(*t), v.data(), v.size() * 4), 0) << name;
+      }
+    }
+    auto loaded = models::load_gguf_model(path, DType::F32, Device::cpu());
+    EXPECT_EQ(loaded->cfg.tie_embeddings, tied);
+    EXPECT_EQ(logits_of(*loaded).shape(), logits_of(m).shape());
+  }
+  models::ModelConfig llama = test_hf::tiny_qwen3(false);
+  llama.qk_norm = false;
+  llama.rope_style = ops::RopeStyle::Interleaved;
+  models::DecoderModel lm(llama, 0, DType::F32, Device::cpu());
+  try {
+    models::save_gguf_model(lm, (dir_ / "llama.gguf").string(), quant::QuantType::Q8_0);
+    ADD_FAILURE() << "a llama was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kiln writes Qwen3 and Qwen2 models"), std::string::npos);
   }
 }
 

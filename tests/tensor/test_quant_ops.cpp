@@ -144,6 +144,132 @@ TEST(Dequantize, KQuantsAreLlamaCppsValues) {
   }
 }
 
+// ---- linear_quant -----------------------------------------------------------------------------
+
+// Decode rows (the int8 GEMV): within the x quantization's bound of ops::linear on the
+// dequantized weight, |err| <= sum_i |w_i| max|x| / 254 per output (x moves by at most half a
+// code, d_x / 2 = max|x| / 254), plus f32 rounding; the kernel's exact bound is
+// tests/kernels/test_gemv_quant.cpp's. Prefill rows (dequantized slices through the float
+// Linear): the same GEMM on the same weights, so f32 rounding only.
+TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+    const auto& q = quant::quant_info(t);
+    const std::int64_t N = 6, K = 2 * q.block_size;
+    const Tensor blocks = t == QuantType::Q8_0 ? quantize_q8_0(weights(N * K, 7))
+                                               : kquant_blocks(t, N * 2, 33 + int(t));
+    const Tensor w = ops::dequantize(blocks, t, {N, K});
+    Generator g(9);
+    const Tensor bias = ops::randn({N}, g);
+    for (std::int64_t rows : {1, 3, 20}) {
+      const Tensor x = ops::randn({rows, K}, g);
+      const std::vector<float> got = ops::linear_quant(x, blocks, t, N, bias).to_float_vector();
+      const std::vector<float> want = ops::linear(x, w, bias).to_float_vector();
+      const std::vector<float> xs = x.to_float_vector(), ws = w.to_float_vector();
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t n = 0; n < N; ++n) {
+          double wabs = 0, xmax = 0, s = 0;
+          for (std::int64_t k = 0; k < K; ++k) {
+            wabs += std::fabs(ws[n * K + k]);
+            xmax = std::max<double>(xmax, std::fabs(xs[r * K + k]));
+            s += std::fabs(ws[n * K + k] * xs[r * K + k]);
+          }
+          const double tol = (rows <= 8 ? wabs * xmax / 254.0 : 0.0) + 1e-5 * (s + 1);
+          ASSERT_NEAR(got[r * N + n], want[r * N + n], tol)
+              << q.name << " rows " << rows << " (" << r << ", " << n << ")";
+        }
+    }
+  }
+}
+
+// More W rows than one prefill slice holds (4 MiB of f32 weights: 4096 rows of 256): the slices
+// land in their own columns, with their bias.
+TEST(LinearQuant, PrefillSlicesCoverEveryColumn) {
+  const std::int64_t N = 4100, K = 256, rows = 9;
+  const Tensor blocks = quantize_q8_0(weights(N * K, 11));
+  const Tensor w = ops::dequantize(blocks, QuantType::Q8_0, {N, K});
+  Generator g(12);
+  const Tensor x = ops::randn({rows, K}, g), bias = ops::randn({N}, g);
+  const std::vector<float> got =
+      ops::linear_quant(x, blocks, QuantType::Q8_0, N, bias).to_float_vector();
+  const std::vector<float> want = ops::linear(x, w, bias).to_float_vector();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << i;
+}
+
+TEST(LinearQuant, Bf16AndF16InputsKeepTheirDtype) {
+  const Tensor blocks = quantize_q8_0(weights(4 * 64, 13));
+  const Tensor w = ops::dequantize(blocks, QuantType::Q8_0, {4, 64});
+  Generator g(14);
+  const Tensor x = ops::randn({2, 3, 64}, g);
+  const std::vector<float> want = ops::linear(x, w, Tensor()).to_float_vector();
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const Tensor y = ops::linear_quant(x.to(dt), blocks, QuantType::Q8_0, 4);
+    EXPECT_EQ(y.dtype(), dt);
+    EXPECT_EQ(y.shape(), Shape({2, 3, 4}));
+    const std::vector<float> got = y.to_float_vector();
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 0.05 * (std::fabs(want[i]) + 0.5)) << dtype_name(dt) << i;
+  }
+}
+
+TEST(LinearQuant, RefusesBadShapesByName) {
+  const Tensor blocks = quantize_q8_0(weights(4 * 64, 15));
+  const Tensor x = ops::zeros({2, 64});
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message([&] { ops::linear_quant(x, blocks, QuantType::Q8_0, 3); }),
+            "[linear_quant] a q8_0 weight of 3 x 64 takes 6 blocks of 34 bytes, got 272 bool "
+            "elements");
+  EXPECT_EQ(message([&] {
+              ops::linear_quant(ops::zeros({2, 48}), blocks, QuantType::Q8_0, 4);
+            }),
+            "[linear_quant] a q8_0 weight of 4 x 48 is not rows of whole blocks of 32");
+  EXPECT_EQ(message([&] { ops::linear_quant(x, blocks, QuantType::Q8_0, 4, ops::zeros({3})); }),
+            "[linear_quant] bias (3,) does not match 4 outputs");
+  EXPECT_EQ(message([&] { ops::linear_quant(x.to(DType::I32), blocks, QuantType::Q8_0, 4); }),
+            "[linear_quant] input must be f32, bf16 or f16 with at least one dim, got i32 (2, 64)");
+}
+
+// The dry run: shapes, and the kernel's declared scratch, charged as Temporaries as the real CPU
+// run allocates it (x's codes for decode; a dequantized slice for prefill). f32 prefill: the bf16
+// GEMM's own oneDNN scratch inside a slice is not declared (the dry run misses it).
+TEST(LinearQuant, MetaChargesWhatTheCpuRunAllocates) {
+  MemoryTracker& tr = MemoryTracker::get(DeviceType::CPU);
+  MemoryTracker& mt = MemoryTracker::get(DeviceType::Meta);
+  const Tensor blocks = quantize_q8_0(weights(4 * 64, 16));
+  const Tensor meta_blocks = blocks.to(Device::meta());
+  constexpr auto kTemps = static_cast<std::size_t>(MemCategory::Temporaries);
+  for (auto [rows, dt] :
+       {std::pair{std::int64_t{1}, DType::BF16}, {std::int64_t{16}, DType::F32}}) {
+    tr.reset_peaks();
+    const std::int64_t cpu_before = tr.stats().current[kTemps];
+    const Tensor y = ops::linear_quant(ops::zeros({rows, 64}, dt), blocks, QuantType::Q8_0, 4);
+    const std::int64_t cpu_scratch = tr.stats().peak[kTemps] - cpu_before;
+    MetaSimulatesScope scope(DeviceType::CPU);
+    mt.reset_peaks();
+    const std::int64_t meta_before = mt.stats().current[kTemps];
+    const Tensor m = ops::linear_quant(ops::zeros({rows, 64}, dt, Device::meta()), meta_blocks,
+                                       QuantType::Q8_0, 4);
+    EXPECT_TRUE(m.device().is_meta());
+    EXPECT_EQ(m.shape(), y.shape());
+    EXPECT_EQ(m.dtype(), dt);
+    EXPECT_GT(cpu_scratch, 0) << "rows " << rows;
+    EXPECT_EQ(mt.stats().peak[kTemps] - meta_before, cpu_scratch) << "rows " << rows;
+  }
+  MetaSimulatesScope scope(DeviceType::CUDA);
+  mt.reset_peaks();
+  const std::int64_t before = mt.stats().current[kTemps];
+  ops::linear_quant(ops::zeros({1, 64}, DType::BF16, Device::meta()), meta_blocks, QuantType::Q8_0,
+                    4);
+  EXPECT_GE(mt.stats().peak[kTemps] - before, 4 * 64 * 2);  // W dequantized to bf16
+}
+
 // CUDA against the CPU from the same bytes: one rounding of an exact product on both, so the
 // elementwise limit holds with room (the outputs are bit-identical).
 [[maybe_unused]] const bool kBackendCase = backend_ops::register_case(
@@ -159,6 +285,16 @@ TEST(Dequantize, KQuantsAreLlamaCppsValues) {
                                           QuantType::Q4_K, {2, 256}, e.dt),
                           ops::dequantize(kquant_blocks(QuantType::Q6_K, 2, 32).to(e.dev),
                                           QuantType::Q6_K, {512}, e.dt)};
+     }});
+// Prefill rows (20): both backends multiply the dequantized weight by a float GEMM.
+[[maybe_unused]] const bool kBackendCaseLinearQuant = backend_ops::register_case(
+    {Op::Dequantize, "linear_quant_prefill", backend_ops::Tol::Matmul,
+     [](const backend_ops::Env& e) {
+       const Tensor x = e.in({20, 256}, 41), bias = e.in({3}, 42);
+       return std::vector{ops::linear_quant(x, quantize_q8_0(weights(3 * 256, 43)).to(e.dev),
+                                            QuantType::Q8_0, 3, bias),
+                          ops::linear_quant(x, kquant_blocks(QuantType::Q4_K, 3, 44).to(e.dev),
+                                            QuantType::Q4_K, 3, bias)};
      }});
 
 }  // namespace

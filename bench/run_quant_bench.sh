@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Quantized decode and prefill on the CPU: Q8_0 weights run by the int8 GEMV (ops::linear_quant)
+# against the same file dequantized to bf16 (--dequantize), in one run on the same machine.
+#
+#   bench/run_quant_bench.sh [THREADS=2]
+#
+# Writes a random-weight Qwen3-0.6B (../shared/data/qwen/Qwen3-0.6B/config.json) as a Q8_0 GGUF
+# with `kiln quantize --random-weights`, then runs `kiln generate` on it PAIRS times in
+# alternation: q8_0 (the Linear weights stay quantized; the tied embedding / LM head is bf16)
+# and bf16 (every weight dequantized at load). Prints prefill and decode tokens/s of each, the
+# best of each kind, and q8_0 over bf16; writes bench/results/cpu_quant_decode_<date>.json with
+# the commit, the CPU model and ISA, and the date. llama.cpp is not run here (see issue 21).
+#
+# Environment: PAIRS (3), PROMPT (128), NEW (32), BUILD_DIR (build), WORK_DIR (mktemp -d).
+set -euo pipefail
+
+THREADS="${1:-2}"
+PAIRS="${PAIRS:-3}"
+PROMPT="${PROMPT:-128}"
+NEW="${NEW:-32}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+WORK_DIR="${WORK_DIR:-$(mktemp -d)}"
+KILN="$BUILD_DIR/apps/kiln"
+NCPU="$(nproc --all)"
+export OMP_NUM_THREADS="$THREADS"
+trap 'rm -rf "$WORK_DIR"' EXIT
+
+[ -x "$KILN" ] || { echo "[bench] build kiln first: $KILN is missing" >&2; exit 1; }
+GGUF="$WORK_DIR/qwen3-0.6b-q8_0.gguf"
+"$KILN" quantize --random-weights --config "$ROOT/../shared/data/qwen/Qwen3-0.6B/config.json" \
+  --type q8_0 --out "$GGUF"
+
+LOG="$WORK_DIR/runs.txt"
+: >"$LOG"
+for i in $(seq 1 "$PAIRS"); do
+  for kind in q8_0 bf16; do
+    extra=()
+    [ "$kind" = bf16 ] && extra=(--dequantize)
+    out="$("$KILN" generate --model "$GGUF" "${extra[@]}" --dtype bf16 \
+      --prompt-ids "$(seq -s, 1 "$PROMPT")" --max-new-tokens "$NEW" --temperature 0 2>&1 >/dev/null)"
+    pre="$(grep -a -E '^prefill ' <<<"$out" | awk '{print $2}')"
+    dec="$(grep -a -E '^decode ' <<<"$out" | awk '{print $2}')"
+    echo "$kind $pre $dec" | tee -a "$LOG"
+  done
+done
+
+mkdir -p "$ROOT/bench/results"
+RESULT="$ROOT/bench/results/cpu_quant_decode_$(date +%Y%m%d_%H%M%S).json"
+/usr/bin/python3 - "$LOG" "$RESULT" "$THREADS" "$PROMPT" "$NEW" "$NCPU" "$ROOT" "$KILN" <<'PY'
+import json, subprocess, sys, datetime
+log, result, threads, prompt, new, ncpu, root, kiln = sys.argv[1:]
+runs = [l.split() for l in open(log) if l.strip()]
+best = {}
+for kind, pre, dec in runs:
+    b = best.setdefault(kind, {"prefill_tok_per_s": 0.0, "decode_tok_per_s": 0.0})
+    b["prefill_tok_per_s"] = max(b["prefill_tok_per_s"], float(pre))
+    b["decode_tok_per_s"] = max(b["decode_tok_per_s"], float(dec))
+cpu = next((l.split(":", 1)[1].strip() for l in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines() if l.startswith("Model name")), "unknown")
+isa = subprocess.run([kiln, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+dirty = len(subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.splitlines())
+out = {"benchmark": "cpu_quant_decode", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+       "commit": commit, "dirty_tracked_files": dirty, "cpu": cpu, "cpu_isa": isa, "nproc": int(ncpu),
+       "threads": int(threads), "model": "Qwen3-0.6B random weights", "prompt_tokens": int(prompt),
+       "new_tokens": int(new), "best": best,
+       "ratios": {"decode_q8_0_over_bf16": best["q8_0"]["decode_tok_per_s"] / best["bf16"]["decode_tok_per_s"],
+                  "prefill_q8_0_over_bf16": best["q8_0"]["prefill_tok_per_s"] / best["bf16"]["prefill_tok_per_s"]},
+       "runs": [{"kind": k, "prefill_tok_per_s": float(p), "decode_tok_per_s": float(d)} for k, p, d in runs]}
+json.dump(out, open(result, "w"), indent=1)
+print(json.dumps(out["best"]), json.dumps(out["ratios"]))
+print("wrote", result)
+PY

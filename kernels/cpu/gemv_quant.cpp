@@ -1,0 +1,324 @@
+// Quantized-weight GEMV for decode (see gemv_quant.h). Per W row, a dot product with each
+// quantized x row: exact int32 sums per block, scaled once per block in f32.
+#include "kernels/cpu/gemv_quant.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/common/error.h"
+#include "kernels/cpu/bf16_util.h"
+#include "kernels/cpu/isa.h"
+
+#if KILN_CPU_X86
+#include <immintrin.h>
+#endif
+
+namespace kiln::cpu {
+namespace {
+
+using quant::f16_at;
+using quant::QuantType;
+
+// Below this many weight bytes one thread does it all (the fork costs more than it saves).
+constexpr std::int64_t kParallelMinBytes = std::int64_t{1} << 15;
+
+// The block's scale and values: d = amax / 127, q = nearest(x * 127 / amax).
+template <typename X>
+float quantize_block(const X* x, int n, std::int8_t* q) {
+  float amax = 0.0f;
+  for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(to_compute(x[j])));
+  const float d = amax / 127.0f;
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int j = 0; j < n; ++j)
+    q[j] = static_cast<std::int8_t>(
+        std::clamp(std::nearbyint(to_compute(x[j]) * id), -127.0f, 127.0f));
+  return d;
+}
+
+// Q4_K's eight 6-bit scales and mins (ggml's get_scale_min_k4).
+inline void q4_k_scales(const std::uint8_t* scales, int* sc, int* m) {
+  for (int s = 0; s < 8; ++s) {
+    if (s < 4) {
+      sc[s] = scales[s] & 63;
+      m[s] = scales[s + 4] & 63;
+    } else {
+      sc[s] = (scales[s + 4] & 0xF) | ((scales[s - 4] >> 6) << 4);
+      m[s] = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
+    }
+  }
+}
+
+// ---- scalar ---------------------------------------------------------------------------------
+
+float dot_q8_0_scalar(const std::uint8_t* w, const BlockQ8* x, std::int64_t nb) {
+  float acc = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 34;
+    std::int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += static_cast<std::int8_t>(blk[2 + j]) * x[b].q[j];
+    acc += f16_at(blk) * x[b].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+float dot_q4_k_scalar(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
+  float acc = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 144;
+    const std::uint8_t* q = blk + 16;
+    int sc[8], m[8];
+    q4_k_scales(blk + 4, sc, m);
+    std::int32_t sumi = 0, summ = 0;
+    for (int s = 0; s < 8; ++s) {
+      const std::uint8_t* qs = q + 32 * (s / 2);
+      const std::int8_t* xs = x[b].q + 32 * s;
+      std::int32_t dot = 0;
+      for (int l = 0; l < 32; ++l) dot += ((s & 1) ? qs[l] >> 4 : qs[l] & 0xF) * xs[l];
+      sumi += sc[s] * dot;
+      summ += m[s] * (x[b].bsums[2 * s] + x[b].bsums[2 * s + 1]);
+    }
+    acc += x[b].d *
+           (f16_at(blk) * static_cast<float>(sumi) - f16_at(blk + 2) * static_cast<float>(summ));
+  }
+  return acc;
+}
+
+float dot_q6_k_scalar(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
+  float acc = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 210;
+    const std::uint8_t* ql = blk;
+    const std::uint8_t* qh = blk + 128;
+    const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+    std::int32_t sumi = 0, corr = 0;
+    for (int i = 0; i < 256; ++i) {
+      const int h = i / 128, r = (i % 128) / 32, l = i % 32;
+      const std::uint8_t low = ql[64 * h + l + 32 * (r & 1)];
+      const int q = (r >= 2 ? low >> 4 : low & 0xF) | (((qh[32 * h + l] >> (2 * r)) & 3) << 4);
+      sumi += sc[i / 16] * q * x[b].q[i];
+    }
+    for (int g = 0; g < 16; ++g) corr += sc[g] * x[b].bsums[g];
+    acc += x[b].d * f16_at(blk + 208) * static_cast<float>(sumi - 32 * corr);
+  }
+  return acc;
+}
+
+// ---- AVX2 (also the Avx512 level's) ---------------------------------------------------------
+
+#if KILN_CPU_X86
+#define KILN_TARGET_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
+
+KILN_TARGET_AVX2_F16C inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+KILN_TARGET_AVX2_F16C float dot_q8_0_avx2(const std::uint8_t* w, const BlockQ8* x,
+                                          std::int64_t nb) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 34;
+    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
+    // |w| * (x * sign(w)) = w * x; pairs sum to at most 2 * 128 * 127 (no i16 saturation).
+    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+    const __m256i p32 = _mm256_madd_epi16(p16, ones);
+    const float d = _cvtsh_ss(static_cast<unsigned short>(blk[0] | (blk[1] << 8))) * x[b].d;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d), acc);
+  }
+  return hsum8(acc);
+}
+
+KILN_TARGET_AVX2_F16C float dot_q4_k_avx2(const std::uint8_t* w, const BlockQ8K* x,
+                                          std::int64_t nb) {
+  const __m256i low4 = _mm256_set1_epi8(0xF);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_min = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 144;
+    const std::uint8_t* q = blk + 16;
+    int sc[8], m[8];
+    q4_k_scales(blk + 4, sc, m);
+    std::int32_t summ = 0;
+    for (int s = 0; s < 8; ++s) summ += m[s] * (x[b].bsums[2 * s] + x[b].bsums[2 * s + 1]);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) {
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * g));
+      const __m256i lo = _mm256_and_si256(qv, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), low4);
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q + 64 * g));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q + 64 * g + 32));
+      // 4-bit u8 times i8: pairs at most 2 * 15 * 127; times a 6-bit scale in vpmaddwd.
+      const __m256i p0 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_set1_epi16(sc[2 * g]));
+      const __m256i p1 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), _mm256_set1_epi16(sc[2 * g + 1]));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+    }
+    const float d = f16_at(blk) * x[b].d;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
+    acc_min += f16_at(blk + 2) * x[b].d * static_cast<float>(summ);
+  }
+  return hsum8(acc) - acc_min;
+}
+
+KILN_TARGET_AVX2_F16C float dot_q6_k_avx2(const std::uint8_t* w, const BlockQ8K* x,
+                                          std::int64_t nb) {
+  const __m256i low4 = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_corr = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 210;
+    const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+    std::int32_t corr = 0;
+    for (int g = 0; g < 16; ++g) corr += sc[g] * x[b].bsums[g];
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+      for (int r = 0; r < 4; ++r) {
+        const __m256i low = (r & 1) ? ql1 : ql0;
+        const __m256i nib = r >= 2 ? _mm256_and_si256(_mm256_srli_epi16(low, 4), low4)
+                                   : _mm256_and_si256(low, low4);
+        // 16-bit shifts move bits across bytes, but the masks keep only each byte's own.
+        const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * r)), two);
+        const __m256i qv = _mm256_or_si256(nib, _mm256_slli_epi16(hb, 4));  // 0..63
+        const __m256i xv =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q + 128 * h + 32 * r));
+        // i16 lanes 0-7 hold values 0-15 of the 32 (scale 8h + 2r), lanes 8-15 values 16-31.
+        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * r + 1]),
+                                             _mm_set1_epi16(sc[8 * h + 2 * r]));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(qv, xv), scv));
+      }
+    }
+    const float d = f16_at(blk + 208) * x[b].d;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
+    acc_corr += d * static_cast<float>(32 * corr);
+  }
+  return hsum8(acc) - acc_corr;
+}
+
+// ---- AVX512-VNNI ----------------------------------------------------------------------------
+
+KILN_TARGET_AVX512VNNI float dot_q8_0_vnni(const std::uint8_t* w, const BlockQ8* x,
+                                           std::int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 34;
+    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
+    const __m256i p32 =
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq));
+    const float d = _cvtsh_ss(static_cast<unsigned short>(blk[0] | (blk[1] << 8))) * x[b].d;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d), acc);
+  }
+  return hsum8(acc);
+}
+#endif
+
+bool use_vnni() { return cpu_has(CpuIsa::Avx512Bf16) && avx512_vnni_detected(); }
+
+std::int64_t x_block_bytes(QuantType t) {
+  return t == QuantType::Q8_0 ? static_cast<std::int64_t>(sizeof(BlockQ8))
+                              : static_cast<std::int64_t>(sizeof(BlockQ8K));
+}
+std::int64_t x_block_size(QuantType t) { return t == QuantType::Q8_0 ? 32 : 256; }
+
+}  // namespace
+
+bool gemv_quant_uses_vnni() { return use_vnni(); }
+
+float dot_q8_0(const std::uint8_t* w, const BlockQ8* x, std::int64_t nb) {
+#if KILN_CPU_X86
+  if (use_vnni()) return dot_q8_0_vnni(w, x, nb);
+  if (cpu_has(CpuIsa::Avx2)) return dot_q8_0_avx2(w, x, nb);
+#endif
+  return dot_q8_0_scalar(w, x, nb);
+}
+
+float dot_q4_k(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
+#if KILN_CPU_X86
+  if (cpu_has(CpuIsa::Avx2)) return dot_q4_k_avx2(w, x, nb);
+#endif
+  return dot_q4_k_scalar(w, x, nb);
+}
+
+float dot_q6_k(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
+#if KILN_CPU_X86
+  if (cpu_has(CpuIsa::Avx2)) return dot_q6_k_avx2(w, x, nb);
+#endif
+  return dot_q6_k_scalar(w, x, nb);
+}
+
+std::int64_t gemv_quant_scratch_bytes(QuantType t, std::int64_t M, std::int64_t K) {
+  return M * (K / x_block_size(t)) * x_block_bytes(t);
+}
+
+template <typename X>
+void quantize_row_q8(const X* x, std::int64_t K, BlockQ8* out) {
+  for (std::int64_t b = 0; b < K / 32; ++b) out[b].d = quantize_block(x + 32 * b, 32, out[b].q);
+}
+
+template <typename X>
+void quantize_row_q8_k(const X* x, std::int64_t K, BlockQ8K* out) {
+  for (std::int64_t b = 0; b < K / 256; ++b) {
+    out[b].d = quantize_block(x + 256 * b, 256, out[b].q);
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int j = 0; j < 16; ++j) s += out[b].q[16 * g + j];
+      out[b].bsums[g] = static_cast<std::int16_t>(s);
+    }
+  }
+}
+
+template <typename X, typename Y>
+void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, const X* x,
+                std::int64_t ldx, const std::uint8_t* w, const Y* bias, Y* y, std::int64_t ldy,
+                void* scratch) {
+  const quant::QuantInfo& info = quant::quant_info(t);
+  KILN_CHECK(K % info.block_size == 0, "[gemv_quant] K {} is not whole {} blocks", K, info.name);
+  if (M <= 0 || N <= 0) return;
+  const std::int64_t nb = K / info.block_size, row_bytes = nb * info.block_bytes;
+  const std::int64_t xstride = nb * x_block_bytes(t);  // bytes per quantized x row
+  auto* xq = static_cast<std::uint8_t*>(scratch);
+  for (std::int64_t m = 0; m < M; ++m) {
+    if (t == QuantType::Q8_0)
+      quantize_row_q8(x + m * ldx, K, reinterpret_cast<BlockQ8*>(xq + m * xstride));
+    else
+      quantize_row_q8_k(x + m * ldx, K, reinterpret_cast<BlockQ8K*>(xq + m * xstride));
+  }
+  const bool parallel = N * row_bytes >= kParallelMinBytes;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::uint8_t* wr = w + n * row_bytes;
+    const float b = bias != nullptr ? to_compute(bias[n]) : 0.0f;
+    for (std::int64_t m = 0; m < M; ++m) {
+      const std::uint8_t* xr = xq + m * xstride;
+      float v;
+      if (t == QuantType::Q8_0)
+        v = dot_q8_0(wr, reinterpret_cast<const BlockQ8*>(xr), nb);
+      else if (t == QuantType::Q4_K)
+        v = dot_q4_k(wr, reinterpret_cast<const BlockQ8K*>(xr), nb);
+      else
+        v = dot_q6_k(wr, reinterpret_cast<const BlockQ8K*>(xr), nb);
+      y[m * ldy + n] = from_compute<Y>(v + b);
+    }
+  }
+}
+
+template void quantize_row_q8<float>(const float*, std::int64_t, BlockQ8*);
+template void quantize_row_q8<bf16>(const bf16*, std::int64_t, BlockQ8*);
+template void quantize_row_q8_k<float>(const float*, std::int64_t, BlockQ8K*);
+template void quantize_row_q8_k<bf16>(const bf16*, std::int64_t, BlockQ8K*);
+template void gemv_quant<float, float>(QuantType, std::int64_t, std::int64_t, std::int64_t,
+                                       const float*, std::int64_t, const std::uint8_t*,
+                                       const float*, float*, std::int64_t, void*);
+template void gemv_quant<bf16, bf16>(QuantType, std::int64_t, std::int64_t, std::int64_t,
+                                     const bf16*, std::int64_t, const std::uint8_t*, const bf16*,
+                                     bf16*, std::int64_t, void*);
+
+}  // namespace kiln::cpu

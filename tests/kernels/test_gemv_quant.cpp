@@ -1,0 +1,312 @@
+// Tests for kernels/cpu/gemv_quant.h: the x quantizers, each dot product at every ISA level
+// this machine supports (ScopedCpuIsa), and the GEMV, against f64 references built from
+// llama.cpp-style dequantizers (tests/kernels/quant_ref.h), not from the kernel's unpacking.
+//
+// Error analysis. With x quantized (xq_i = d_x q_i), the kernel's sums per block are exact
+// integers (|sum| < 2^31), so its only errors are f32 roundings: the product of the two scales,
+// the int32 -> f32 conversion, the f32 sums over blocks and lanes, and for Q4_K/Q6_K the
+// subtraction of the min/offset term. Each is at most 2^-24 relative to the magnitude of what it
+// rounds, so, per output,
+//   |y - ref| <= (nb + 8) * 2^-24 * S,   S = sum_i (|a_i| + |b_i|) |xq_i|,
+// where w_i = a_i - b_i splits each weight into its scaled code and its min (Q4_K: d sc q and
+// dmin m) or offset (Q6_K: d sc q and 32 d sc). The reference's own f32 weights (one rounding of
+// the Q4_K subtraction) are within 2^-24 |w_i|, inside the same bound. A y rounded to bf16 adds
+// half an ulp, at most 2^-8 |ref| (8 significant bits).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/gemv_quant.h"
+#include "kernels/cpu/isa.h"
+#include "quant_ref.h"
+
+namespace kiln {
+namespace {
+
+using quant::QuantType;
+
+std::vector<cpu::CpuIsa> supported_levels() {
+  std::vector<cpu::CpuIsa> levels;
+  for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l)
+    levels.push_back(static_cast<cpu::CpuIsa>(l));
+  return levels;
+}
+
+std::vector<float> random_x(std::int64_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::vector<float> x(n);
+  std::uint32_t s = seed * 747796405u + 2891336453u;
+  for (auto& v : x) {
+    s ^= s << 13, s ^= s >> 17, s ^= s << 5;
+    v = scale * (static_cast<float>(s >> 8) / 16777216.0f * 2.0f - 1.0f);
+  }
+  return x;
+}
+
+const quant::QuantInfo& info(QuantType t) { return quant::quant_info(t); }
+
+// Random blocks of t with finite scales (quant_ref.h's random_blocks).
+std::vector<std::uint8_t> blocks_of(QuantType t, std::int64_t n, std::uint32_t seed) {
+  switch (t) {
+    case QuantType::Q8_0:
+      return test::random_blocks(static_cast<int>(n), 34, {0}, seed);
+    case QuantType::Q4_K:
+      return test::random_blocks(static_cast<int>(n), 144, {0, 2}, seed);
+    case QuantType::Q6_K:
+      break;
+  }
+  return test::random_blocks(static_cast<int>(n), 210, {208}, seed);
+}
+
+// The weights of one block split as w = a - b (see the header), from the reference dequantizer.
+void split_weights(QuantType t, const std::uint8_t* blk, std::vector<float>& a,
+                   std::vector<float>& b) {
+  const int bs = static_cast<int>(info(t).block_size);
+  a.assign(bs, 0.0f);
+  b.assign(bs, 0.0f);
+  if (t == QuantType::Q8_0) {
+    for (int j = 0; j < 32; ++j)
+      a[j] = test::half_at(blk) * static_cast<float>(static_cast<std::int8_t>(blk[2 + j]));
+    return;
+  }
+  std::vector<std::uint8_t> c(blk, blk + info(t).block_bytes);
+  if (t == QuantType::Q4_K) {
+    c[2] = c[3] = 0;  // dmin = 0: w = d sc q
+    a = test::ref_q4_k(c.data());
+    std::copy(blk, blk + 144, c.begin());
+    c[0] = c[1] = 0;  // d = 0: w = -dmin m
+    b = test::ref_q4_k(c.data());
+    for (float& v : b) v = -v;
+    return;
+  }
+  std::fill(c.begin(), c.begin() + 192, 0);  // every code 0: w = -32 d sc
+  b = test::ref_q6_k(c.data());
+  for (float& v : b) v = -v;
+  const std::vector<float> w = test::ref_q6_k(blk);
+  // w and b are each d sc times a code, rounded once in f32: a is within 2^-23 of d sc q.
+  for (int j = 0; j < 256; ++j) a[j] = w[j] + b[j];
+}
+
+// The f64 reference of one W row times one quantized x row, and its error scale S.
+struct Ref {
+  double value = 0, scale = 0;
+};
+
+// xq: the dequantized quantized x row.
+Ref reference_dot(QuantType t, const std::uint8_t* wrow, std::int64_t K,
+                  const std::vector<double>& xq) {
+  Ref r;
+  const std::int64_t bs = info(t).block_size;
+  std::vector<float> a, b;
+  for (std::int64_t blk = 0; blk < K / bs; ++blk) {
+    split_weights(t, wrow + blk * info(t).block_bytes, a, b);
+    for (std::int64_t j = 0; j < bs; ++j) {
+      const double x = xq[blk * bs + j];
+      r.value += (static_cast<double>(a[j]) - b[j]) * x;
+      r.scale += (std::fabs(a[j]) + std::fabs(b[j])) * std::fabs(x);
+    }
+  }
+  return r;
+}
+
+// x quantized and dequantized the way gemv_quant does it (quantize_row_q8 / _q8_k).
+std::vector<double> quantized_row(QuantType t, const float* x, std::int64_t K) {
+  std::vector<double> out(K);
+  if (t == QuantType::Q8_0) {
+    std::vector<cpu::BlockQ8> q(K / 32);
+    cpu::quantize_row_q8(x, K, q.data());
+    for (std::int64_t i = 0; i < K; ++i) out[i] = double(q[i / 32].d) * q[i / 32].q[i % 32];
+  } else {
+    std::vector<cpu::BlockQ8K> q(K / 256);
+    cpu::quantize_row_q8_k(x, K, q.data());
+    for (std::int64_t i = 0; i < K; ++i) out[i] = double(q[i / 256].d) * q[i / 256].q[i % 256];
+  }
+  return out;
+}
+
+TEST(GemvQuant, QuantizersRoundEachValueToTheNearestCode) {
+  for (float scale : {1.0f, 3e-5f, 4e4f}) {
+    std::vector<float> x = random_x(512, 5, scale);
+    x[7] = 0.0f;
+    std::fill(x.begin() + 256, x.begin() + 288, 0.0f);  // an all-zero Q8 block
+    std::vector<cpu::BlockQ8> q8(16);
+    cpu::quantize_row_q8(x.data(), 512, q8.data());
+    std::vector<cpu::BlockQ8K> qk(2);
+    cpu::quantize_row_q8_k(x.data(), 512, qk.data());
+    for (int b = 0; b < 16; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
+      EXPECT_EQ(q8[b].d, amax / 127.0f);
+      for (int j = 0; j < 32; ++j) {
+        ASSERT_LE(std::abs(int(q8[b].q[j])), 127);
+        ASSERT_LE(std::fabs(double(q8[b].d) * q8[b].q[j] - x[32 * b + j]),
+                  0.5 * q8[b].d * (1 + 1e-6) + 1e-30)
+            << "scale " << scale << " block " << b << " value " << j;
+      }
+    }
+    EXPECT_EQ(q8[8].d, 0.0f);
+    for (int b = 0; b < 2; ++b) {
+      for (int j = 0; j < 256; ++j)
+        ASSERT_LE(std::fabs(double(qk[b].d) * qk[b].q[j] - x[256 * b + j]),
+                  0.5 * qk[b].d * (1 + 1e-6));
+      for (int g = 0; g < 16; ++g) {
+        int s = 0;
+        for (int j = 0; j < 16; ++j) s += qk[b].q[16 * g + j];
+        EXPECT_EQ(qk[b].bsums[g], s);
+      }
+    }
+  }
+}
+
+// Each dot product at each level against the reference, for 1..9 blocks.
+TEST(GemvQuant, EveryDotProductAtEveryLevelMatchesTheF64Reference) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+    for (std::int64_t nb : {1, 2, 3, 9}) {
+      const std::int64_t K = nb * info(t).block_size;
+      const auto w = blocks_of(t, nb, static_cast<std::uint32_t>(nb * 31 + int(t)));
+      const std::vector<float> x = random_x(K, static_cast<std::uint32_t>(nb + 3 * int(t)));
+      const std::vector<double> xq = quantized_row(t, x.data(), K);
+      const Ref ref = reference_dot(t, w.data(), K, xq);
+      std::vector<cpu::BlockQ8> q8(K / 32);
+      std::vector<cpu::BlockQ8K> qk(K / 256 + 1);
+      if (t == QuantType::Q8_0)
+        cpu::quantize_row_q8(x.data(), K, q8.data());
+      else
+        cpu::quantize_row_q8_k(x.data(), K, qk.data());
+      for (cpu::CpuIsa level : supported_levels()) {
+        cpu::ScopedCpuIsa cap(level);
+        const float y = t == QuantType::Q8_0   ? cpu::dot_q8_0(w.data(), q8.data(), nb)
+                        : t == QuantType::Q4_K ? cpu::dot_q4_k(w.data(), qk.data(), nb)
+                                               : cpu::dot_q6_k(w.data(), qk.data(), nb);
+        const double tol = (nb + 8) * std::ldexp(1.0, -24) * ref.scale;
+        EXPECT_LE(std::fabs(y - ref.value), tol)
+            << info(t).name << " nb " << nb << " level " << cpu::cpu_isa_name(level)
+            << (cpu::gemv_quant_uses_vnni() ? " (vnni)" : "") << ": " << y << " vs " << ref.value;
+      }
+    }
+  }
+}
+
+// A weight code of -128 (which llama.cpp's quantizer never writes, but a file may hold) and
+// x codes of +-127: the extremes of the u8 x i8 pair sums.
+TEST(GemvQuant, Q8_0ExtremeCodesDoNotSaturate) {
+  std::vector<std::uint8_t> w(34);
+  w[0] = 0x00, w[1] = 0x3c;                                     // d = 1
+  for (int j = 0; j < 32; ++j) w[2 + j] = j % 2 ? 0x80 : 0x7f;  // -128, 127
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = j % 4 < 2 ? -1.0f : 1.0f;
+  std::vector<cpu::BlockQ8> q(1);
+  cpu::quantize_row_q8(x.data(), 32, q.data());
+  double want = 0;
+  for (int j = 0; j < 32; ++j) want += (j % 2 ? -128.0 : 127.0) * q[0].d * q[0].q[j];
+  for (cpu::CpuIsa level : supported_levels()) {
+    cpu::ScopedCpuIsa cap(level);
+    EXPECT_NEAR(cpu::dot_q8_0(w.data(), q.data(), 1), want, 1e-5 * std::fabs(want) + 1e-6)
+        << cpu::cpu_isa_name(level);
+  }
+}
+
+template <typename T>
+T cast_to(float v) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return float_to_bf16(v);
+  else
+    return v;
+}
+template <typename T>
+float cast_from(T v) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16_to_float(v);
+  else
+    return v;
+}
+
+// The whole GEMV: M rows, bias, f32 and bf16, against the reference row by row.
+template <typename T>
+void check_gemv(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, bool with_bias,
+                std::uint32_t seed) {
+  const std::int64_t row_bytes = K / info(t).block_size * info(t).block_bytes;
+  const auto w = blocks_of(t, N * K / info(t).block_size, seed);
+  const std::vector<float> xf = random_x(M * K, seed + 1);
+  const std::vector<float> bf = random_x(N, seed + 2);
+  std::vector<T> x(M * K), bias(N), y(M * N);
+  std::vector<float> xr(M * K);  // x as the kernel reads it
+  for (std::int64_t i = 0; i < M * K; ++i) {
+    x[i] = cast_to<T>(xf[i]);
+    xr[i] = cast_from(x[i]);
+  }
+  for (std::int64_t i = 0; i < N; ++i) bias[i] = cast_to<T>(bf[i]);
+  std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, M, K));
+  for (cpu::CpuIsa level : supported_levels()) {
+    cpu::ScopedCpuIsa cap(level);
+    cpu::gemv_quant<T, T>(t, M, N, K, x.data(), K, w.data(), with_bias ? bias.data() : nullptr,
+                          y.data(), N, scratch.data());
+    for (std::int64_t m = 0; m < M; ++m) {
+      const std::vector<double> xq = quantized_row(t, xr.data() + m * K, K);
+      for (std::int64_t n = 0; n < N; ++n) {
+        Ref ref = reference_dot(t, w.data() + n * row_bytes, K, xq);
+        if (with_bias) {
+          ref.value += cast_from(bias[n]);
+          ref.scale += std::fabs(cast_from(bias[n]));
+        }
+        double tol = (K / info(t).block_size + 9) * std::ldexp(1.0, -24) * ref.scale;
+        if (std::is_same_v<T, bf16>) tol += std::ldexp(1.0, -8) * std::fabs(ref.value);
+        ASSERT_LE(std::fabs(cast_from(y[m * N + n]) - ref.value), tol)
+            << info(t).name << " level " << cpu::cpu_isa_name(level) << " M " << M << " N " << N
+            << " K " << K << " row " << m << " col " << n << " y " << cast_from(y[m * N + n])
+            << " ref " << ref.value << " scale " << ref.scale;
+      }
+    }
+  }
+}
+
+TEST(GemvQuant, F32RowsWithAndWithoutBias) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K})
+    for (std::int64_t M : {1, 3, 8})
+      for (bool bias : {false, true})
+        check_gemv<float>(t, M, 5, 2 * info(t).block_size, bias, 40 + M);
+}
+
+TEST(GemvQuant, Bf16RowsAndAThreadedShape) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+    check_gemv<bf16>(t, 2, 7, info(t).block_size, true, 70);
+    check_gemv<float>(t, 1, 300, 4 * info(t).block_size, false, 80);  // parallel over rows
+  }
+}
+
+// End to end against the unquantized x: quantizing x moves each value by at most d_x / 2, so
+// |y - sum w x| <= sum_i |w_i| d_x,i / 2 plus the rounding bound above.
+TEST(GemvQuant, QuantizingXCostsAtMostHalfACodePerValue) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+    const std::int64_t K = 2 * info(t).block_size, N = 3;
+    const auto w = blocks_of(t, N * K / info(t).block_size, 90 + int(t));
+    const std::vector<float> x = random_x(K, 91);
+    std::vector<float> y(N);
+    std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, 1, K));
+    cpu::gemv_quant<float, float>(t, 1, N, K, x.data(), K, w.data(), nullptr, y.data(), N,
+                                  scratch.data());
+    const std::vector<double> xq = quantized_row(t, x.data(), K);
+    const std::int64_t bs = info(t).block_size;
+    for (std::int64_t n = 0; n < N; ++n) {
+      double exact = 0, bound = 0;
+      std::vector<float> a, b;
+      for (std::int64_t blk = 0; blk < K / bs; ++blk) {
+        split_weights(t, w.data() + (n * K / bs + blk) * info(t).block_bytes, a, b);
+        float amax = 0;
+        for (std::int64_t j = 0; j < bs; ++j) amax = std::max(amax, std::fabs(x[blk * bs + j]));
+        for (std::int64_t j = 0; j < bs; ++j) {
+          const double wv = static_cast<double>(a[j]) - b[j];
+          exact += wv * x[blk * bs + j];
+          bound += std::fabs(wv) * amax / 127.0 / 2.0;
+        }
+      }
+      const Ref r = reference_dot(t, w.data() + n * K / bs * info(t).block_bytes, K, xq);
+      bound += (K / bs + 8) * std::ldexp(1.0, -24) * r.scale;
+      EXPECT_LE(std::fabs(y[n] - exact), bound * (1 + 1e-6)) << info(t).name << " row " << n;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
