@@ -44,7 +44,8 @@ int run_kiln(int argc, char** argv) {
   add("generate", "Generate text from an HF folder, a llama2.c .bin or random weights",
       kiln::apps::add_generate_command);
   add("chat", "Multi-turn ChatML chat on stdin (Qwen3)", kiln::apps::add_chat_command);
-  add("quantize", "An HF Qwen3/Qwen2 folder to a Q8_0 GGUF file (for generate --model f.gguf)",
+  add("quantize",
+      "An HF Qwen3/Qwen2 folder to a Q8_0 or Q4_K_M GGUF file (generate --model f.gguf)",
       kiln::apps::add_quantize_command);
   try {
     app.parse(argc, argv);

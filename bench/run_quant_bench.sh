@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Quantized decode and prefill on the CPU: Q8_0 weights run by the int8 GEMV (ops::linear_quant)
-# against the same file dequantized to bf16 (--dequantize), in one run on the same machine.
+# Quantized decode and prefill on the CPU: Q8_0 and Q4_K_M weights run by the int8 GEMV
+# (ops::linear_quant) against the Q8_0 file dequantized to bf16 (--dequantize), in one run on
+# the same machine.
 #
 #   bench/run_quant_bench.sh [THREADS=2]
 #
-# Writes a random-weight Qwen3-0.6B (../shared/data/qwen/Qwen3-0.6B/config.json) as a Q8_0 GGUF
-# with `kiln quantize --random-weights`, then runs `kiln generate` on it PAIRS times in
-# alternation: q8_0 (the Linear weights stay quantized; the tied embedding / LM head is bf16)
-# and bf16 (every weight dequantized at load). Prints prefill and decode tokens/s of each, the
-# best of each kind, and q8_0 over bf16; writes bench/results/cpu_quant_decode_<date>.json with
-# the commit, the CPU model and ISA, and the date. llama.cpp is not run here (see issue 21).
+# Writes a random-weight Qwen3-0.6B (../shared/data/qwen/Qwen3-0.6B/config.json) as Q8_0 and
+# Q4_K_M GGUF files with `kiln quantize --random-weights`, then runs `kiln generate` PAIRS times
+# over the kinds in alternation: q8_0 and q4_k_m (the Linear weights stay quantized; the tied
+# embedding / LM head is dequantized to bf16) and bf16 (the q8_0 file, every weight dequantized
+# at load). Prints prefill and decode tokens/s of each, the best of each kind, and each kind over
+# bf16; writes bench/results/cpu_quant_decode_<date>.json with the commit, the CPU model and ISA,
+# and the date. llama.cpp is not run here (see issue 21).
 #
 # Environment: PAIRS (3), PROMPT (128), NEW (32), BUILD_DIR (build), WORK_DIR (mktemp -d).
 set -euo pipefail
@@ -27,17 +29,19 @@ export OMP_NUM_THREADS="$THREADS"
 trap 'rm -rf "$WORK_DIR"' EXIT
 
 [ -x "$KILN" ] || { echo "[bench] build kiln first: $KILN is missing" >&2; exit 1; }
-GGUF="$WORK_DIR/qwen3-0.6b-q8_0.gguf"
-"$KILN" quantize --random-weights --config "$ROOT/../shared/data/qwen/Qwen3-0.6B/config.json" \
-  --type q8_0 --out "$GGUF"
+for t in q8_0 q4_k_m; do
+  "$KILN" quantize --random-weights --config "$ROOT/../shared/data/qwen/Qwen3-0.6B/config.json" \
+    --type "$t" --out "$WORK_DIR/qwen3-0.6b-$t.gguf"
+done
 
 LOG="$WORK_DIR/runs.txt"
 : >"$LOG"
 for i in $(seq 1 "$PAIRS"); do
-  for kind in q8_0 bf16; do
+  for kind in q8_0 q4_k_m bf16; do
     extra=()
-    [ "$kind" = bf16 ] && extra=(--dequantize)
-    out="$("$KILN" generate --model "$GGUF" "${extra[@]}" --dtype bf16 \
+    gguf="$WORK_DIR/qwen3-0.6b-$kind.gguf"
+    [ "$kind" = bf16 ] && extra=(--dequantize) && gguf="$WORK_DIR/qwen3-0.6b-q8_0.gguf"
+    out="$("$KILN" generate --model "$gguf" "${extra[@]}" --dtype bf16 \
       --prompt-ids "$(seq -s, 1 "$PROMPT")" --max-new-tokens "$NEW" --temperature 0 2>&1 >/dev/null)"
     pre="$(grep -a -E '^prefill ' <<<"$out" | awk '{print $2}')"
     dec="$(grep -a -E '^decode ' <<<"$out" | awk '{print $2}')"
@@ -64,8 +68,8 @@ out = {"benchmark": "cpu_quant_decode", "date": datetime.datetime.now().isoforma
        "commit": commit, "dirty_tracked_files": dirty, "cpu": cpu, "cpu_isa": isa, "nproc": int(ncpu),
        "threads": int(threads), "model": "Qwen3-0.6B random weights", "prompt_tokens": int(prompt),
        "new_tokens": int(new), "best": best,
-       "ratios": {"decode_q8_0_over_bf16": best["q8_0"]["decode_tok_per_s"] / best["bf16"]["decode_tok_per_s"],
-                  "prefill_q8_0_over_bf16": best["q8_0"]["prefill_tok_per_s"] / best["bf16"]["prefill_tok_per_s"]},
+       "ratios": {f"{p}_{k}_over_bf16": best[k][f"{p}_tok_per_s"] / best["bf16"][f"{p}_tok_per_s"]
+                  for k in ("q8_0", "q4_k_m") for p in ("decode", "prefill")},
        "runs": [{"kind": k, "prefill_tok_per_s": float(p), "decode_tok_per_s": float(d)} for k, p, d in runs]}
 json.dump(out, open(result, "w"), indent=1)
 print(json.dumps(out["best"]), json.dumps(out["ratios"]))

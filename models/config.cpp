@@ -205,8 +205,8 @@ static ModelConfig llama2c(const char* name, std::int64_t dim, std::int64_t laye
 }
 
 std::vector<std::string> preset_names() {
-  return {"shakespeare-char", "stories260K", "stories15M", "stories42M",
-          "stories110M",      "qwen3-0.6b",  "qwen3-8b",   "gpt2-124m"};
+  return {"shakespeare-char", "stories260K", "stories12M-q", "stories15M", "stories42M",
+          "stories110M",      "qwen3-0.6b",  "qwen3-8b",     "gpt2-124m"};
 }
 
 ModelConfig gpt2_config(const std::string& name, std::int64_t vocab, std::int64_t dim,
@@ -236,6 +236,9 @@ ModelConfig gpt2_config(const std::string& name, std::int64_t vocab, std::int64_
 ModelConfig preset(const std::string& name) {
   if (name == "stories260K") return llama2c("stories260K", 64, 5, 8, 4, 512, 512, 172);
   if (name == "stories15M") return llama2c("stories15M", 288, 6, 6, 6, 32000, 256);
+  // Not one of llama2.c's: a TinyStories LLaMA whose rows (256, 768) are whole Q4_K/Q6_K blocks
+  // of 256, trained by kiln to measure quantization on a model with learned weights.
+  if (name == "stories12M-q") return llama2c("stories12M-q", 256, 4, 4, 4, 32000, 256, 768);
   if (name == "stories42M") return llama2c("stories42M", 512, 8, 8, 8, 32000, 1024);
   if (name == "stories110M") return llama2c("stories110M", 768, 12, 12, 12, 32000, 1024);
   if (name == "shakespeare-char") {

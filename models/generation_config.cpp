@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "models/gguf_model.h"
+#include "models/io/gguf_tokenizer.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/weights.h"
 
@@ -184,9 +185,11 @@ LoadedModel load_model(const ModelSource& src) {
       out.description = fmt::format("{} from {}", cfg.name, src.model);
     } else if (fs::path(src.model).extension() == ".gguf") {
       // GGUF (llama.cpp): f32/f16/bf16 weights converted; Q8_0/Q4_K/Q6_K Linear weights kept
-      // quantized (or dequantized into --dtype). The tokenizer is not read from the file's
-      // metadata yet: give --tokenizer, or keep Qwen's tokenizer files beside it.
-      out.model = load_gguf_model(src.model, src.dtype, src.device, src.keep_quantized);
+      // quantized (or dequantized into --dtype). The tokenizer: --tokenizer, else the file's
+      // own (tokenizer.ggml.*), else Qwen's tokenizer files beside it.
+      const io::GgufFile gguf(src.model);
+      out.model = load_gguf_model(gguf, src.dtype, src.device, src.keep_quantized);
+      if (src.tokenizer.empty()) out.tokenizer = io::gguf_tokenizer(gguf);
       out.model->eval();
       fs::path gdir = fs::path(src.model).parent_path();
       if (gdir.empty()) gdir = ".";
@@ -215,7 +218,7 @@ LoadedModel load_model(const ModelSource& src) {
   }
   if (!src.tokenizer.empty()) {
     out.tokenizer = io::make_tokenizer(src.tokenizer);
-  } else if (!tok_dir.empty() && has_tokenizer_files(tok_dir)) {
+  } else if (!out.tokenizer && !tok_dir.empty() && has_tokenizer_files(tok_dir)) {
     out.tokenizer = io::QwenTokenizer::from_dir(tok_dir.string());
   }
   if (out.generation.eos_token_ids.empty() && out.tokenizer && out.tokenizer->eos_id() >= 0)

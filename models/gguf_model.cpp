@@ -8,6 +8,7 @@
 
 #include "kernels/common/quant.h"
 #include "kernels/cpu/quantize.h"
+#include "models/io/gguf_tokenizer.h"
 #include "models/weights.h"
 #include "tensor/memory.h"
 
@@ -147,7 +148,12 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
 
 std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device,
                                               bool keep_quantized) {
-  io::GgufFile f(path);
+  return load_gguf_model(io::GgufFile(path), dtype, device, keep_quantized);
+}
+
+std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype, Device device,
+                                              bool keep_quantized) {
+  const std::string& path = f.path();
   const ModelConfig cfg = gguf_model_config(f);
   // Names and shapes first, on the meta device: a file that does not match is refused before
   // any memory is taken.
@@ -230,14 +236,20 @@ std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dty
 }
 
 io::GgufMetadata gguf_metadata_of(const ModelConfig& c) {
-  const bool qwen3 = c.qk_norm && !c.qkv_bias, qwen2 = c.qkv_bias && !c.qk_norm;
-  KILN_CHECK((qwen3 || qwen2) && c.rope_style == ops::RopeStyle::RotateHalf && c.uses_rope() &&
-                 c.norm_kind == NormKind::RmsNorm && c.mlp_kind == MlpKind::Gated &&
-                 c.hidden_act == MlpActivation::Silu && !c.bias && c.final_norm,
-             "[gguf] kiln writes Qwen3 and Qwen2 models (RMSNorm, rotate-half RoPE, SiLU-gated "
-             "MLP, QK-norm or QKV bias); {} is not one",
+  // The three architectures the reader maps back to this config: qwen3 (QK-norm) and qwen2 (QKV
+  // bias) rotate halves; llama rotates interleaved pairs, kiln's llama2.c layout, which is what
+  // llama.cpp's converter makes of HF's q/k rows (so kiln's weights need no permutation).
+  const bool qwen3 = c.qk_norm && !c.qkv_bias, qwen2 = c.qkv_bias && !c.qk_norm,
+             llama = !c.qk_norm && !c.qkv_bias;
+  const bool rope_ok = c.uses_rope() && (llama ? c.rope_style == ops::RopeStyle::Interleaved
+                                               : c.rope_style == ops::RopeStyle::RotateHalf);
+  KILN_CHECK((qwen3 || qwen2 || llama) && rope_ok && c.norm_kind == NormKind::RmsNorm &&
+                 c.mlp_kind == MlpKind::Gated && c.hidden_act == MlpActivation::Silu && !c.bias &&
+                 c.final_norm,
+             "[gguf] kiln writes Qwen3, Qwen2 and LLaMA models (RMSNorm, SiLU-gated MLP, RoPE: "
+             "rotate-half with QK-norm or QKV bias, or interleaved without); {} is not one",
              c.name);
-  const std::string arch = qwen3 ? "qwen3" : "qwen2", a = arch + ".";
+  const std::string arch = qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama", a = arch + ".";
   using io::GgufType;
   auto u32 = [](std::int64_t v) { return io::GgufValue{GgufType::Uint32, GgufType::Uint8, v}; };
   auto f32 = [](double v) { return io::GgufValue{GgufType::Float32, GgufType::Uint8, v}; };
@@ -254,15 +266,62 @@ io::GgufMetadata gguf_metadata_of(const ModelConfig& c) {
   md[a + "context_length"] = u32(c.max_seq_len);
   md[a + "attention.layer_norm_rms_epsilon"] = f32(c.norm_eps);
   md[a + "rope.freq_base"] = f32(c.rope_theta);
+  md[a + "rope.dimension_count"] = u32(c.head_dim);
   return md;
 }
 
-void save_gguf_model(const DecoderModel& m, const std::string& path,
-                     std::optional<quant::QuantType> linear_type) {
-  KILN_CHECK(!linear_type || *linear_type == quant::QuantType::Q8_0,
-             "[gguf] writing {} is not implemented (kiln quantizes to q8_0)",
-             quant::quant_info(*linear_type).name);
-  const io::GgufMetadata md = gguf_metadata_of(m.cfg);
+std::string_view gguf_scheme_name(GgufScheme s) {
+  switch (s) {
+    case GgufScheme::F32:
+      return "f32";
+    case GgufScheme::Q8_0:
+      return "q8_0";
+    case GgufScheme::Q4_K_M:
+      break;
+  }
+  return "q4_k_m";
+}
+
+GgufScheme parse_gguf_scheme(std::string_view name) {
+  for (GgufScheme s : {GgufScheme::F32, GgufScheme::Q8_0, GgufScheme::Q4_K_M})
+    if (gguf_scheme_name(s) == name) return s;
+  fail("[gguf] unknown quantization '{}' (expected f32, q8_0 or q4_k_m)", name);
+}
+
+std::optional<quant::QuantType> gguf_tensor_type(GgufScheme scheme, const std::string& name,
+                                                 const Shape& shape, std::int64_t n_layers) {
+  using quant::QuantType;
+  if (scheme == GgufScheme::F32 || shape.size() != 2) return std::nullopt;
+  const std::int64_t k = shape[1];
+  auto fits = [&](QuantType t) { return k % quant::quant_info(t).block_size == 0; };
+  auto or_q8_0 = [&](QuantType t) -> std::optional<QuantType> {
+    if (fits(t)) return t;
+    if (fits(QuantType::Q8_0)) return QuantType::Q8_0;
+    return std::nullopt;
+  };
+  if (scheme == GgufScheme::Q8_0) return or_q8_0(QuantType::Q8_0);
+  // Q4_K_M, as llama.cpp's llama_tensor_get_type picks it: Q6_K for the LM head, and for
+  // attn_v and ffn_down in the first and last eighth of the layers and every third between.
+  if (name == "lm_head.weight") return or_q8_0(QuantType::Q6_K);
+  const bool v_or_down =
+      name.ends_with("self_attn.v_proj.weight") || name.ends_with("mlp.down_proj.weight");
+  if (v_or_down && name.rfind("model.layers.", 0) == 0) {
+    const std::int64_t i = std::stoll(name.substr(std::string("model.layers.").size()));
+    const std::int64_t n = n_layers;
+    if (i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2) return or_q8_0(QuantType::Q6_K);
+  }
+  return or_q8_0(QuantType::Q4_K);
+}
+
+void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme scheme,
+                     const io::QwenTokenizer* tokenizer) {
+  io::GgufMetadata md = gguf_metadata_of(m.cfg);
+  // llama.cpp's general.file_type: 0 all f32, 7 mostly q8_0, 15 mostly q4_k_m.
+  md["general.file_type"] = {io::GgufType::Uint32, io::GgufType::Uint8,
+                             scheme == GgufScheme::F32    ? 0
+                             : scheme == GgufScheme::Q8_0 ? 7
+                                                          : 15};
+  if (tokenizer) io::add_gguf_tokenizer_metadata(*tokenizer, m.cfg.vocab_size, md);
   const std::map<std::string, nn::Linear*> linears = m.linears();
   io::GgufWriter w;
   std::vector<std::vector<std::uint8_t>> keep;  // the bytes, until write()
@@ -274,15 +333,15 @@ void save_gguf_model(const DecoderModel& m, const std::string& path,
                "[gguf] {}: {} is already quantized; write from a float model", path, name);
     std::vector<std::int64_t> dims(p.shape().rbegin(), p.shape().rend());
     const std::vector<float> v = p.to_float_vector();
-    // As llama.cpp's converter does for q8_0: every 2-d weight (embedding and LM head too) whose
-    // rows are whole blocks; norms and biases stay f32.
-    const bool quantize = linear_type && p.dim() == 2 && p.size(1) % 32 == 0;
+    const std::optional<quant::QuantType> t =
+        gguf_tensor_type(scheme, name, p.shape(), m.cfg.n_layers);
     std::vector<std::uint8_t> bytes;
     std::uint32_t type;
-    if (quantize) {
-      bytes.resize(v.size() / 32 * 34);
-      kiln::cpu::quantize_q8_0(v.data(), static_cast<std::int64_t>(v.size()), bytes.data());
-      type = io::ggml_type_by_name("q8_0")->id;
+    if (t) {
+      const quant::QuantInfo& q = quant::quant_info(*t);
+      bytes.resize(v.size() / q.block_size * q.block_bytes);
+      kiln::cpu::quantize_blocks(*t, v.data(), static_cast<std::int64_t>(v.size()), bytes.data());
+      type = io::ggml_type_by_name(q.name)->id;
     } else {
       bytes.resize(v.size() * 4);
       std::memcpy(bytes.data(), v.data(), bytes.size());

@@ -26,6 +26,7 @@
 #include "kernels/common/quant.h"
 #include "models/decoder.h"
 #include "models/io/gguf.h"
+#include "models/io/qwen_tokenizer.h"
 
 namespace kiln::models {
 
@@ -37,6 +38,9 @@ ModelConfig gguf_model_config(const io::GgufFile& f);
 // its shape, and the file must hold no other tensor; otherwise one error names them.
 std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device,
                                               bool keep_quantized = true);
+// The same from an open file (its metadata parsed once, e.g. for the tokenizer too).
+std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype, Device device,
+                                              bool keep_quantized = true);
 
 // kiln's parameter name for a llama.cpp tensor name; empty when there is none.
 std::string kiln_name_of_gguf_tensor(const std::string& gguf_name);
@@ -46,10 +50,22 @@ std::string gguf_name_of_kiln_tensor(const std::string& kiln_name);
 // The GGUF metadata (llama.cpp's keys) of a Qwen3 or Qwen2 config; other models are refused.
 io::GgufMetadata gguf_metadata_of(const ModelConfig& c);
 
-// Writes m (float weights) as GGUF v3 with llama.cpp's names: with linear_type (q8_0 only so
-// far), every 2-d weight whose rows are whole blocks is quantized as llama.cpp's
-// quantize_row_q8_0_ref does it (byte for byte), the rest is f32. Atomic (GgufWriter).
-void save_gguf_model(const DecoderModel& m, const std::string& path,
-                     std::optional<quant::QuantType> linear_type);
+// How save_gguf_model stores each weight: all f32; every 2-d weight whose rows are whole blocks
+// in Q8_0 (as llama.cpp's converter writes q8_0 files); or Q4_K_M, llama.cpp's mix: Q6_K for the
+// LM head and for attn_v / ffn_down in the first and last eighth of the layers and every third
+// layer between, Q4_K for the other 2-d weights. A weight whose rows are not whole blocks of its
+// type falls back to Q8_0, else f32. Norms and biases are f32 in every scheme.
+enum class GgufScheme { F32, Q8_0, Q4_K_M };
+std::string_view gguf_scheme_name(GgufScheme s);  // "f32", "q8_0", "q4_k_m"
+GgufScheme parse_gguf_scheme(std::string_view name);
+// The type a scheme gives kiln parameter `name` of `shape` (nullopt: f32).
+std::optional<quant::QuantType> gguf_tensor_type(GgufScheme scheme, const std::string& name,
+                                                 const Shape& shape, std::int64_t n_layers);
+
+// Writes m (float weights) as GGUF v3 with llama.cpp's names and metadata, its weights stored as
+// `scheme` says (kernels/cpu/quantize.h: Q8_0 byte for byte llama.cpp's). With a tokenizer, its
+// tokenizer.ggml.* keys are written too (models/io/gguf_tokenizer.h). Atomic (GgufWriter).
+void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme scheme,
+                     const io::QwenTokenizer* tokenizer = nullptr);
 
 }  // namespace kiln::models

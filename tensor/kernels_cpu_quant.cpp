@@ -19,7 +19,6 @@ constexpr std::int64_t kPrefillSliceBytes = std::int64_t{4} << 20;
 template <class T>
 void dequantize_blocks(quant::QuantType type, const std::uint8_t* blocks, std::int64_t nblocks,
                        T* out) {
-  const quant::QuantInfo& q = quant::quant_info(type);
   if (type == quant::QuantType::Q8_0) {
     // The same values as block_weight's, in a loop the compiler vectorizes (prefill
     // dequantizes every weight once per call: the generic per-weight switch costs more than
@@ -35,11 +34,30 @@ void dequantize_blocks(quant::QuantType type, const std::uint8_t* blocks, std::i
     }
     return;
   }
+  if (type == quant::QuantType::Q4_K) {
+    // q4_k_weight's arithmetic, with each sub-block's scale and min unpacked once.
+#pragma omp parallel for schedule(static)
+    for (std::int64_t k = 0; k < nblocks; ++k) {
+      const std::uint8_t* b = blocks + k * 144;
+      T* o = out + k * 256;
+      for (int s = 0; s < 8; ++s) {
+        int sc, m;
+        quant::q4_k_scale_min(b, s, sc, m);
+        const float d1 = quant::f16_at(b) * static_cast<float>(sc);
+        const float m1 = quant::f16_at(b + 2) * static_cast<float>(m);
+        const std::uint8_t* qs = b + 16 + 32 * (s / 2);
+        for (int l = 0; l < 32; ++l) {
+          const int nibble = (s & 1) ? qs[l] >> 4 : qs[l] & 0xF;
+          o[32 * s + l] = kiln::cpu::from_compute<T>(d1 * static_cast<float>(nibble) - m1);
+        }
+      }
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (std::int64_t k = 0; k < nblocks; ++k)
-    for (int j = 0; j < q.block_size; ++j)
-      out[k * q.block_size + j] =
-          kiln::cpu::from_compute<T>(quant::block_weight(type, blocks + k * q.block_bytes, j));
+    for (int j = 0; j < 256; ++j)
+      out[k * 256 + j] = kiln::cpu::from_compute<T>(quant::q6_k_weight(blocks + k * 210, j));
 }
 
 template <class T>

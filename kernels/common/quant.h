@@ -51,12 +51,10 @@ KILN_HOST_DEVICE inline float q8_0_weight(const std::uint8_t* block, int j) {
   return f16_at(block) * static_cast<float>(static_cast<std::int8_t>(block[2 + j]));
 }
 
-// Weight i (0 <= i < 256) of the Q4_K block at `block` (ggml's get_scale_min_k4 unpacking).
-KILN_HOST_DEVICE inline float q4_k_weight(const std::uint8_t* block, int i) {
+// Sub-block s's (0 <= s < 8) 6-bit scale and min of the Q4_K block at `block` (ggml's
+// get_scale_min_k4 unpacking).
+KILN_HOST_DEVICE inline void q4_k_scale_min(const std::uint8_t* block, int s, int& sc, int& m) {
   const std::uint8_t* scales = block + 4;
-  const std::uint8_t* q = block + 16;
-  const int s = i / 32;  // sub-block: its 6-bit scale and min
-  int sc, m;
   if (s < 4) {
     sc = scales[s] & 63;
     m = scales[s + 4] & 63;
@@ -64,6 +62,14 @@ KILN_HOST_DEVICE inline float q4_k_weight(const std::uint8_t* block, int i) {
     sc = (scales[s + 4] & 0xF) | ((scales[s - 4] >> 6) << 4);
     m = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
   }
+}
+
+// Weight i (0 <= i < 256) of the Q4_K block at `block`.
+KILN_HOST_DEVICE inline float q4_k_weight(const std::uint8_t* block, int i) {
+  const std::uint8_t* q = block + 16;
+  const int s = i / 32;  // sub-block: its 6-bit scale and min
+  int sc, m;
+  q4_k_scale_min(block, s, sc, m);
   const std::uint8_t byte = q[32 * (i / 64) + i % 32];
   const int nibble = (s & 1) ? byte >> 4 : byte & 0xF;
   const float d1 = f16_at(block) * static_cast<float>(sc);

@@ -35,17 +35,9 @@ float quantize_block(const X* x, int n, std::int8_t* q) {
   return d;
 }
 
-// Q4_K's eight 6-bit scales and mins (ggml's get_scale_min_k4).
-inline void q4_k_scales(const std::uint8_t* scales, int* sc, int* m) {
-  for (int s = 0; s < 8; ++s) {
-    if (s < 4) {
-      sc[s] = scales[s] & 63;
-      m[s] = scales[s + 4] & 63;
-    } else {
-      sc[s] = (scales[s + 4] & 0xF) | ((scales[s - 4] >> 6) << 4);
-      m[s] = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
-    }
-  }
+// Q4_K's eight 6-bit scales and mins.
+inline void q4_k_scales(const std::uint8_t* block, int* sc, int* m) {
+  for (int s = 0; s < 8; ++s) quant::q4_k_scale_min(block, s, sc[s], m[s]);
 }
 
 // ---- scalar ---------------------------------------------------------------------------------
@@ -67,7 +59,7 @@ float dot_q4_k_scalar(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb)
     const std::uint8_t* blk = w + b * 144;
     const std::uint8_t* q = blk + 16;
     int sc[8], m[8];
-    q4_k_scales(blk + 4, sc, m);
+    q4_k_scales(blk, sc, m);
     std::int32_t sumi = 0, summ = 0;
     for (int s = 0; s < 8; ++s) {
       const std::uint8_t* qs = q + 32 * (s / 2);
@@ -141,7 +133,7 @@ KILN_TARGET_AVX2_F16C float dot_q4_k_avx2(const std::uint8_t* w, const BlockQ8K*
     const std::uint8_t* blk = w + b * 144;
     const std::uint8_t* q = blk + 16;
     int sc[8], m[8];
-    q4_k_scales(blk + 4, sc, m);
+    q4_k_scales(blk, sc, m);
     std::int32_t summ = 0;
     for (int s = 0; s < 8; ++s) summ += m[s] * (x[b].bsums[2 * s] + x[b].bsums[2 * s + 1]);
     __m256i sumi = _mm256_setzero_si256();

@@ -450,6 +450,32 @@ std::unique_ptr<QwenTokenizer> QwenTokenizer::from_vocab_merges(const std::strin
   return t;
 }
 
+std::unique_ptr<QwenTokenizer> QwenTokenizer::from_parts(
+    const std::vector<std::pair<std::string, int32_t>>& vocab,
+    std::vector<std::pair<std::string, std::string>> merges, std::vector<AddedToken> added,
+    int32_t eos_id, const std::string& source) {
+  std::unique_ptr<QwenTokenizer> t(new QwenTokenizer());
+  load_vocab(vocab, source, t->tokens_);
+  t->finish(source, std::move(merges), std::move(added), {}, /*builtin_added=*/false);
+  if (eos_id >= 0) {
+    t->check_id(eos_id);
+    t->eos_id_ = eos_id;
+  }
+  return t;
+}
+
+std::vector<std::pair<std::string, std::string>> QwenTokenizer::merge_list() const {
+  std::vector<std::pair<int32_t, uint64_t>> by_rank;
+  by_rank.reserve(merges_.size());
+  for (const auto& [key, v] : merges_) by_rank.emplace_back(v.first, key);
+  std::sort(by_rank.begin(), by_rank.end());
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(by_rank.size());
+  for (const auto& [rank, key] : by_rank)
+    out.emplace_back(tokens_[key >> 32], tokens_[key & 0xffffffffu]);
+  return out;
+}
+
 void QwenTokenizer::finish(const std::string& source,
                            std::vector<std::pair<std::string, std::string>> merges,
                            std::vector<AddedToken> added, const std::string& config_path,

@@ -61,6 +61,13 @@ class QwenTokenizer final : public Tokenizer {
   static std::unique_ptr<QwenTokenizer> from_vocab_merges(const std::string& vocab_path,
                                                           const std::string& merges_path,
                                                           const std::string& config_path = {});
+  // From its parts, as GGUF's tokenizer.ggml.* lists hold them (models/io/gguf_tokenizer.h):
+  // vocabulary (spelling, id) pairs, merges in rank order, added tokens, and the EOS id (-1:
+  // <|endoftext|>'s). `source` names the origin in messages.
+  static std::unique_ptr<QwenTokenizer> from_parts(
+      const std::vector<std::pair<std::string, int32_t>>& vocab,
+      std::vector<std::pair<std::string, std::string>> merges, std::vector<AddedToken> added,
+      int32_t eos_id, const std::string& source);
   ~QwenTokenizer() override;
 
   // No BOS exists, so `bos` is ignored; `eos` appends eos_id() when there is one.
@@ -80,6 +87,8 @@ class QwenTokenizer final : public Tokenizer {
   bool is_special(int32_t id) const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
   size_t num_merges() const { return merges_.size(); }
+  // The merges in rank order, in vocab.json spelling (for writers).
+  std::vector<std::pair<std::string, std::string>> merge_list() const;
 
   // Ids of one pre-token (already NFC-normalised and split), by BPE alone. Exposed for tests.
   std::vector<int32_t> bpe(std::string_view word) const;

@@ -279,3 +279,40 @@ TEST(Cli, GenerateRejectsOutOfRangeIdsAndLongPrompts) {
                             " --prompt-ids 1");
   EXPECT_GT(badcfg.exit_code, 0) << badcfg.output;
 }
+
+// kiln quantize -> a Q8_0 GGUF that generate runs with its Linear weights quantized; bad
+// requests are refused by name.
+TEST(Cli, QuantizeWritesAQ8_0FileThatGenerateRuns) {
+  fs::path d = tiny_qwen3("quantize");
+  const std::string cfg = (d / "config.json").string(), out = (d / "m.gguf").string();
+  KilnRun q = run_kiln("quantize --random-weights --config " + cfg + " --out " + out);
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  EXPECT_NE(q.output.find("q8_0"), std::string::npos) << q.output;
+  KilnRun g = run_kiln("generate --model " + out +
+                       " --tokenizer byte --prompt-ids 1,2,3 --max-new-tokens 3 --temperature 0");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  // 2 layers x 7 projections; the tied embedding stays a float tensor.
+  EXPECT_NE(g.output.find("with 14 q8_0 weights"), std::string::npos) << g.output;
+  KilnRun again = run_kiln("quantize --random-weights --config " + cfg + " --out " + out);
+  EXPECT_EQ(again.exit_code, 1) << again.output;
+  EXPECT_NE(again.output.find("exists; pass --force"), std::string::npos) << again.output;
+  KilnRun k =
+      run_kiln("quantize --random-weights --config " + cfg + " --type q4_k --force --out " + out);
+  EXPECT_EQ(k.exit_code, 1) << k.output;
+  EXPECT_NE(k.output.find("unknown quantization 'q4_k' (expected f32, q8_0 or q4_k_m)"),
+            std::string::npos)
+      << k.output;
+  // Rows of 32 and 64 are not whole Q4_K blocks of 256: q4_k_m falls back to Q8_0 for them.
+  KilnRun km =
+      run_kiln("quantize --random-weights --config " + cfg + " --type q4_k_m --force --out " + out);
+  ASSERT_EQ(km.exit_code, 0) << km.output;
+  KilnRun gk = run_kiln("generate --model " + out +
+                        " --tokenizer byte --prompt-ids 1,2 --max-new-tokens 2 --temperature 0");
+  ASSERT_EQ(gk.exit_code, 0) << gk.output;
+  EXPECT_NE(gk.output.find("with 14 q8_0 weights"), std::string::npos) << gk.output;
+  KilnRun deq = run_kiln("generate --random-weights --config " + cfg +
+                         " --dequantize --prompt-ids 1 --max-new-tokens 1");
+  EXPECT_EQ(deq.exit_code, 1) << deq.output;
+  EXPECT_NE(deq.output.find("--dequantize applies to a .gguf --model only"), std::string::npos)
+      << deq.output;
+}

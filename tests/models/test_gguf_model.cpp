@@ -211,7 +211,7 @@ TEST_F(GgufModelTest, SavedQ8_0FileReadsBackWithLlamaCppsBytes) {
     models::DecoderModel m(c, 0, DType::F32, Device::cpu());
     test_hf::init_weights(m, 21);
     const std::string path = (dir_ / "saved.gguf").string();
-    models::save_gguf_model(m, path, quant::QuantType::Q8_0);
+    models::save_gguf_model(m, path, models::GgufScheme::Q8_0);
     io::GgufFile f(path);
     EXPECT_EQ(f.get_string("general.architecture"), "qwen3");
     models::ModelConfig want = c;
@@ -239,16 +239,95 @@ TEST_F(GgufModelTest, SavedQ8_0FileReadsBackWithLlamaCppsBytes) {
     EXPECT_EQ(loaded->cfg.tie_embeddings, tied);
     EXPECT_EQ(logits_of(*loaded).shape(), logits_of(m).shape());
   }
+  // A llama (interleaved RoPE, kiln's llama2.c layout) is written as llama.cpp's llama arch and
+  // reads back as itself, with the same logits in f32; rotate-half without QK-norm or bias (HF's
+  // llama layout, which needs the converter's q/k permutation) is refused by name.
   models::ModelConfig llama = test_hf::tiny_qwen3(false);
   llama.qk_norm = false;
   llama.rope_style = ops::RopeStyle::Interleaved;
   models::DecoderModel lm(llama, 0, DType::F32, Device::cpu());
+  test_hf::init_weights(lm, 22);
+  const std::string lpath = (dir_ / "llama.gguf").string();
+  models::save_gguf_model(lm, lpath, models::GgufScheme::F32);
+  io::GgufFile lf(lpath);
+  EXPECT_EQ(lf.get_string("general.architecture"), "llama");
+  models::ModelConfig lwant = llama;
+  lwant.name = "llama";
+  lwant.norm_eps = static_cast<float>(llama.norm_eps);
+  EXPECT_EQ(models::gguf_model_config(lf).to_json().dump(), lwant.to_json().dump());
+  EXPECT_EQ(logits_of(*models::load_gguf_model(lpath, DType::F32, Device::cpu())).to_float_vector(),
+            logits_of(lm).to_float_vector());
+  llama.rope_style = ops::RopeStyle::RotateHalf;
+  models::DecoderModel hf_llama(llama, 0, DType::F32, Device::meta());
   try {
-    models::save_gguf_model(lm, (dir_ / "llama.gguf").string(), quant::QuantType::Q8_0);
-    ADD_FAILURE() << "a llama was written";
+    models::save_gguf_model(hf_llama, (dir_ / "x.gguf").string(), models::GgufScheme::Q8_0);
+    ADD_FAILURE() << "a rotate-half llama was written";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("kiln writes Qwen3 and Qwen2 models"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("kiln writes Qwen3, Qwen2 and LLaMA models"),
+              std::string::npos)
+        << e.what();
   }
+}
+
+// llama.cpp's Q4_K_M mix for Qwen3-0.6B's 28 layers, and the fallbacks for short rows.
+TEST(GgufScheme, Q4_K_MPicksLlamaCppsTypes) {
+  using models::GgufScheme;
+  using quant::QuantType;
+  auto type = [](const std::string& name, Shape shape) {
+    return models::gguf_tensor_type(GgufScheme::Q4_K_M, name, shape, 28);
+  };
+  const std::string v = "self_attn.v_proj.weight", down = "mlp.down_proj.weight";
+  EXPECT_EQ(type("lm_head.weight", {151936, 1024}), QuantType::Q6_K);
+  EXPECT_EQ(type("model.embed_tokens.weight", {151936, 1024}), QuantType::Q4_K);
+  EXPECT_EQ(type("model.layers.0." + v, {1024, 1024}), QuantType::Q6_K);      // first eighth
+  EXPECT_EQ(type("model.layers.3." + v, {1024, 1024}), QuantType::Q4_K);      // (3 - 3) % 3 = 0
+  EXPECT_EQ(type("model.layers.5." + down, {1024, 3072}), QuantType::Q6_K);   // (5 - 3) % 3 = 2
+  EXPECT_EQ(type("model.layers.24." + down, {1024, 3072}), QuantType::Q6_K);  // last eighth
+  EXPECT_EQ(type("model.layers.5.self_attn.q_proj.weight", {2048, 1024}), QuantType::Q4_K);
+  EXPECT_EQ(type("model.layers.5.input_layernorm.weight", {1024}), std::nullopt);
+  EXPECT_EQ(type("model.layers.5.mlp.up_proj.weight", {3072, 160}), QuantType::Q8_0);
+  EXPECT_EQ(type("model.layers.5.mlp.up_proj.weight", {3072, 48}), std::nullopt);
+  EXPECT_EQ(models::gguf_tensor_type(GgufScheme::Q8_0, "lm_head.weight", {10, 64}, 28),
+            QuantType::Q8_0);
+  EXPECT_EQ(models::gguf_tensor_type(GgufScheme::F32, "lm_head.weight", {10, 64}, 28),
+            std::nullopt);
+}
+
+// A model with rows of whole 256-blocks written as Q4_K_M: Q4_K and Q6_K weights, read back
+// quantized, and run by the int8 GEMV.
+TEST_F(GgufModelTest, Q4_K_MFileRunsQuantized) {
+  models::ModelConfig c = test_hf::tiny_qwen3(false);
+  c.dim = 256;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.hidden_dim = 512;
+  models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+  test_hf::init_weights(m, 31);
+  const std::string path = (dir_ / "q4km.gguf").string();
+  models::save_gguf_model(m, path, models::GgufScheme::Q4_K_M);
+  EXPECT_EQ(io::GgufFile(path).get_int("general.file_type"), 15);
+  auto q = models::load_gguf_model(path, DType::F32, Device::cpu());
+  const auto linears = q->linears();
+  EXPECT_EQ(*linears.at("lm_head.weight")->weight_quant, quant::QuantType::Q6_K);
+  EXPECT_EQ(*linears.at("model.layers.0.mlp.down_proj.weight")->weight_quant,
+            quant::QuantType::Q4_K);
+  EXPECT_EQ(*linears.at("model.layers.1.mlp.down_proj.weight")->weight_quant,
+            quant::QuantType::Q6_K);
+  EXPECT_EQ(*linears.at("model.layers.1.mlp.up_proj.weight")->weight_quant, quant::QuantType::Q4_K);
+  // Against the same file dequantized (the weights' own 4-6 bit error is the format's, tested in
+  // tests/kernels/test_quantize.cpp): only the int8 activations differ, each value by at most
+  // half a code (1/254 of its block's max), so the logits move by a few percent of their spread.
+  auto dq = models::load_gguf_model(path, DType::F32, Device::cpu(), false);
+  const std::vector<float> a = logits_of(*q).to_float_vector(),
+                           b = logits_of(*dq).to_float_vector();
+  double diff = 0, spread = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+    spread = std::max(spread, std::fabs(double(b[i])));
+  }
+  EXPECT_GT(spread, 0.0);
+  EXPECT_LT(diff, 0.05 * spread) << "max |d logit| " << diff << " of " << spread;
 }
 
 // kiln generate --model file.gguf goes through load_model, as a folder or a .bin does.

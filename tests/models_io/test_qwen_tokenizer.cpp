@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "kernels/common/error.h"
+#include "models/io/gguf_tokenizer.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/io/unicode_nfc.h"
 #include "tests/test_data.h"
@@ -344,6 +345,71 @@ TEST_F(QwenReal, FullSizeTokenizerJsonGivesTheSameIds) {
   for (const Case& c : load_cases()) EXPECT_EQ(t->encode(c.text), c.ids) << c.text;
   const std::string chat = "<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>";
   EXPECT_EQ(t->encode(chat), tok_->encode(chat));
+}
+
+// The tokenizer stored in GGUF metadata (tokenizer.ggml.*, as llama.cpp's converter writes it)
+// and read back: every reference case, the added tokens and EOS, and the padding ids of a
+// vocab_size larger than the tokenizer's.
+TEST_F(QwenReal, GgufMetadataRoundTripGivesTheSameIds) {
+  GgufMetadata md;
+  md["general.architecture"] = {GgufType::String, GgufType::Uint8, "qwen3"};
+  add_gguf_tokenizer_metadata(*tok_, 151936, md);
+  EXPECT_EQ(md.at("tokenizer.ggml.tokens").value.size(), 151936u);
+  EXPECT_EQ(md.at("tokenizer.ggml.tokens").value[151700], "[PAD151700]");
+  EXPECT_EQ(md.at("tokenizer.ggml.token_type").value[151645], 3);  // <|im_end|>: control
+  EXPECT_EQ(md.at("tokenizer.ggml.token_type").value[151667], 4);  // <think>: user-defined
+  EXPECT_EQ(md.at("tokenizer.ggml.token_type").value[100], 1);
+  EXPECT_EQ(md.at("tokenizer.ggml.merges").value.size(), tok_->num_merges());
+  TempDir dir;
+  const std::string path = (dir.path() / "tok.gguf").string();
+  GgufWriter().write(path, md);
+  auto t = gguf_tokenizer(GgufFile(path));
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->vocab_size(), tok_->vocab_size());
+  EXPECT_EQ(t->num_merges(), tok_->num_merges());
+  EXPECT_EQ(t->eos_id(), tok_->eos_id());
+  EXPECT_TRUE(t->is_special(151645));
+  EXPECT_FALSE(t->is_special(151667));
+  for (const Case& c : load_cases()) EXPECT_EQ(t->encode(c.text), c.ids) << c.text;
+  const std::string chat = "<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>";
+  EXPECT_EQ(t->encode(chat), tok_->encode(chat));
+}
+
+TEST(GgufTokenizer, AbsentIsNullAndOtherModelsAreRefusedByName) {
+  TempDir dir;
+  const std::string path = (dir.path() / "t.gguf").string();
+  auto str = [](const char* v) { return GgufValue{GgufType::String, GgufType::Uint8, v}; };
+  GgufMetadata md;
+  md["general.architecture"] = str("qwen3");
+  GgufWriter().write(path, md);
+  EXPECT_EQ(gguf_tokenizer(GgufFile(path)), nullptr);
+  md["tokenizer.ggml.model"] = str("llama");
+  GgufWriter().write(path, md);
+  expect_error([&] { gguf_tokenizer(GgufFile(path)); },
+               "tokenizer.ggml.model = llama is not supported");
+  md["tokenizer.ggml.model"] = str("gpt2");
+  md["tokenizer.ggml.pre"] = str("llama-bpe");
+  GgufWriter().write(path, md);
+  expect_error([&] { gguf_tokenizer(GgufFile(path)); },
+               "tokenizer.ggml.pre = llama-bpe is not supported");
+  md["tokenizer.ggml.pre"] = str("qwen2");
+  md["tokenizer.ggml.tokens"] = {GgufType::Array, GgufType::String, json::array({"a", "b"})};
+  md["tokenizer.ggml.token_type"] = {GgufType::Array, GgufType::Int32, json::array({1})};
+  md["tokenizer.ggml.merges"] = {GgufType::Array, GgufType::String, json::array({"a b"})};
+  GgufWriter().write(path, md);
+  expect_error([&] { gguf_tokenizer(GgufFile(path)); }, "1 token types for 2 tokens");
+  md["tokenizer.ggml.token_type"] = {GgufType::Array, GgufType::Uint8, json::array({1, 1})};
+  GgufWriter().write(path, md);
+  expect_error([&] { gguf_tokenizer(GgufFile(path)); },
+               "tokenizer.ggml.token_type is array (of u8), expected an array of i32");
+  md["tokenizer.ggml.token_type"] = {GgufType::Array, GgufType::Int32, json::array({1, 7})};
+  GgufWriter().write(path, md);
+  expect_error([&] { gguf_tokenizer(GgufFile(path)); }, "token 1 (b) has type 7");
+  md["tokenizer.ggml.token_type"] = {GgufType::Array, GgufType::Int32, json::array({1, 1})};
+  md["tokenizer.ggml.merges"] = {GgufType::Array, GgufType::String, json::array({"ab"})};
+  GgufWriter().write(path, md);
+  expect_error([&] { gguf_tokenizer(GgufFile(path)); },
+               "merge 0 'ab' is not two tokens separated by a space");
 }
 
 TEST_F(QwenReal, NfcBeforeSplitting) {
