@@ -4,6 +4,7 @@
 #include "fuzz/fuzz_util.h"
 #include "models/gguf_model.h"
 #include "models/io/gguf.h"
+#include "models/io/gguf_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = kiln::fuzz::write_file("model.gguf", kiln::fuzz::as_view(data, size));
@@ -20,6 +21,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& [k, v] : f.metadata())
       sink = sink + static_cast<uint8_t>(k.size() + (v.value.is_array() ? v.value.size() : 1));
     (void)f.get_int("general.alignment");
+    // The tokenizer it carries (tokenizer.ggml.*); its errors are clean refusals too.
+    try {
+      (void)kiln::io::gguf_tokenizer(f);
+    } catch (const kiln::Error&) {
+    }
     // The model config from the metadata, as kiln generate --model file.gguf reads it.
     (void)kiln::models::gguf_model_config(f);
   });

@@ -375,6 +375,21 @@ TEST_F(QwenReal, GgufMetadataRoundTripGivesTheSameIds) {
   EXPECT_EQ(t->encode(chat), tok_->encode(chat));
 }
 
+// A file written by the reference writer (gguf-py's GGUFWriter: add_tokenizer_model("gpt2"),
+// add_token_list, add_token_types, add_token_merges, add_eos_token_id; the fuzz seed
+// fuzz/corpus/gguf/tokenizer): 256 byte tokens, "ab", "abc", <|endoftext|> (control), <think>
+// (user-defined), merges "a b" and "ab c".
+TEST(GgufTokenizer, ReadsAFileTheReferenceWriterMade) {
+  auto t = gguf_tokenizer(GgufFile(std::string(KILN_SOURCE_DIR) + "/fuzz/corpus/gguf/tokenizer"));
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->vocab_size(), 260);
+  EXPECT_EQ(t->eos_id(), 258);
+  EXPECT_EQ(t->encode("abc"), (std::vector<int32_t>{257}));
+  EXPECT_EQ(t->encode("<think>ab"), (std::vector<int32_t>{259, 256}));
+  EXPECT_TRUE(t->is_special(258));
+  EXPECT_FALSE(t->is_special(259));
+}
+
 TEST(GgufTokenizer, AbsentIsNullAndOtherModelsAreRefusedByName) {
   TempDir dir;
   const std::string path = (dir.path() / "t.gguf").string();
