@@ -197,17 +197,25 @@ std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype
     fail("{}", msg);
   }
 
-  auto model = std::make_unique<DecoderModel>(cfg, 0, dtype, device);
+  // Built on the meta device, then every parameter replaced by its tensor on `device`: no float
+  // copy of a weight that stays quantized is ever allocated, so loading peaks at the file's own
+  // weights (plus one tensor in flight), not at the float model's.
+  auto model = std::make_unique<DecoderModel>(cfg, 0, dtype, Device::meta());
   const std::map<std::string, nn::Linear*> linears = model->linears();
+  auto weight_like = [&](const Tensor& p) {
+    MemoryScope weights(MemCategory::Weights);
+    return Tensor::empty(p.shape(), dtype, device);
+  };
   for (auto& [name, p] : model->named_parameters()) {
     const io::GgufTensor& t = *by_kiln.at(name);
     const io::GgmlTypeInfo& info = *io::ggml_type_info(t.type);
     const std::string source = fmt::format("{} (tensor {})", path, t.name);
     MemoryScope scope(MemCategory::Temporaries);
-    Tensor dst = p.detach();
     if (info.name == "f32" || info.name == "f16" || info.name == "bf16") {
       const std::string st = info.name == "f32" ? "F32" : info.name == "f16" ? "F16" : "BF16";
-      dst.copy_(tensor_from_bytes(st, p.shape(), f.data(t), t.nbytes, source));
+      Tensor w = weight_like(p);
+      w.copy_(tensor_from_bytes(st, p.shape(), f.data(t), t.nbytes, source));
+      nn::assign_data(p, w);
       continue;
     }
     quant::QuantType q;
@@ -230,8 +238,16 @@ std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype
     }
     Tensor blocks =
         tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t), t.nbytes, source);
-    dst.copy_(ops::dequantize(blocks.to(device), q, p.shape(), dtype));
+    Tensor w;
+    {
+      MemoryScope weights(MemCategory::Weights);  // dequantized straight into the weight
+      w = ops::dequantize(blocks.to(device), q, p.shape(), dtype);
+    }
+    nn::assign_data(p, w);
   }
+  if (cfg.uses_rope())  // the meta model's tables, made again on `device`
+    model->rope = std::make_unique<nn::Rope>(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta,
+                                             cfg.rope_style, dtype, device);
   return model;
 }
 
