@@ -117,6 +117,8 @@ models::LoadedModel load(const CommonOptions& o) {
   std::map<std::string, int> quantized;  // GGML type -> Linear weights of it
   for (const auto& [name, l] : m.model->linears())
     if (l->weight_quant) ++quantized[std::string(quant::quant_info(*l->weight_quant).name)];
+  if (const auto& e = *m.model->model->embed_tokens; e.weight_quant)
+    ++quantized[std::string(quant::quant_info(*e.weight_quant).name)];
   std::string qdesc;
   for (const auto& [q, n] : quantized)
     qdesc += fmt::format("{}{} {} weights", qdesc.empty() ? "" : ", ", n, q);
@@ -179,7 +181,7 @@ DecodeBytes decode_bytes(const models::DecoderModel& m, double ctx) {
   for (const auto& [name, p] : m.named_parameters()) {
     double bytes = static_cast<double>(p.nbytes());
     if (name == "model.embed_tokens.weight" && !m.cfg.tie_embeddings)
-      bytes = static_cast<double>(p.nbytes()) / static_cast<double>(p.size(0));
+      bytes = static_cast<double>(p.nbytes()) / static_cast<double>(m.cfg.vocab_size);  // one row
     b.weights += bytes;
   }
   double esize = static_cast<double>(dtype_size(m.dtype()));

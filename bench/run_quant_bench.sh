@@ -11,9 +11,16 @@
 # embedding / LM head is dequantized to bf16) and bf16 (the q8_0 file, every weight dequantized
 # at load). Prints prefill and decode tokens/s of each, the best of each kind, and each kind over
 # bf16; writes bench/results/cpu_quant_decode_<date>.json with the commit, the CPU model and ISA,
-# and the date. llama.cpp is not run here (see issue 21).
+# and the date.
 #
-# Environment: PAIRS (3), PROMPT (128), NEW (32), BUILD_DIR (build), WORK_DIR (mktemp -d).
+# With LLAMA_BENCH=path/to/llama-bench (llama.cpp built from the llama-cpp-python sdist), the
+# weights come from a random bf16 folder (kiln_write_random_safetensors) with Qwen's vocab.json
+# and merges.txt beside them, so the files carry a tokenizer as llama.cpp needs, and llama-bench
+# runs on the same two files (pp PROMPT, tg NEW, PAIRS repetitions, same threads) right after
+# kiln: the JSON adds its figures and kiln over llama.cpp per kind.
+#
+# Environment: PAIRS (3), PROMPT (128), NEW (32), BUILD_DIR (build), WORK_DIR (mktemp -d),
+# LLAMA_BENCH (unset).
 set -euo pipefail
 
 THREADS="${1:-2}"
@@ -29,9 +36,17 @@ export OMP_NUM_THREADS="$THREADS"
 trap 'rm -rf "$WORK_DIR"' EXIT
 
 [ -x "$KILN" ] || { echo "[bench] build kiln first: $KILN is missing" >&2; exit 1; }
+QWEN="$ROOT/../shared/data/qwen"
+if [ -n "${LLAMA_BENCH:-}" ]; then
+  "$BUILD_DIR/bench/kiln_write_random_safetensors" --config "$QWEN/Qwen3-0.6B/config.json" \
+    --out "$WORK_DIR/hf"
+  cp "$QWEN/vocab.json" "$QWEN/merges.txt" "$WORK_DIR/hf/"
+  SRC=(--model "$WORK_DIR/hf")
+else
+  SRC=(--random-weights --config "$QWEN/Qwen3-0.6B/config.json")
+fi
 for t in q8_0 q4_k_m; do
-  "$KILN" quantize --random-weights --config "$ROOT/../shared/data/qwen/Qwen3-0.6B/config.json" \
-    --type "$t" --out "$WORK_DIR/qwen3-0.6b-$t.gguf"
+  "$KILN" quantize "${SRC[@]}" --type "$t" --out "$WORK_DIR/qwen3-0.6b-$t.gguf"
 done
 
 LOG="$WORK_DIR/runs.txt"
@@ -49,11 +64,20 @@ for i in $(seq 1 "$PAIRS"); do
   done
 done
 
+LLAMA_LOG="$WORK_DIR/llama.txt"
+: >"$LLAMA_LOG"
+if [ -n "${LLAMA_BENCH:-}" ]; then
+  for t in q8_0 q4_k_m; do
+    "$LLAMA_BENCH" -m "$WORK_DIR/qwen3-0.6b-$t.gguf" -t "$THREADS" -p "$PROMPT" -n "$NEW" \
+      -r "$PAIRS" -o csv 2>/dev/null | sed "s/^/$t,/" | tee -a "$LLAMA_LOG"
+  done
+fi
+
 mkdir -p "$ROOT/bench/results"
 RESULT="$ROOT/bench/results/cpu_quant_decode_$(date +%Y%m%d_%H%M%S).json"
-/usr/bin/python3 - "$LOG" "$RESULT" "$THREADS" "$PROMPT" "$NEW" "$NCPU" "$ROOT" "$KILN" <<'PY'
-import json, subprocess, sys, datetime
-log, result, threads, prompt, new, ncpu, root, kiln = sys.argv[1:]
+/usr/bin/python3 - "$LOG" "$RESULT" "$THREADS" "$PROMPT" "$NEW" "$NCPU" "$ROOT" "$KILN" "$LLAMA_LOG" <<'PY'
+import csv, io, json, subprocess, sys, datetime
+log, result, threads, prompt, new, ncpu, root, kiln, llama_log = sys.argv[1:]
 runs = [l.split() for l in open(log) if l.strip()]
 best = {}
 for kind, pre, dec in runs:
@@ -71,7 +95,27 @@ out = {"benchmark": "cpu_quant_decode", "date": datetime.datetime.now().isoforma
        "ratios": {f"{p}_{k}_over_bf16": best[k][f"{p}_tok_per_s"] / best["bf16"][f"{p}_tok_per_s"]
                   for k in ("q8_0", "q4_k_m") for p in ("decode", "prefill")},
        "runs": [{"kind": k, "prefill_tok_per_s": float(p), "decode_tok_per_s": float(d)} for k, p, d in runs]}
+# llama-bench's CSV rows (prefixed with the kind): n_prompt, n_gen and avg_ts name each test.
+text = open(llama_log).read()
+if text.strip():
+    header = None
+    llama = {}
+    for row in csv.reader(io.StringIO(text)):
+        kind, rest = row[0], row[1:]
+        if rest and rest[0] == "build_commit":
+            header = rest
+            continue
+        if header is None:
+            continue
+        r = dict(zip(header, rest))
+        test = "prefill_tok_per_s" if int(r["n_prompt"]) > 0 else "decode_tok_per_s"
+        llama.setdefault(kind, {})[test] = float(r["avg_ts"])
+        llama[kind]["build"] = r.get("build_commit", "")
+    out["llama_cpp"] = llama
+    for k in llama:
+        for p in ("decode", "prefill"):
+            out["ratios"][f"{p}_{k}_kiln_over_llama_cpp"] = best[k][f"{p}_tok_per_s"] / llama[k][f"{p}_tok_per_s"]
 json.dump(out, open(result, "w"), indent=1)
-print(json.dumps(out["best"]), json.dumps(out["ratios"]))
+print(json.dumps(out["best"]), json.dumps(out.get("llama_cpp", {})), json.dumps(out["ratios"], indent=1))
 print("wrote", result)
 PY

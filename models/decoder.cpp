@@ -121,6 +121,8 @@ std::map<std::string, nn::Linear*> DecoderModel::linears() const {
 Tensor DecoderModel::logits(const Tensor& h) const {
   if (lm_head && lm_head->weight_quant)
     return ops::linear_quant(h, lm_head->weight, *lm_head->weight_quant, lm_head->out_features);
+  const nn::Embedding& e = *model->embed_tokens;
+  if (!lm_head && e.weight_quant) return ops::linear_quant(h, e.weight, *e.weight_quant, e.vocab);
   return ops::linear(h, lm_head_weight(), Tensor());
 }
 
@@ -158,7 +160,9 @@ Tensor DecoderModel::forward(const Tensor& ids, std::int64_t pos_offset, KVCache
   Tensor h = hidden(ids, pos_offset, cache);
   MemLabelScope label("lm_head");
   MemoryScope scope(MemCategory::Logits);
-  return lm_head ? lm_head->forward(h) : ag::linear(h, lm_head_weight());
+  if (lm_head) return lm_head->forward(h);
+  if (model->embed_tokens->weight_quant) return logits(h);  // tied to a quantized table
+  return ag::linear(h, lm_head_weight());
 }
 
 Tensor DecoderModel::loss(const Tensor& ids, const Tensor& targets, std::int32_t ignore_index) {

@@ -73,8 +73,12 @@ class DecoderModel : public nn::Module {
   // Every Linear by its weight's full name ("model.layers.0.self_attn.q_proj.weight"): the
   // weights a quantized file can keep quantized (nn::Linear::set_quantized_weight).
   std::map<std::string, nn::Linear*> linears() const;
-  // The dtype the model computes in: the token embedding's (never quantized).
-  DType dtype() const { return model->embed_tokens->weight.dtype(); }
+  // The dtype the model computes in: the token embedding's, or the dtype of its rows when it is
+  // quantized.
+  DType dtype() const {
+    const auto& e = *model->embed_tokens;
+    return e.weight_quant ? e.rows_dtype : e.weight.dtype();
+  }
   // Where the model's inputs must live: the token embedding table's device. Callers that build
   // token ids on the host (generation, training batches) move them here before forward().
   Device device() const { return model->embed_tokens->weight.device(); }

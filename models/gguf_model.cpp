@@ -236,6 +236,14 @@ std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype
       linear->second->set_quantized_weight(blocks.to(device), q);
       continue;
     }
+    if (keep_quantized && name == "model.embed_tokens.weight") {
+      // Rows dequantized on lookup; a tied LM head runs the int8 GEMV on the same blocks.
+      MemoryScope weights(MemCategory::Weights);
+      Tensor blocks = tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t),
+                                        t.nbytes, source);
+      model->model->embed_tokens->set_quantized_weight(blocks.to(device), q, dtype);
+      continue;
+    }
     Tensor blocks =
         tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t), t.nbytes, source);
     Tensor w;

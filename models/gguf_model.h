@@ -1,9 +1,10 @@
 // A decoder from a GGUF file (llama.cpp's format: models/io/gguf.h): the config from its
 // metadata, the weights by llama.cpp's tensor names. Architectures: qwen3, qwen2 and llama.
 // Weights in f32, f16 and bf16 are converted to the model's dtype. Q8_0, Q4_K and Q6_K weights of
-// the Linear layers (projections, LM head) stay quantized (nn::Linear::set_quantized_weight:
-// ops::linear_quant runs them) unless keep_quantized is false; the token embedding and the
-// norms are dequantized (ops::dequantize) into the model's dtype.
+// the Linear layers (projections, LM head) and the token embedding stay quantized
+// (set_quantized_weight: ops::linear_quant runs them, ops::embedding_quant looks rows up, and a
+// tied LM head runs linear_quant on the embedding's blocks) unless keep_quantized is false,
+// which dequantizes them (ops::dequantize) into the model's dtype.
 //
 //   llama.cpp name                  kiln name
 //   token_embd.weight               model.embed_tokens.weight

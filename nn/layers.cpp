@@ -46,9 +46,28 @@ void Linear::set_quantized_weight(const Tensor& blocks, quant::QuantType t) {
   weight_quant = t;
 }
 
-Embedding::Embedding(std::int64_t vocab, std::int64_t dim, const Init& init) {
+Embedding::Embedding(std::int64_t vocab_, std::int64_t dim_, const Init& init)
+    : vocab(vocab_), dim(dim_) {
   KILN_CHECK(vocab > 0 && dim > 0, "[embedding] sizes must be positive");
   weight = register_parameter("weight", init_normal({vocab, dim}, init, init.std));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const {
+  if (!weight_quant) return ag::embedding(ids, weight);
+  return ops::embedding_quant(ids, weight, *weight_quant, vocab, rows_dtype);
+}
+
+void Embedding::set_quantized_weight(const Tensor& blocks, quant::QuantType t, DType dtype) {
+  const quant::QuantInfo& q = quant::quant_info(t);
+  KILN_CHECK(dim % q.block_size == 0 && blocks.dtype() == DType::Bool &&
+                 blocks.numel() == vocab * (dim / q.block_size) * q.block_bytes,
+             "[embedding] {}: a {} x {} {} table takes {} bytes of whole blocks, got {} {} "
+             "elements",
+             weight.name(), vocab, dim, q.name, vocab * (dim / q.block_size) * q.block_bytes,
+             blocks.numel(), dtype_name(blocks.dtype()));
+  assign_data(weight, blocks);
+  weight_quant = t;
+  rows_dtype = dtype;
 }
 
 RMSNorm::RMSNorm(std::int64_t dim, double eps_, const Init& init) : eps(eps_) {

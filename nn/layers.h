@@ -36,8 +36,15 @@ class Linear : public Module {
 class Embedding : public Module {
  public:
   Embedding(std::int64_t vocab, std::int64_t dim, const Init& init);
-  Tensor forward(const Tensor& ids) const { return ag::embedding(ids, weight); }
+  Tensor forward(const Tensor& ids) const;
+  // As Linear's: the table becomes GGML blocks of type t (rows dequantized on lookup,
+  // ops::embedding_quant; a tied LM head runs ops::linear_quant on them). Rows come out in
+  // `dtype`. Inference only.
+  void set_quantized_weight(const Tensor& blocks, quant::QuantType t, DType dtype);
   Tensor weight;
+  std::int64_t vocab, dim;
+  std::optional<quant::QuantType> weight_quant;
+  DType rows_dtype = DType::F32;  // with weight_quant: the dtype of the rows it returns
 };
 
 class RMSNorm : public Module {

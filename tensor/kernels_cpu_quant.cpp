@@ -2,8 +2,10 @@
 // on quantized weights (the int8 GEMV of kernels/cpu/gemv_quant.h for decode, dequantized
 // slices through the float Linear kernel for prefill). Registered beside them.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cpu/bf16_util.h"
+#include "kernels/cpu/dequantize.h"
 #include "kernels/cpu/gemv_quant.h"
 #include "tensor/kernels_cpu.h"
 #include "tensor/op_args.h"
@@ -19,10 +21,11 @@ constexpr std::int64_t kPrefillSliceBytes = std::int64_t{4} << 20;
 template <class T>
 void dequantize_blocks(quant::QuantType type, const std::uint8_t* blocks, std::int64_t nblocks,
                        T* out) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    if (type == quant::QuantType::Q8_0) return kiln::cpu::dequantize_q8_0<T>(blocks, nblocks, out);
+  }
   if (type == quant::QuantType::Q8_0) {
-    // The same values as block_weight's, in a loop the compiler vectorizes (prefill
-    // dequantizes every weight once per call: the generic per-weight switch costs more than
-    // the GEMM at a few hundred rows).
+    // f16 and f64 outputs: block_weight's values without its per-weight switch.
 #pragma omp parallel for schedule(static)
     for (std::int64_t k = 0; k < nblocks; ++k) {
       const std::uint8_t* b = blocks + k * 34;

@@ -90,6 +90,12 @@ Tensor dequantize(const Tensor& blocks, quant::QuantType type, const Shape& shap
 Tensor linear_quant(const Tensor& x, const Tensor& blocks, quant::QuantType type, std::int64_t n,
                     const Tensor& bias = Tensor());
 
+// Rows `ids` (i32, any shape, read on the host) of a (vocab, dim) table held as GGML blocks (a
+// 1-d Bool tensor of vocab rows of whole blocks), dequantized into `dtype`: (ids..., dim).
+// Inference only; each row is dequantize()'s values. On meta, only the shape.
+Tensor embedding_quant(const Tensor& ids, const Tensor& blocks, quant::QuantType type,
+                       std::int64_t vocab, DType dtype);
+
 // ---- matmul ---------------------------------------------------------------------
 // (M,K)@(K,N), or batched (B,M,K)@(B,K,N); a 2-d b broadcasts over the batch.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);

@@ -267,6 +267,35 @@ Tensor linear_quant(const Tensor& x, const Tensor& blocks, quant::QuantType type
   return a.out;
 }
 
+Tensor embedding_quant(const Tensor& ids, const Tensor& blocks, quant::QuantType type,
+                       std::int64_t vocab, DType dtype) {
+  const quant::QuantInfo& q = quant::quant_info(type);
+  KILN_CHECK(ids.dtype() == DType::I32, "[embedding_quant] token ids must be i32, got {}",
+             dtype_name(ids.dtype()));
+  KILN_CHECK(blocks.dtype() == DType::Bool && blocks.dim() == 1 && vocab > 0 &&
+                 blocks.numel() % vocab == 0 && blocks.numel() / vocab % q.block_bytes == 0,
+             "[embedding_quant] {} {} bytes are not {} rows of whole {} blocks", blocks.numel(),
+             dtype_name(blocks.dtype()), vocab, q.name);
+  KILN_CHECK(is_floating(dtype), "[embedding_quant] rows must be a float dtype, got {}",
+             dtype_name(dtype));
+  const std::int64_t row_bytes = blocks.numel() / vocab;
+  const std::int64_t dim = row_bytes / q.block_bytes * q.block_size;
+  Shape shape = ids.shape();
+  shape.push_back(dim);
+  Tensor out = Tensor::empty({ids.numel(), dim}, dtype, blocks.device());
+  if (!blocks.device().is_meta()) {  // meta: no ids to read, the shape is the answer
+    const std::vector<double> v = ids.to_double_vector();
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const auto id = static_cast<std::int64_t>(v[i]);
+      KILN_CHECK(id >= 0 && id < vocab, "[embedding_quant] token id {} out of range [0, {})", id,
+                 vocab);
+      Tensor row = out.narrow(0, static_cast<std::int64_t>(i), 1);
+      row.copy_(dequantize(blocks.narrow(0, id * row_bytes, row_bytes), type, {1, dim}, dtype));
+    }
+  }
+  return out.reshape(shape);
+}
+
 // ---- matmul ---------------------------------------------------------------------
 
 void gemm_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "kernels/common/quant.h"
+#include "kernels/cpu/dequantize.h"
+#include "kernels/cpu/isa.h"
 #include "tests/kernels/kernel_test_util.h"
 #include "tests/kernels/quant_ref.h"
 
@@ -97,6 +99,28 @@ TEST(Quant, BlockWeightDispatchesByType) {
                           quant::q4_k_weight(b.data(), i)));
     EXPECT_TRUE(same_bits(quant::block_weight(quant::QuantType::Q6_K, b.data(), i),
                           quant::q6_k_weight(b.data(), i)));
+  }
+}
+
+// The bulk Q8_0 dequantizer (prefill) at every ISA level: q8_0_weight's bits, in f32 and bf16,
+// for random blocks (every finite scale class: normal, subnormal, zero).
+TEST(Quant, BulkQ8_0DequantizerIsTheWeightBitForBitAtEveryLevel) {
+  const int n = 300;
+  auto blocks = test::random_blocks(n, 34, {0}, 17);
+  blocks[1] = 0x00, blocks[0] = 0x03;    // a subnormal scale
+  blocks[35] = 0x00, blocks[34] = 0x00;  // zero
+  for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
+    cpu::ScopedCpuIsa cap(static_cast<cpu::CpuIsa>(l));
+    std::vector<float> f(32 * n);
+    std::vector<bf16> h(32 * n);
+    cpu::dequantize_q8_0(blocks.data(), n, f.data());
+    cpu::dequantize_q8_0(blocks.data(), n, h.data());
+    for (int k = 0; k < n; ++k)
+      for (int j = 0; j < 32; ++j) {
+        const float w = quant::q8_0_weight(blocks.data() + 34 * k, j);
+        ASSERT_TRUE(same_bits(f[32 * k + j], w)) << "level " << l << " block " << k << " " << j;
+        ASSERT_EQ(h[32 * k + j].bits, float_to_bf16(w).bits) << "level " << l << " block " << k;
+      }
   }
 }
 

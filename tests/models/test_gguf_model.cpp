@@ -115,6 +115,17 @@ Tensor logits_of(models::DecoderModel& m) {
   return m.forward(ids);
 }
 
+// max |a - b| and max |b| over two logit vectors of one size.
+std::pair<double, double> max_diff_and_spread(const std::vector<float>& a,
+                                              const std::vector<float>& b) {
+  double diff = 0, spread = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+    spread = std::max(spread, std::fabs(double(b[i])));
+  }
+  return {diff, spread};
+}
+
 TEST_F(GgufModelTest, Qwen3LoadsWithEveryParameterAndTheSameLogits) {
   for (bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
@@ -181,11 +192,7 @@ TEST_F(GgufModelTest, QuantizedLinearWeightsStayQuantizedAndRun) {
   EXPECT_EQ(q->dtype(), DType::F32);
   const std::vector<float> a = logits_of(*q).to_float_vector(),
                            b = logits_of(*deq).to_float_vector();
-  double diff = 0, spread = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
-    spread = std::max(spread, std::fabs(double(b[i])));
-  }
+  const auto [diff, spread] = max_diff_and_spread(a, b);
   EXPECT_GT(spread, 0.0);
   EXPECT_LT(diff, 0.05 * spread);
   // Module::to keeps the blocks' bytes; training through them is refused by name.
@@ -200,6 +207,27 @@ TEST_F(GgufModelTest, QuantizedLinearWeightsStayQuantizedAndRun) {
     EXPECT_NE(std::string(e.what()).find("quantized weights run inference only"), std::string::npos)
         << e.what();
   }
+}
+
+// A tied model with a quantized token table: lookups dequantize rows, the LM head runs the int8
+// GEMV on the same blocks, and the logits follow the dequantized model's.
+TEST_F(GgufModelTest, QuantizedTiedEmbeddingServesLookupAndLmHead) {
+  const models::ModelConfig c = test_hf::tiny_qwen3(true);
+  models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+  test_hf::init_weights(m, 19);
+  const std::string path = write(m, metadata(c, "qwen3"), {"model.embed_tokens.weight"});
+  auto q = models::load_gguf_model(path, DType::F32, Device::cpu());
+  auto deq = models::load_gguf_model(path, DType::F32, Device::cpu(), false);
+  const nn::Embedding& e = *q->model->embed_tokens;
+  ASSERT_TRUE(e.weight_quant.has_value());
+  EXPECT_EQ(e.weight.dtype(), DType::Bool);
+  EXPECT_EQ(q->dtype(), DType::F32);
+  EXPECT_EQ(q->device(), Device::cpu());
+  const std::vector<float> a = logits_of(*q).to_float_vector(),
+                           b = logits_of(*deq).to_float_vector();
+  const auto [diff, spread] = max_diff_and_spread(a, b);
+  EXPECT_GT(spread, 0.0);
+  EXPECT_LT(diff, 0.05 * spread) << diff << " of " << spread;
 }
 
 // save_gguf_model: llama.cpp's names and metadata, Q8_0 bytes as llama.cpp's quantize_row_q8_0_ref
@@ -321,11 +349,7 @@ TEST_F(GgufModelTest, Q4_K_MFileRunsQuantized) {
   auto dq = models::load_gguf_model(path, DType::F32, Device::cpu(), false);
   const std::vector<float> a = logits_of(*q).to_float_vector(),
                            b = logits_of(*dq).to_float_vector();
-  double diff = 0, spread = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
-    spread = std::max(spread, std::fabs(double(b[i])));
-  }
+  const auto [diff, spread] = max_diff_and_spread(a, b);
   EXPECT_GT(spread, 0.0);
   EXPECT_LT(diff, 0.05 * spread) << "max |d logit| " << diff << " of " << spread;
 }

@@ -270,6 +270,32 @@ TEST(LinearQuant, MetaChargesWhatTheCpuRunAllocates) {
   EXPECT_GE(mt.stats().peak[kTemps] - before, 4 * 64 * 2);  // W dequantized to bf16
 }
 
+// Rows of a quantized table: exactly ops::embedding's rows of the dequantized table, in the asked
+// dtype; ids out of range refused by name; meta gives the shape.
+TEST(EmbeddingQuant, RowsAreTheDequantizedTablesRows) {
+  const std::int64_t vocab = 7, dim = 64;
+  const Tensor blocks = quantize_q8_0(weights(vocab * dim, 51));
+  const Tensor ids = ops::from_vector(std::vector<std::int32_t>{3, 0, 6, 3, 1, 5}, {2, 3});
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor table = ops::dequantize(blocks, QuantType::Q8_0, {vocab, dim}, dt);
+    const Tensor got = ops::embedding_quant(ids, blocks, QuantType::Q8_0, vocab, dt);
+    EXPECT_EQ(got.shape(), Shape({2, 3, dim}));
+    EXPECT_EQ(got.dtype(), dt);
+    EXPECT_EQ(got.to_float_vector(), ops::embedding(ids, table).to_float_vector());
+  }
+  try {
+    ops::embedding_quant(ops::from_vector(std::vector<std::int32_t>{7}, {1}), blocks,
+                         QuantType::Q8_0, vocab, DType::F32);
+    ADD_FAILURE() << "id 7 of 7 was looked up";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "[embedding_quant] token id 7 out of range [0, 7)");
+  }
+  const Tensor m = ops::embedding_quant(ids.to(Device::meta()), blocks.to(Device::meta()),
+                                        QuantType::Q8_0, vocab, DType::BF16);
+  EXPECT_TRUE(m.device().is_meta());
+  EXPECT_EQ(m.shape(), Shape({2, 3, dim}));
+}
+
 // CUDA against the CPU from the same bytes: one rounding of an exact product on both, so the
 // elementwise limit holds with room (the outputs are bit-identical).
 [[maybe_unused]] const bool kBackendCase = backend_ops::register_case(
