@@ -5,8 +5,11 @@
 // into the file (tokenizer.ggml.*), and generation_config.json (which GGUF has no place for) is
 // copied beside it, where generate looks for it.
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 
 #include "apps/commands.h"
@@ -51,7 +54,19 @@ int run_quantize(const QuantizeCmd& o) {
   if (!o.model.empty() && !qwen)
     fmt::print(stderr, "[quantize] {} has no Qwen tokenizer files: the file gets no tokenizer\n",
                o.model);
-  models::save_gguf_model(*m.model, o.out, scheme, qwen);
+  // A progress bar on a terminal (quantizing a large model to q4_k_m takes minutes).
+  const bool bar = isatty(STDERR_FILENO) != 0;
+  const auto start = std::chrono::steady_clock::now();
+  models::save_gguf_model(*m.model, o.out, scheme, qwen, [&](std::size_t done, std::size_t all) {
+    if (!bar) return;
+    const int width = 30, filled = static_cast<int>(width * done / std::max<std::size_t>(all, 1));
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print(stderr, "\r[{}{}] {}/{} tensors {:.0f}s ", std::string(filled, '#'),
+               std::string(width - filled, '.'), done, all, secs);
+    if (done == all) fmt::print(stderr, "\r{}\r", std::string(60, ' '));
+    std::fflush(stderr);
+  });
   fmt::print(stderr, "[quantize] wrote {} ({:.1f} MB, {}) in {:.1f} s\n", o.out,
              static_cast<double>(fs::file_size(o.out)) / 1e6, o.type,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -338,7 +338,8 @@ std::optional<quant::QuantType> gguf_tensor_type(GgufScheme scheme, const std::s
 }
 
 void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme scheme,
-                     const io::QwenTokenizer* tokenizer) {
+                     const io::QwenTokenizer* tokenizer,
+                     const std::function<void(std::size_t, std::size_t)>& progress) {
   io::GgufMetadata md = gguf_metadata_of(m.cfg);
   // llama.cpp's general.file_type: 0 all f32, 7 mostly q8_0, 15 mostly q4_k_m.
   md["general.file_type"] = {io::GgufType::Uint32, io::GgufType::Uint8,
@@ -349,7 +350,8 @@ void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme 
   const std::map<std::string, nn::Linear*> linears = m.linears();
   io::GgufWriter w;
   std::vector<std::vector<std::uint8_t>> keep;  // the bytes, until write()
-  for (const auto& [name, p] : m.named_parameters()) {
+  const auto params = m.named_parameters();
+  for (const auto& [name, p] : params) {
     const std::string g = gguf_name_of_kiln_tensor(name);
     KILN_CHECK(!g.empty(), "[gguf] {}: no llama.cpp name for {}", path, name);
     auto lin = linears.find(name);
@@ -373,6 +375,7 @@ void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme 
     }
     keep.push_back(std::move(bytes));
     w.add_tensor(g, dims, type, keep.back().data(), keep.back().size());
+    if (progress) progress(keep.size(), params.size());
   }
   w.write(path, md);
 }

@@ -20,6 +20,7 @@
 // is kiln's RopeStyle::Interleaved; qwen2/qwen3 keep HF's order and rotate halves (NEOX).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,7 +67,9 @@ std::optional<quant::QuantType> gguf_tensor_type(GgufScheme scheme, const std::s
 // Writes m (float weights) as GGUF v3 with llama.cpp's names and metadata, its weights stored as
 // `scheme` says (kernels/cpu/quantize.h: Q8_0 byte for byte llama.cpp's). With a tokenizer, its
 // tokenizer.ggml.* keys are written too (models/io/gguf_tokenizer.h). Atomic (GgufWriter).
+// `progress`, when given, is called after each tensor with (tensors done, tensors in all).
 void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme scheme,
-                     const io::QwenTokenizer* tokenizer = nullptr);
+                     const io::QwenTokenizer* tokenizer = nullptr,
+                     const std::function<void(std::size_t, std::size_t)>& progress = {});
 
 }  // namespace kiln::models
