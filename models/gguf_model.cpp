@@ -228,28 +228,30 @@ std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype
     else
       fail("[gguf] {}: tensor {} is {}; kiln reads f32, f16, bf16, q8_0, q4_k and q6_k", path,
            t.name, info.name);
+    // Blocks that stay are Weights; blocks dequantized below are Temporaries.
     auto linear = linears.find(name);
-    if (keep_quantized && linear != linears.end()) {
-      MemoryScope weights(MemCategory::Weights);
-      Tensor blocks = tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t),
-                                        t.nbytes, source);
-      linear->second->set_quantized_weight(blocks.to(device), q);
-      continue;
+    const bool embed = name == "model.embed_tokens.weight";
+    const bool keep = keep_quantized && (linear != linears.end() || embed);
+    Tensor blocks;
+    {
+      MemoryScope cat(keep ? MemCategory::Weights : MemCategory::Temporaries);
+      blocks = tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t), t.nbytes,
+                                 source)
+                   .to(device);
     }
-    if (keep_quantized && name == "model.embed_tokens.weight") {
+    if (keep && embed) {
       // Rows dequantized on lookup; a tied LM head runs the int8 GEMV on the same blocks.
-      MemoryScope weights(MemCategory::Weights);
-      Tensor blocks = tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t),
-                                        t.nbytes, source);
-      model->model->embed_tokens->set_quantized_weight(blocks.to(device), q, dtype);
+      model->model->embed_tokens->set_quantized_weight(blocks, q, dtype);
       continue;
     }
-    Tensor blocks =
-        tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t), t.nbytes, source);
+    if (keep) {
+      linear->second->set_quantized_weight(blocks, q);
+      continue;
+    }
     Tensor w;
     {
       MemoryScope weights(MemCategory::Weights);  // dequantized straight into the weight
-      w = ops::dequantize(blocks.to(device), q, p.shape(), dtype);
+      w = ops::dequantize(blocks, q, p.shape(), dtype);
     }
     nn::assign_data(p, w);
   }

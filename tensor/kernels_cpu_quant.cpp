@@ -21,22 +21,7 @@ constexpr std::int64_t kPrefillSliceBytes = std::int64_t{4} << 20;
 template <class T>
 void dequantize_blocks(quant::QuantType type, const std::uint8_t* blocks, std::int64_t nblocks,
                        T* out) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
-    if (type == quant::QuantType::Q8_0) return kiln::cpu::dequantize_q8_0<T>(blocks, nblocks, out);
-  }
-  if (type == quant::QuantType::Q8_0) {
-    // f16 and f64 outputs: block_weight's values without its per-weight switch.
-#pragma omp parallel for schedule(static)
-    for (std::int64_t k = 0; k < nblocks; ++k) {
-      const std::uint8_t* b = blocks + k * 34;
-      const float d = quant::f16_at(b);
-      T* o = out + k * 32;
-      for (int j = 0; j < 32; ++j)
-        o[j] =
-            kiln::cpu::from_compute<T>(d * static_cast<float>(static_cast<std::int8_t>(b[2 + j])));
-    }
-    return;
-  }
+  if (type == quant::QuantType::Q8_0) return kiln::cpu::dequantize_q8_0<T>(blocks, nblocks, out);
   if (type == quant::QuantType::Q4_K) {
     // q4_k_weight's arithmetic, with each sub-block's scale and min unpacked once.
 #pragma omp parallel for schedule(static)

@@ -33,6 +33,7 @@ KILN_TARGET_AVX512 void q8_0_avx512(const std::uint8_t* b, T* o) {
     store_bf16x16(o, lo);
     store_bf16x16(o + 16, hi);
   } else {
+    static_assert(std::is_same_v<T, float>);
     _mm512_storeu_ps(o, lo);
     _mm512_storeu_ps(o + 16, hi);
   }
@@ -44,10 +45,12 @@ KILN_TARGET_AVX512 void q8_0_avx512(const std::uint8_t* b, T* o) {
 template <typename T>
 void dequantize_q8_0(const std::uint8_t* blocks, std::int64_t nblocks, T* out) {
 #if KILN_CPU_X86
-  if (cpu_has(CpuIsa::Avx512)) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+    if (cpu_has(CpuIsa::Avx512)) {
 #pragma omp parallel for schedule(static) if (nblocks >= 1024)
-    for (std::int64_t k = 0; k < nblocks; ++k) q8_0_avx512<T>(blocks + 34 * k, out + 32 * k);
-    return;
+      for (std::int64_t k = 0; k < nblocks; ++k) q8_0_avx512<T>(blocks + 34 * k, out + 32 * k);
+      return;
+    }
   }
 #endif
 #pragma omp parallel for schedule(static) if (nblocks >= 1024)
@@ -56,5 +59,7 @@ void dequantize_q8_0(const std::uint8_t* blocks, std::int64_t nblocks, T* out) {
 
 template void dequantize_q8_0<float>(const std::uint8_t*, std::int64_t, float*);
 template void dequantize_q8_0<bf16>(const std::uint8_t*, std::int64_t, bf16*);
+template void dequantize_q8_0<f16>(const std::uint8_t*, std::int64_t, f16*);
+template void dequantize_q8_0<double>(const std::uint8_t*, std::int64_t, double*);
 
 }  // namespace kiln::cpu

@@ -220,30 +220,49 @@ std::int64_t x_block_bytes(QuantType t) {
 }
 std::int64_t x_block_size(QuantType t) { return t == QuantType::Q8_0 ? 32 : 256; }
 
+// Each level's dot product behind one signature (x's blocks as void*), so gemv_quant picks the
+// function once per call instead of testing the level and the type for every row.
+using DotFn = float (*)(const std::uint8_t*, const void*, std::int64_t);
+template <class B, float (*F)(const std::uint8_t*, const B*, std::int64_t)>
+float erased(const std::uint8_t* w, const void* x, std::int64_t nb) {
+  return F(w, static_cast<const B*>(x), nb);
+}
+
+// The dot product of type t at the current ISA level.
+DotFn pick_dot(QuantType t) {
+  switch (t) {
+    case QuantType::Q8_0:
+#if KILN_CPU_X86
+      if (use_vnni()) return erased<BlockQ8, dot_q8_0_vnni>;
+      if (cpu_has(CpuIsa::Avx2)) return erased<BlockQ8, dot_q8_0_avx2>;
+#endif
+      return erased<BlockQ8, dot_q8_0_scalar>;
+    case QuantType::Q4_K:
+#if KILN_CPU_X86
+      if (cpu_has(CpuIsa::Avx2)) return erased<BlockQ8K, dot_q4_k_avx2>;
+#endif
+      return erased<BlockQ8K, dot_q4_k_scalar>;
+    case QuantType::Q6_K:
+      break;
+  }
+#if KILN_CPU_X86
+  if (cpu_has(CpuIsa::Avx2)) return erased<BlockQ8K, dot_q6_k_avx2>;
+#endif
+  return erased<BlockQ8K, dot_q6_k_scalar>;
+}
+
 }  // namespace
 
 bool gemv_quant_uses_vnni() { return use_vnni(); }
 
 float dot_q8_0(const std::uint8_t* w, const BlockQ8* x, std::int64_t nb) {
-#if KILN_CPU_X86
-  if (use_vnni()) return dot_q8_0_vnni(w, x, nb);
-  if (cpu_has(CpuIsa::Avx2)) return dot_q8_0_avx2(w, x, nb);
-#endif
-  return dot_q8_0_scalar(w, x, nb);
+  return pick_dot(QuantType::Q8_0)(w, x, nb);
 }
-
 float dot_q4_k(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
-#if KILN_CPU_X86
-  if (cpu_has(CpuIsa::Avx2)) return dot_q4_k_avx2(w, x, nb);
-#endif
-  return dot_q4_k_scalar(w, x, nb);
+  return pick_dot(QuantType::Q4_K)(w, x, nb);
 }
-
 float dot_q6_k(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
-#if KILN_CPU_X86
-  if (cpu_has(CpuIsa::Avx2)) return dot_q6_k_avx2(w, x, nb);
-#endif
-  return dot_q6_k_scalar(w, x, nb);
+  return pick_dot(QuantType::Q6_K)(w, x, nb);
 }
 
 std::int64_t gemv_quant_scratch_bytes(QuantType t, std::int64_t M, std::int64_t K) {
@@ -283,22 +302,14 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
     else
       quantize_row_q8_k(x + m * ldx, K, reinterpret_cast<BlockQ8K*>(xq + m * xstride));
   }
+  const DotFn dot = pick_dot(t);
   const bool parallel = N * row_bytes >= kParallelMinBytes;
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t n = 0; n < N; ++n) {
     const std::uint8_t* wr = w + n * row_bytes;
     const float b = bias != nullptr ? to_compute(bias[n]) : 0.0f;
-    for (std::int64_t m = 0; m < M; ++m) {
-      const std::uint8_t* xr = xq + m * xstride;
-      float v;
-      if (t == QuantType::Q8_0)
-        v = dot_q8_0(wr, reinterpret_cast<const BlockQ8*>(xr), nb);
-      else if (t == QuantType::Q4_K)
-        v = dot_q4_k(wr, reinterpret_cast<const BlockQ8K*>(xr), nb);
-      else
-        v = dot_q6_k(wr, reinterpret_cast<const BlockQ8K*>(xr), nb);
-      y[m * ldy + n] = from_compute<Y>(v + b);
-    }
+    for (std::int64_t m = 0; m < M; ++m)
+      y[m * ldy + n] = from_compute<Y>(dot(wr, xq + m * xstride, nb) + b);
   }
 }
 

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/bf16_util.h"
 #include "kernels/cpu/gemv_quant.h"
 #include "kernels/cpu/isa.h"
 #include "quant_ref.h"
@@ -207,21 +208,6 @@ TEST(GemvQuant, Q8_0ExtremeCodesDoNotSaturate) {
   }
 }
 
-template <typename T>
-T cast_to(float v) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return float_to_bf16(v);
-  else
-    return v;
-}
-template <typename T>
-float cast_from(T v) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return bf16_to_float(v);
-  else
-    return v;
-}
-
 // The whole GEMV: M rows, bias, f32 and bf16, against the reference row by row.
 template <typename T>
 void check_gemv(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, bool with_bias,
@@ -233,10 +219,10 @@ void check_gemv(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, boo
   std::vector<T> x(M * K), bias(N), y(M * N);
   std::vector<float> xr(M * K);  // x as the kernel reads it
   for (std::int64_t i = 0; i < M * K; ++i) {
-    x[i] = cast_to<T>(xf[i]);
-    xr[i] = cast_from(x[i]);
+    x[i] = cpu::from_compute<T>(xf[i]);
+    xr[i] = cpu::to_compute(x[i]);
   }
-  for (std::int64_t i = 0; i < N; ++i) bias[i] = cast_to<T>(bf[i]);
+  for (std::int64_t i = 0; i < N; ++i) bias[i] = cpu::from_compute<T>(bf[i]);
   std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, M, K));
   for (cpu::CpuIsa level : supported_levels()) {
     cpu::ScopedCpuIsa cap(level);
@@ -247,14 +233,14 @@ void check_gemv(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, boo
       for (std::int64_t n = 0; n < N; ++n) {
         Ref ref = reference_dot(t, w.data() + n * row_bytes, K, xq);
         if (with_bias) {
-          ref.value += cast_from(bias[n]);
-          ref.scale += std::fabs(cast_from(bias[n]));
+          ref.value += cpu::to_compute(bias[n]);
+          ref.scale += std::fabs(cpu::to_compute(bias[n]));
         }
         double tol = (K / info(t).block_size + 9) * std::ldexp(1.0, -24) * ref.scale;
         if (std::is_same_v<T, bf16>) tol += std::ldexp(1.0, -8) * std::fabs(ref.value);
-        ASSERT_LE(std::fabs(cast_from(y[m * N + n]) - ref.value), tol)
+        ASSERT_LE(std::fabs(cpu::to_compute(y[m * N + n]) - ref.value), tol)
             << info(t).name << " level " << cpu::cpu_isa_name(level) << " M " << M << " N " << N
-            << " K " << K << " row " << m << " col " << n << " y " << cast_from(y[m * N + n])
+            << " K " << K << " row " << m << " col " << n << " y " << cpu::to_compute(y[m * N + n])
             << " ref " << ref.value << " scale " << ref.scale;
       }
     }
