@@ -11,6 +11,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/optimizer.h"
+#include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/softmax.h"
 #include "tensor/kernels_cpu.h"
@@ -229,6 +230,18 @@ struct AttentionBackwardCpu {
 };
 
 template <class T>
+struct PagedAttentionCpu {
+  static void run(PagedAttentionArgs& a) {
+    kc::paged_attention_forward<T>(
+        a.q.size(0), a.q.size(1), a.k_pool.size(2), a.q.size(2), a.k_pool.size(1),
+        a.block_tables.size(1), a.scale, a.q.template data<T>(), a.k_pool.template data<T>(),
+        a.v_pool.template data<T>(), a.block_tables.template data<std::int32_t>(),
+        a.token_seq.template data<std::int32_t>(), a.token_pos.template data<std::int32_t>(),
+        a.out.template data<T>());
+  }
+};
+
+template <class T>
 struct CrossEntropyCpu {
   static void run(CrossEntropyArgs& a) {
     kc::cross_entropy_forward<T>(a.logits.size(0), a.logits.size(1), a.logits.template data<T>(),
@@ -365,6 +378,11 @@ void register_cpu_kernels() {
   cpu_glue::register_basic();
   cpu_glue::register_matmul_bf16();
   cpu_glue::register_nn();
+}
+
+void PagedAttentionArgs::register_cpu() {
+  cpu_glue::register_float<PagedAttentionArgs, cpu_glue::PagedAttentionCpu>();
+  cpu_glue::register_bf16<PagedAttentionArgs, cpu_glue::PagedAttentionCpu>();
 }
 
 }  // namespace kiln::ops

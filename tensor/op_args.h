@@ -524,6 +524,29 @@ struct AttentionBackwardArgs {  // training: Tq == Tk, q_offset 0
 };
 
 // logits (N, V), targets i32 (N); loss, lse (N) in the compute dtype.
+// Serving: causal attention of N query rows (any mix of sequences) over a paged KV pool
+// (kernels/cpu/paged_attention.h). q, out (N, Hq, D); k_pool, v_pool (num_blocks, block_size,
+// Hkv, D) in q's dtype; block_tables i32 (S, max_blocks); token_seq, token_pos i32 (N).
+struct PagedAttentionArgs {
+  static constexpr Op kOp = Op::Attention;
+  static constexpr std::string_view kName = "paged_attention";
+  Tensor q, k_pool, v_pool, block_tables, token_seq, token_pos, out;
+  double scale = 1;
+  const Tensor& anchor() const { return out; }
+  template <class F>
+  void slots(F&& f) {
+    f(Slot::In, q);
+    f(Slot::In, k_pool);
+    f(Slot::In, v_pool);
+    f(Slot::Aux, block_tables);
+    f(Slot::Aux, token_seq);
+    f(Slot::Aux, token_pos);
+    f(Slot::Out, out);
+  }
+  static void register_cpu();
+  static void register_cuda();
+};
+
 struct CrossEntropyArgs {
   static constexpr Op kOp = Op::CrossEntropy;
   static constexpr std::string_view kName = "cross_entropy";
@@ -659,7 +682,7 @@ using AllKernels = decltype(detail::concat(
                LayerNormBackwardArgs, RopeTablesArgs, RopeArgs, SwiGluArgs, SwiGluBackwardArgs,
                AttentionArgs, AttentionBackwardArgs, CrossEntropyArgs, CrossEntropyBackwardArgs,
                DropoutArgs, DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs, DequantizeArgs,
-               LinearQuantArgs>{},
+               LinearQuantArgs, PagedAttentionArgs>{},
     detail::activation_kernels(std::make_index_sequence<kActivations.size()>{})));
 
 }  // namespace kiln::ops

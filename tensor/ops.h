@@ -169,6 +169,16 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Ten
                                                       const Tensor& lse, const Tensor& dout,
                                                       double scale);
 
+// Serving (kernels/cpu/paged_attention.h): out (N, Hq, D) = causal attention of each query row
+// over its own sequence's keys in a paged pool. q (N, Hq, D); k_pool, v_pool (num_blocks,
+// block_size, Hkv, D) in q's dtype and on q's device; block_tables i32 (S, max_blocks);
+// token_seq, token_pos i32 (N) (row i is sequence token_seq[i] at position token_pos[i], seeing
+// keys 0..token_pos[i]). The three index tensors are given on the host (or meta): every entry a
+// row reads is checked there, then they are copied to q's device.
+Tensor paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                       const Tensor& block_tables, const Tensor& token_seq, const Tensor& token_pos,
+                       double scale);
+
 // logits: (N, V), targets: i32 (N). Returns per-row loss (N) and lse (N).
 std::tuple<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& targets,
                                          std::int32_t ignore_index);

@@ -207,6 +207,69 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
   return {a.out, lse};
 }
 
+Tensor paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                       const Tensor& block_tables, const Tensor& token_seq, const Tensor& token_pos,
+                       double scale) {
+  KILN_CHECK(q.dim() == 3 && k_pool.dim() == 4 && k_pool.shape() == v_pool.shape(),
+             "[paged_attention] q {} k_pool {} v_pool {}: expected (N, Hq, D) and (blocks, "
+             "block_size, Hkv, D) alike",
+             shape_str(q.shape()), shape_str(k_pool.shape()), shape_str(v_pool.shape()));
+  const std::int64_t N = q.size(0), Hq = q.size(1), D = q.size(2);
+  const std::int64_t num_blocks = k_pool.size(0), block_size = k_pool.size(1), Hkv = k_pool.size(2);
+  KILN_CHECK(k_pool.size(3) == D, "[paged_attention] q head_dim {} vs pool head_dim {}", D,
+             k_pool.size(3));
+  KILN_CHECK(Hkv > 0 && Hq % Hkv == 0,
+             "[paged_attention] {} query heads not divisible by {} kv heads", Hq, Hkv);
+  KILN_CHECK(block_size > 0, "[paged_attention] block_size must be positive");
+  KILN_CHECK(q.dtype() == k_pool.dtype() && q.dtype() == v_pool.dtype(),
+             "[paged_attention] q is {}, the pool {}", dtype_name(q.dtype()),
+             dtype_name(k_pool.dtype()));
+  check_same_device(q, k_pool, "paged_attention");
+  check_same_device(q, v_pool, "paged_attention");
+  KILN_CHECK(block_tables.dim() == 2 && token_seq.dim() == 1 && token_pos.dim() == 1 &&
+                 token_seq.size(0) == N && token_pos.size(0) == N,
+             "[paged_attention] block_tables {} token_seq {} token_pos {}: expected (S, "
+             "max_blocks), ({}) and ({})",
+             shape_str(block_tables.shape()), shape_str(token_seq.shape()),
+             shape_str(token_pos.shape()), N, N);
+  for (const Tensor* t : {&block_tables, &token_seq, &token_pos}) {
+    KILN_CHECK(t->dtype() == DType::I32, "[paged_attention] index tensors must be i32, got {}",
+               dtype_name(t->dtype()));
+    KILN_CHECK(t->device().is_cpu() || t->device().is_meta(),
+               "[paged_attention] index tensors are given on the host, got {}", t->device().str());
+  }
+  const std::int64_t S = block_tables.size(0), max_blocks = block_tables.size(1);
+  Tensor tables = block_tables.contiguous(), seqs = token_seq.contiguous(),
+         pos = token_pos.contiguous();
+  if (tables.device().is_cpu() && seqs.device().is_cpu() && pos.device().is_cpu()) {
+    const std::int32_t* tb = tables.data<std::int32_t>();
+    const std::int32_t* sq = seqs.data<std::int32_t>();
+    const std::int32_t* ps = pos.data<std::int32_t>();
+    for (std::int64_t i = 0; i < N; ++i) {
+      KILN_CHECK(sq[i] >= 0 && sq[i] < S, "[paged_attention] row {}: sequence {} outside [0, {})",
+                 i, sq[i], S);
+      KILN_CHECK(ps[i] >= 0 && ps[i] < max_blocks * block_size,
+                 "[paged_attention] row {}: position {} outside [0, {})", i, ps[i],
+                 max_blocks * block_size);
+      const std::int32_t* row = tb + sq[i] * max_blocks;
+      for (std::int64_t b = 0; b <= ps[i] / block_size; ++b)
+        KILN_CHECK(row[b] >= 0 && row[b] < num_blocks,
+                   "[paged_attention] sequence {} block {} is {}, outside the pool's [0, {})",
+                   sq[i], b, row[b], num_blocks);
+    }
+  }
+  PagedAttentionArgs a{q,
+                       k_pool,
+                       v_pool,
+                       tables.to(q.device()),
+                       seqs.to(q.device()),
+                       pos.to(q.device()),
+                       Tensor::empty({N, Hq, D}, q.dtype(), q.device()),
+                       scale};
+  run(a);
+  return a.out;
+}
+
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& q, const Tensor& k,
                                                       const Tensor& v, const Tensor& out,
                                                       const Tensor& lse, const Tensor& dout,
