@@ -16,5 +16,6 @@ Run add_budget_command(CLI::App& app);
 Run add_generate_command(CLI::App& app);
 Run add_chat_command(CLI::App& app);
 Run add_quantize_command(CLI::App& app);
+Run add_serve_command(CLI::App& app);
 
 }  // namespace kiln::apps

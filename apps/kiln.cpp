@@ -47,6 +47,10 @@ int run_kiln(int argc, char** argv) {
   add("quantize",
       "An HF Qwen3/Qwen2 folder to a Q8_0 or Q4_K_M GGUF file (generate --model f.gguf)",
       kiln::apps::add_quantize_command);
+  add("serve",
+      "OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health, "
+      "/metrics, /tokenize, /detokenize) with continuous batching over a paged KV cache",
+      kiln::apps::add_serve_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

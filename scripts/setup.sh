@@ -12,6 +12,8 @@ packages=(
   libgtest-dev libbenchmark-dev
   libhdf5-dev libopenblas-dev libopenblas-openmp-dev libpcre2-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
+  # kiln serve: the HTTP server (serve/)
+  libcpp-httplib-dev
   # oneDNN: bf16 (AMX / AVX512-BF16) GEMMs on the CPU; OpenMPI: multi-process training (distributed/)
   libdnnl-dev libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy python3-h5py

@@ -1,0 +1,224 @@
+#include "serve/openai.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln::serve {
+
+using nlohmann::json;
+
+json error_body(const HttpError& e) {
+  json err = {{"message", e.what()}, {"type", e.type}};
+  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+  return {{"error", err}};
+}
+
+std::string qwen3_chat_prompt(const std::vector<ChatMessage>& messages, bool enable_thinking) {
+  std::string out;
+  for (const ChatMessage& m : messages)
+    out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  out += "<|im_start|>assistant\n";
+  if (!enable_thinking) out += "<think>\n\n</think>\n\n";
+  return out;
+}
+
+namespace {
+
+HttpError bad(std::string message, std::string param) {
+  return HttpError(400, std::move(message), "invalid_request_error", std::move(param));
+}
+
+// body[key] as a number in [lo, hi], or `dflt` when absent or null.
+double number_in(const json& body, const char* key, double lo, double hi, double dflt) {
+  if (!body.contains(key) || body[key].is_null()) return dflt;
+  const json& v = body[key];
+  if (!v.is_number())
+    throw bad(fmt::format("'{}' must be a number, got {}", key, v.type_name()), key);
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi))
+    throw bad(fmt::format("'{}' is {}; it must lie in [{}, {}]", key, x, lo, hi), key);
+  return x;
+}
+
+std::int64_t integer_in(const json& body, const char* key, std::int64_t lo, std::int64_t hi,
+                        std::int64_t dflt) {
+  if (!body.contains(key) || body[key].is_null()) return dflt;
+  const json& v = body[key];
+  if (!v.is_number_integer())
+    throw bad(fmt::format("'{}' must be an integer, got {}", key, v.type_name()), key);
+  const auto x = v.get<std::int64_t>();
+  if (x < lo || x > hi)
+    throw bad(fmt::format("'{}' is {}; it must lie in [{}, {}]", key, x, lo, hi), key);
+  return x;
+}
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// Bytes at the end of s that start a UTF-8 sequence not yet complete.
+std::size_t incomplete_utf8_tail(const std::string& s) {
+  for (std::size_t back = 1; back <= std::min<std::size_t>(3, s.size()); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const std::size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<ChatMessage> parse_messages(const json& body) {
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+    throw bad("'messages' must be a non-empty array", "messages");
+  std::vector<ChatMessage> out;
+  for (std::size_t i = 0; i < body["messages"].size(); ++i) {
+    const json& m = body["messages"][i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw bad(where + " needs a string 'role'", where + ".role");
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+      throw bad(fmt::format("{}.role '{}' is not supported (system, developer, user, assistant)",
+                            where, role),
+                where + ".role");
+    std::string content;
+    const json c = m.contains("content") ? m["content"] : json(nullptr);
+    if (c.is_string()) {
+      content = c.get<std::string>();
+    } else if (c.is_array()) {
+      for (const json& part : c) {
+        if (!part.is_object() || part.value("type", json("")) != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          throw bad(where + ".content parts must be {\"type\": \"text\", \"text\": \"...\"}",
+                    where + ".content");
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      throw bad(where + ".content must be a string or an array of text parts", where + ".content");
+    }
+    out.push_back({role == "developer" ? "system" : role, std::move(content)});
+  }
+  return out;
+}
+
+bool enable_thinking(const json& body) {
+  if (!body.contains("chat_template_kwargs") || body["chat_template_kwargs"].is_null()) return true;
+  const json& k = body["chat_template_kwargs"];
+  if (!k.is_object()) throw bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+  if (!k.contains("enable_thinking")) return true;
+  if (!k["enable_thinking"].is_boolean())
+    throw bad("'chat_template_kwargs.enable_thinking' must be a boolean",
+              "chat_template_kwargs.enable_thinking");
+  return k["enable_thinking"].get<bool>();
+}
+
+ReasonedText split_reasoning(const std::string& text) {
+  const std::string open = "<think>", close = "</think>";
+  std::string t = text;
+  if (t.starts_with(open)) t = t.substr(open.size());
+  const auto end = t.find(close);
+  if (end == std::string::npos)
+    return text.starts_with(open) ? ReasonedText{trim(t), ""} : ReasonedText{"", text};
+  return {trim(t.substr(0, end)), trim(t.substr(end + close.size()))};
+}
+
+SamplingParams sampling_from_body(const json& body, bool chat, std::uint64_t default_seed,
+                                  std::int64_t default_max_tokens) {
+  SamplingParams p;
+  p.temperature = number_in(body, "temperature", 0, 2, 1.0);
+  p.top_p = number_in(body, "top_p", 0, 1, 1.0);
+  if (p.top_p == 0) throw bad("'top_p' must be above 0", "top_p");
+  p.top_k = integer_in(body, "top_k", -1, 1 << 24, 0);
+  if (p.top_k < 0) p.top_k = 0;  // -1: off, as vLLM and llama.cpp read it
+  p.min_p = number_in(body, "min_p", 0, 1, 0.0);
+  p.presence_penalty = number_in(body, "presence_penalty", -2, 2, 0.0);
+  p.frequency_penalty = number_in(body, "frequency_penalty", -2, 2, 0.0);
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) throw bad("'seed' must be an integer", "seed");
+    p.seed = body["seed"].get<std::uint64_t>();
+  } else {
+    p.seed = default_seed;
+  }
+  const char* max_key =
+      chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  p.max_tokens = integer_in(body, max_key, 1, std::int64_t{1} << 30, default_max_tokens);
+  if (chat) {
+    const bool want =
+        body.contains("logprobs") && !body["logprobs"].is_null() &&
+        (body["logprobs"].is_boolean() ? body["logprobs"].get<bool>()
+                                       : throw bad("'logprobs' must be a boolean", "logprobs"));
+    const auto top = integer_in(body, "top_logprobs", 0, 20, 0);
+    if (top > 0 && !want) throw bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    p.top_logprobs = want ? static_cast<int>(top) : -1;
+  } else {
+    const auto n = integer_in(body, "logprobs", 0, 5, -1);
+    p.top_logprobs = static_cast<int>(n);
+  }
+  const auto n = integer_in(body, "n", 1, 1, 1);
+  (void)n;  // one choice per request; n > 1 is refused by the range above
+  return p;
+}
+
+std::vector<std::string> stop_strings(const json& body) {
+  if (!body.contains("stop") || body["stop"].is_null()) return {};
+  const json& s = body["stop"];
+  if (s.is_string())
+    return s.get<std::string>().empty() ? std::vector<std::string>{}
+                                        : std::vector{s.get<std::string>()};
+  if (!s.is_array() || s.size() > 4)
+    throw bad("'stop' must be a string or an array of at most 4 strings", "stop");
+  std::vector<std::string> out;
+  for (const json& x : s) {
+    if (!x.is_string()) throw bad("'stop' must hold strings", "stop");
+    if (!x.get<std::string>().empty()) out.push_back(x.get<std::string>());
+  }
+  return out;
+}
+
+std::string TextStream::update(const std::string& full) {
+  if (stopped_) return "";
+  pending_ = full;
+  const std::size_t sent = text_.size();
+  // The earliest stop string that appears in the text not yet sent (or straddling its start).
+  std::size_t cut = std::string::npos;
+  for (const std::string& s : stops_) {
+    const std::size_t from = sent >= s.size() ? sent - s.size() + 1 : 0;
+    const std::size_t at = full.find(s, from);
+    if (at != std::string::npos) cut = std::min(cut, at);
+  }
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    const std::string out = cut > sent ? full.substr(sent, cut - sent) : "";
+    text_ = full.substr(0, std::max(cut, sent));
+    return out;
+  }
+  std::size_t safe = full.size() - incomplete_utf8_tail(full);
+  // Hold back a tail that may grow into a stop string.
+  for (const std::string& s : stops_)
+    for (std::size_t k = std::min(s.size() - 1, full.size()); k > 0; --k)
+      if (full.compare(full.size() - k, k, s, 0, k) == 0) {
+        safe = std::min(safe, full.size() - k);
+        break;
+      }
+  if (safe <= sent) return "";
+  text_ = full.substr(0, safe);
+  return full.substr(sent, safe - sent);
+}
+
+std::string TextStream::flush() {
+  if (stopped_ || pending_.size() <= text_.size()) return "";
+  const std::size_t end = pending_.size() - incomplete_utf8_tail(pending_);
+  if (end <= text_.size()) return "";
+  std::string out = pending_.substr(text_.size(), end - text_.size());
+  text_ = pending_.substr(0, end);
+  return out;
+}
+
+}  // namespace kiln::serve
