@@ -369,7 +369,7 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
           if (!decided && all.size() >= 7) {
             decided = true;
             in_think = all.starts_with("<think>");
-            if (in_think) piece = all.substr(7);
+            piece = in_think ? all.substr(7) : all;  // everything held back so far
           } else if (!decided) {
             return true;  // wait for enough text to see whether a <think> block opens
           }
