@@ -63,6 +63,7 @@ struct Engine::Sequence {
   std::vector<std::int32_t> tokens;  // prompt, then every sampled token
   std::int64_t cached = 0;           // positions whose keys and values are in the pool
   std::int64_t generated = 0;        // sampled tokens (the random-number counter)
+  std::int64_t published = 0;        // leading full blocks offered to the prefix cache
   std::unordered_map<std::int32_t, std::int64_t> counts;  // generated ids, for the penalties
 };
 
@@ -185,12 +186,23 @@ void Engine::admit_locked() {
       continue;
     }
     const auto n = static_cast<std::int64_t>(req->prompt.size());
-    std::vector<std::int32_t> blocks = pool_.allocate(pool_.blocks_for(n + req->params.max_tokens));
-    if (blocks.empty()) break;  // first come, first served: wait for blocks to free
+    // Reuse whole cached blocks of the prompt, but never its last token: its logits are needed.
+    std::vector<std::int32_t> shared = pool_.match_prefix(req->prompt, (n - 1) / opt_.block_size);
+    const std::int64_t need =
+        pool_.blocks_for(n + req->params.max_tokens) - static_cast<std::int64_t>(shared.size());
+    std::vector<std::int32_t> blocks = pool_.allocate(need);
+    if (blocks.empty()) {  // first come, first served: wait for blocks to free
+      pool_.release(shared);
+      break;
+    }
     queue_.pop_front();
     auto s = std::make_unique<Sequence>();
     s->req = std::move(req);
-    s->blocks = std::move(blocks);
+    s->cached = static_cast<std::int64_t>(shared.size()) * opt_.block_size;
+    s->published = static_cast<std::int64_t>(shared.size());
+    metrics_.prefix_hit_tokens += s->cached;
+    s->blocks = std::move(shared);
+    s->blocks.insert(s->blocks.end(), blocks.begin(), blocks.end());
     s->tokens = s->req->prompt;
     running_.push_back(std::move(s));
   }
@@ -211,6 +223,7 @@ bool Engine::step() {
     metrics_.running = 0;
     metrics_.blocks_used = pool_.used_blocks();
     metrics_.blocks_free = pool_.free_blocks();
+    metrics_.blocks_cached = pool_.evictable_blocks();
     return false;
   }
   // 3. the rows: every decode token first, then prompt chunks while the budget lasts.
@@ -252,7 +265,16 @@ bool Engine::step() {
   // 4. sampling, per sequence, from its own (seed, counter).
   const std::int64_t V = logits.size(1);
   std::int64_t new_tokens = 0;
-  for (std::int64_t i = 0; i < S; ++i) running_[i]->cached += added[i];
+  for (std::int64_t i = 0; i < S; ++i) {
+    Sequence& s = *running_[i];
+    s.cached += added[i];
+    // Every block now full of computed positions joins the prefix cache.
+    for (; (s.published + 1) * opt_.block_size <= s.cached; ++s.published) {
+      const std::int64_t b = s.published;
+      pool_.publish(b > 0 ? s.blocks[b - 1] : -1, s.tokens.data() + b * opt_.block_size,
+                    s.blocks[b]);
+    }
+  }
   for (std::size_t r = 0; r < logits_of.size(); ++r) {
     Sequence& s = *running_[logits_of[r]];
     const SamplingParams& p = s.req->params;
@@ -286,6 +308,7 @@ bool Engine::step() {
   metrics_.running = static_cast<std::int64_t>(running_.size());
   metrics_.blocks_used = pool_.used_blocks();
   metrics_.blocks_free = pool_.free_blocks();
+  metrics_.blocks_cached = pool_.evictable_blocks();
   return true;
 }
 

@@ -3,7 +3,8 @@
 // Requests wait in a bounded queue. Each iteration (step()):
 //   1. cancelled sequences leave and their blocks go back to the pool at once;
 //   2. queued requests join while a sequence slot is free and the pool can hold their prompt plus
-//      max_tokens (blocks are reserved at admission, so a running sequence never runs out);
+//      max_tokens (blocks are reserved at admission, so a running sequence never runs out); the
+//      longest run of whole prompt blocks already in the prefix cache is reused, not recomputed;
 //   3. one forward (serve/batch_forward.h) runs the decode token of every running sequence plus
 //      prompt chunks of the prefilling ones, up to max_batch_tokens rows, so a long prompt is
 //      spread over iterations and never stalls the streams;
@@ -89,6 +90,8 @@ struct EngineOptions {
 struct EngineMetrics {
   std::int64_t requests = 0, prompt_tokens = 0, generated_tokens = 0;
   std::int64_t running = 0, queued = 0, blocks_used = 0, blocks_free = 0, iterations = 0;
+  std::int64_t blocks_cached = 0;      // held only by the prefix cache (reusable, evictable)
+  std::int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache
 };
 
 // Thrown by submit() when the queue is full (HTTP 429).

@@ -158,6 +158,10 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
             im.http_errors.load(), "counter");
     counter("kiln_kv_blocks_used", "KV cache blocks held by sequences.", m.blocks_used, "gauge");
     counter("kiln_kv_blocks_free", "KV cache blocks free.", m.blocks_free, "gauge");
+    counter("kiln_kv_blocks_cached", "KV cache blocks only the prefix cache holds (evictable).",
+            m.blocks_cached, "gauge");
+    counter("kiln_prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache.",
+            m.prefix_hit_tokens, "counter");
     counter("kiln_queue_length", "Requests waiting for a sequence slot.", m.queued, "gauge");
     counter("kiln_running_sequences", "Sequences in the continuous batch.", m.running, "gauge");
     counter("kiln_engine_iterations_total", "Forward passes of the engine.", m.iterations,

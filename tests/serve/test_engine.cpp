@@ -170,6 +170,69 @@ TEST(ServeEngine, RefusesBadRequestsByName) {
   EXPECT_THROW(e.submit({1}, p), QueueFull);
 }
 
+// Requests sharing a long system prompt: in one engine, later ones reuse the cached blocks of
+// the first, and every output still equals the request's run alone in a fresh engine.
+TEST(ServeEngine, PrefixCacheReusesSharedPromptsWithoutChangingOutputs) {
+  auto m = tiny_model(DType::F32);
+  std::vector<std::int32_t> system;
+  for (int j = 0; j < 27; ++j) system.push_back((j * 37 + 11) % 1000);
+  auto prompt = [&](int i) {
+    std::vector<std::int32_t> p = system;
+    for (int j = 0; j <= i; ++j) p.push_back((i * 53 + j) % 1000);
+    return p;
+  };
+  std::vector<Output> solo;
+  for (int i = 0; i < 4; ++i) {
+    Engine e(*m, {.max_seqs = 1, .context = 96, .block_size = 8});
+    auto r = e.submit(prompt(i), params_of(i));
+    run_until_idle(e);
+    solo.push_back(collect(*r));
+  }
+  Engine e(*m, {.max_seqs = 4, .context = 96, .block_size = 8});
+  auto first = e.submit(prompt(0), params_of(0));
+  run_until_idle(e);
+  EXPECT_EQ(collect(*first), solo[0]);
+  EXPECT_EQ(e.metrics().prefix_hit_tokens, 0);
+  EXPECT_GT(e.metrics().blocks_cached, 0);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(e.submit(prompt(i), params_of(i)));
+  run_until_idle(e);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(collect(*reqs[i]), solo[i]) << "request " << i;
+  // 27 shared tokens = 3 whole blocks of 8 for each of the 4 (request 0's whole prompt, 28
+  // tokens, also has only 3: its last token is always computed).
+  EXPECT_EQ(e.metrics().prefix_hit_tokens, 4 * 24);
+  EXPECT_EQ(e.metrics().blocks_used, 0);
+}
+
+TEST(ServeKvPool, PublishedBlocksAreMatchedByContentAndEvictedLeastRecentlyUsed) {
+  const models::ModelConfig c = test_hf::tiny_qwen3(false);
+  KvPool pool(c, 4, 2, DType::F32, Device::cpu());
+  const std::vector<std::int32_t> toks = {5, 6, 7, 8, 9};
+  std::vector<std::int32_t> a = pool.allocate(3);
+  pool.publish(-1, toks.data(), a[0]);
+  pool.publish(a[0], toks.data() + 2, a[1]);
+  EXPECT_EQ(pool.cached_blocks(), 2);
+  // Another prefix with the same first block but a different second.
+  const std::vector<std::int32_t> other = {5, 6, 7, 9};
+  std::vector<std::int32_t> m = pool.match_prefix(other, 10);
+  EXPECT_EQ(m, std::vector<std::int32_t>{a[0]});
+  pool.release(m);
+  EXPECT_EQ(pool.match_prefix(toks, 1).size(), 1u);  // max_blocks caps it
+  pool.release({a[0]});
+  pool.release(a);  // the sequence ends: the two published blocks stay, cached
+  EXPECT_EQ(pool.used_blocks(), 0);
+  EXPECT_EQ(pool.evictable_blocks(), 2);
+  EXPECT_EQ(pool.free_blocks(), 2);
+  m = pool.match_prefix(toks, 10);
+  EXPECT_EQ(m, (std::vector<std::int32_t>{a[0], a[1]}));
+  pool.release(m);
+  // Four blocks wanted: both cached ones are evicted (the oldest first) to make room.
+  const std::vector<std::int32_t> all = pool.allocate(4);
+  EXPECT_EQ(all.size(), 4u);
+  EXPECT_EQ(pool.cached_blocks(), 0);
+  EXPECT_TRUE(pool.match_prefix(toks, 10).empty());
+}
+
 TEST(ServeKvPool, BlocksComeAndGoThroughTheFreeList) {
   const models::ModelConfig c = test_hf::tiny_qwen3(false);
   KvPool pool(c, 5, 16, DType::F32, Device::cpu());
