@@ -5,6 +5,7 @@
 #include <map>
 
 #include "models/io/checkpoint_h5.h"
+#include "models/io/json_limits.h"
 
 namespace kiln::models {
 
@@ -95,14 +96,13 @@ void save_checkpoint(const std::string& path, const DecoderModel& model, const n
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
   io::CheckpointReader r(path);
   CheckpointMeta m;
-  nlohmann::json cfg;
-  try {
-    cfg = nlohmann::json::parse(r.get_attr_string("config"));
-    m.state.args = nlohmann::json::parse(r.get_attr_string("args"));
-  } catch (const nlohmann::json::exception& e) {
-    fail("[checkpoint] {}: bad config JSON: {}", path, e.what());
-  }
-  m.config = ModelConfig::from_json(cfg);
+  // The attributes are kiln's own JSON, but the file may come from anywhere: bounded like any
+  // other JSON kiln reads, and a wrongly typed field names the file.
+  const nlohmann::json cfg = io::parse_json_limited(
+      r.get_attr_string("config"), fmt::format("checkpoint {} attribute 'config'", path));
+  m.state.args = io::parse_json_limited(r.get_attr_string("args"),
+                                        fmt::format("checkpoint {} attribute 'args'", path));
+  m.config = ModelConfig::from_json(cfg, fmt::format("checkpoint {} attribute 'config'", path));
   m.state.step = r.get_attr_i64("step");
   KILN_CHECK(m.state.step >= 0, "[checkpoint] {}: negative step {}", path, m.state.step);
   m.state.data_seed = static_cast<std::uint64_t>(r.get_attr_i64("data_seed"));

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "models/io/json_limits.h"
 #include "models/io/mapped_file.h"
 
 namespace kiln::models {
@@ -12,10 +13,7 @@ namespace {
 using nlohmann::json;
 
 // A JSON value as it appears in the file, for messages (short: a value may be a whole object).
-std::string shown(const json& v) {
-  std::string s = v.dump();
-  return s.size() > 120 ? s.substr(0, 117) + "..." : s;
-}
+std::string shown(const json& v) { return io::json_excerpt(v); }
 
 // Typed reads that name the file and the field, never nlohmann's raw type_error text. The
 // `opt_` forms return `fallback` when the field is absent or null.
@@ -519,11 +517,8 @@ ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source) {
 nlohmann::json read_json_file(const std::string& path, std::string_view who) {
   // Regular files only, and small: a FIFO or /dev/zero given as config.json is refused at once.
   const std::string text = io::read_regular_file(path, who, kMaxJsonConfigBytes);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("[{}] {} is not valid JSON: {}", who, path, e.what());
-  }
+  return io::parse_json_limited(text, fmt::format("{} file {}", who, path),
+                                {.max_bytes = kMaxJsonConfigBytes});
 }
 
 ModelConfig load_hf_config(const std::string& path) {

@@ -113,7 +113,9 @@ ModelConfig from_hf_config(const nlohmann::json& j, const std::string& source = 
 ModelConfig load_hf_config(const std::string& path);
 
 // A JSON file (config.json, generation_config.json) of at most kMaxJsonConfigBytes, from a
-// regular file only; errors start with "[who] <path>".
+// regular file only, parsed by io::parse_json_limited (at most 64 levels of nesting). Errors
+// start with "[who] <path>" (not a regular file, too large) or "[json] <who> file <path>" (not
+// JSON, nested too deep).
 inline constexpr std::uint64_t kMaxJsonConfigBytes = std::uint64_t{64} << 20;
 nlohmann::json read_json_file(const std::string& path, std::string_view who);
 

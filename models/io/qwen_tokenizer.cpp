@@ -11,14 +11,15 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
 
 #include "kernels/common/error.h"
+#include "models/io/json_limits.h"
 #include "models/io/mapped_file.h"
+#include "models/io/tokenizer_config.h"
 #include "models/io/unicode_nfc.h"
 
 namespace kiln::io {
@@ -28,7 +29,6 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-constexpr int64_t kMaxVocab = 10'000'000;
 constexpr size_t kCacheMax = 100'000;  // cached words before the cache is cleared
 
 // The Qwen2/Qwen3 pre-tokenizer. `\s` is spelled out as Unicode White_Space (what HF's Oniguruma
@@ -93,17 +93,6 @@ std::string bytes_to_spelling(std::string_view bytes) {
   std::string out;
   for (unsigned char b : bytes) unicode::utf8_append(out, byte_to_cp()[b]);
   return out;
-}
-
-json parse_json_file(const std::string& path, const char* what) {
-  KILN_CHECK(fs::exists(path), "[qwen_tokenizer] {} '{}' does not exist", what, path);
-  MappedFile f(path);
-  try {
-    if (f.size() == 0) return json::parse(std::string_view{});
-    return json::parse(f.data(), f.data() + f.size());
-  } catch (const json::exception& e) {
-    fail("[qwen_tokenizer] {}: malformed JSON: {}", path, e.what());
-  }
 }
 
 // The built-in Qwen2.5/Qwen3 added tokens, in id order after the vocabulary (151643 onwards).
@@ -212,8 +201,8 @@ class BpeJsonReader final : public nlohmann::json_sax<json> {
     if (in_vocab()) {
       const std::string& tok = frames_.back().key;
       if (kind != Kind::kInt) return err(fmt::format("id of token '{}' is not an integer", tok));
-      if (i < 0 || i >= kMaxVocab)
-        return err(fmt::format("id {} of token '{}' is outside [0, {})", i, tok, kMaxVocab));
+      if (i < 0 || i >= kQwenMaxVocab)
+        return err(fmt::format("id {} of token '{}' is outside [0, {})", i, tok, kQwenMaxVocab));
       vocab.emplace_back(tok, static_cast<int32_t>(i));
     } else if (in_merges()) {
       if (kind != Kind::kString) return bad_merge();
@@ -229,9 +218,9 @@ class BpeJsonReader final : public nlohmann::json_sax<json> {
     } else if (in_added()) {
       const std::string& f = frames_.back().key;
       if (f == "id") {
-        if (kind != Kind::kInt || i < 0 || i >= kMaxVocab)
+        if (kind != Kind::kInt || i < 0 || i >= kQwenMaxVocab)
           return err(fmt::format("added token {}: 'id' is not an integer in [0, {})",
-                                 added.size() + 1, kMaxVocab));
+                                 added.size() + 1, kQwenMaxVocab));
         added_.id = static_cast<int32_t>(i);
       } else if (f == "content") {
         if (kind != Kind::kString)
@@ -252,6 +241,11 @@ class BpeJsonReader final : public nlohmann::json_sax<json> {
   }
 
   bool open(bool array) {
+    // The frames live on the heap, so depth cannot overflow the stack here; the bound keeps a
+    // file of a million "[" from costing a frame each, and matches parse_json_limited's.
+    if (depth() >= static_cast<size_t>(JsonLimits{}.max_depth))
+      return err(fmt::format("nested deeper than {} levels of arrays and objects",
+                             JsonLimits{}.max_depth));
     if (depth() == 0 && mode_ == Mode::kVocab && array)
       return err("the vocabulary is not a JSON object");
     if (depth() == 0 && mode_ == Mode::kTokenizerJson && array) return err("no \"model\" object");
@@ -355,25 +349,6 @@ void load_vocab(const std::vector<std::pair<std::string, int32_t>>& vocab,
     KILN_CHECK(!tok.empty(), "[qwen_tokenizer] {}: empty token for id {}", source, id);
     tokens[id] = tok;
   }
-}
-
-std::vector<AddedToken> added_from_config(const json& cfg, const std::string& source) {
-  std::vector<AddedToken> added;
-  if (!cfg.contains("added_tokens_decoder")) return added;
-  const json& dec = cfg["added_tokens_decoder"];
-  KILN_CHECK(dec.is_object(), "[qwen_tokenizer] {}: added_tokens_decoder is not an object", source);
-  for (const auto& [key, v] : dec.items()) {
-    int64_t id = -1;
-    auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
-    KILN_CHECK(ec == std::errc() && p == key.data() + key.size() && id >= 0 && id < kMaxVocab,
-               "[qwen_tokenizer] {}: added token id '{}' is not an integer in [0, {})", source, key,
-               kMaxVocab);
-    KILN_CHECK(v.is_object() && v.contains("content") && v["content"].is_string(),
-               "[qwen_tokenizer] {}: added token {} has no string 'content'", source, id);
-    added.push_back(
-        {static_cast<int32_t>(id), v["content"].get<std::string>(), v.value("special", false)});
-  }
-  return added;
 }
 
 }  // namespace
@@ -520,11 +495,10 @@ void QwenTokenizer::finish(const std::string& source,
     merges_.insert_or_assign(key, std::pair{static_cast<int32_t>(r), ij->second});
   }
 
-  json cfg;
+  TokenizerConfig cfg;
   if (!config_path.empty()) {
-    cfg = parse_json_file(config_path, "tokenizer_config.json");
-    KILN_CHECK(cfg.is_object(), "[qwen_tokenizer] {}: not a JSON object", config_path);
-    if (added.empty()) added = added_from_config(cfg, config_path);
+    cfg = read_tokenizer_config(config_path);
+    if (added.empty()) added = std::move(cfg.added);
   }
   if (added.empty() && builtin_added) {
     const int32_t base = static_cast<int32_t>(tokens_.size());
@@ -565,12 +539,10 @@ void QwenTokenizer::finish(const std::string& source,
     return added_[x].content.size() > added_[y].content.size();
   });
 
-  if (cfg.is_object() && cfg.contains("eos_token") && !cfg["eos_token"].is_null()) {
-    const json& e = cfg["eos_token"];
-    std::string eos = e.is_string() ? e.get<std::string>() : e.value("content", std::string());
-    eos_id_ = token_to_id(eos);
+  if (cfg.eos_token) {
+    eos_id_ = token_to_id(*cfg.eos_token);
     KILN_CHECK(eos_id_ >= 0, "[qwen_tokenizer] {}: eos_token '{}' is not a token", config_path,
-               eos);
+               *cfg.eos_token);
   } else {
     eos_id_ = token_to_id("<|endoftext|>");
   }

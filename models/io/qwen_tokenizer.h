@@ -36,6 +36,10 @@ class Utf8StreamDecoder {
   std::string pending_;
 };
 
+// Token ids at or above this are refused in every Qwen tokenizer file: the tables are sized by
+// the largest id, and Qwen's vocabulary has 151,669.
+inline constexpr int64_t kQwenMaxVocab = 10'000'000;
+
 struct AddedToken {
   int32_t id;
   std::string content;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/common/error.h"
+#include "models/io/json_limits.h"
 
 namespace kiln::io {
 
@@ -36,11 +37,7 @@ bool json_to_u64(const json& v, uint64_t* out) {
   return true;
 }
 
-std::string describe_json(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
+std::string describe_json(const json& v) { return json_excerpt(v, 60); }
 
 }  // namespace
 
@@ -65,12 +62,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
 
   const char* hdr = reinterpret_cast<const char*>(file_.data() + 8);
   KILN_CHECK(hdr[0] == '{', "[safetensors] {}: header does not start with '{{'", p);
-  json j;
-  try {
-    j = json::parse(hdr, hdr + n);
-  } catch (const json::exception& e) {
-    fail("[safetensors] {}: invalid JSON header: {}", p, e.what());
-  }
+  const json j =
+      parse_json_limited(std::string_view(hdr, n), fmt::format("safetensors header of {}", p),
+                         {.max_bytes = kSafetensorsMaxHeader});
   KILN_CHECK(j.is_object(), "[safetensors] {}: header is not a JSON object", p);
 
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -285,12 +279,9 @@ SafetensorsIndex::SafetensorsIndex(const std::string& index_path) : index_path_(
   KILN_CHECK(f.size() <= kSafetensorsMaxHeader,
              "[safetensors] {}: index file of {} bytes is too large", index_path, f.size());
   const char* b = reinterpret_cast<const char*>(f.data());
-  json j;
-  try {
-    j = json::parse(b, b + f.size());
-  } catch (const json::exception& e) {
-    fail("[safetensors] {}: invalid JSON in index: {}", index_path, e.what());
-  }
+  const json j = parse_json_limited(std::string_view(b, f.size()),
+                                    fmt::format("safetensors index {}", index_path),
+                                    {.max_bytes = kSafetensorsMaxHeader});
   KILN_CHECK(j.is_object(), "[safetensors] {}: index is not a JSON object", index_path);
   KILN_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
              "[safetensors] {}: index has no weight_map object", index_path);

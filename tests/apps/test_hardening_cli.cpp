@@ -175,6 +175,14 @@ TEST(HardeningCli, JsonErrorsNameFileAndField) {
   KilnRun r = generate(cfg);
   EXPECT_REFUSED(r, (cfg.string() + ": num_hidden_layers must be an integer, got \"two\"").c_str());
   EXPECT_EQ(r.output.find("json.exception"), std::string::npos) << r.output;
+  // A million nested arrays in a key nothing reads: refused while parsing, not SIGSEGV.
+  std::string text = nlohmann::json::parse(std::ifstream(write_config(d, nullptr))).dump();
+  text.insert(1, "\"unused\": " + std::string(1'000'000, '[') + std::string(1'000'000, ']') + ",");
+  std::ofstream(cfg) << text;
+  r = generate(cfg);
+  EXPECT_REFUSED(r, ("[json] config file " + cfg.string() +
+                     ": nested deeper than 64 levels of arrays and objects")
+                        .c_str());
 }
 
 // ---- class 7 -----------------------------------------------------------------------------

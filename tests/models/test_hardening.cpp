@@ -1,7 +1,7 @@
 // Issue 13's classes at the library level: config fields refused by name (1), the non-finite
 // guards (2), size limits and typed out-of-memory errors before anything is built (5), JSON reads
-// that name the file and field (6), and the trainer's protections of earlier work (7). The
-// command-line side is in tests/apps/test_hardening_cli.cpp.
+// that name the file and field and refuse deep nesting (6), and the trainer's protections of
+// earlier work (7). The command-line side is in tests/apps/test_hardening_cli.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +13,7 @@
 
 #include "models/config.h"
 #include "models/generation_config.h"
+#include "models/io/tokenizer_config.h"
 #include "models/param_count.h"
 #include "models/sampling.h"
 #include "models/trainer.h"
@@ -281,6 +282,105 @@ TEST(Hardening, WronglyTypedFieldsNameFileFieldAndValue) {
   k["n_layers"] = "five";
   e = error_of([&] { models::ModelConfig::from_json(k, "ckpt.h5"); });
   EXPECT_EQ(e, "[config] ckpt.h5: n_layers must be an integer, got \"five\"");
+}
+
+TEST(Hardening, DeepNestingInAnUnusedConfigKeyIsRefusedNotACrash) {
+  // A million nested arrays under a key nothing reads: nlohmann's copy constructor and dump()
+  // recurse once per level, so this ended `kiln generate` with SIGSEGV before parsing was bounded.
+  const fs::path d = temp_dir("deep_json");
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  std::string text = qwen3_json().dump();
+  text.insert(1, "\"unused\": " + deep + ", ");
+  std::ofstream(d / "config.json") << text;
+  const std::string path = (d / "config.json").string();
+  const std::string want =
+      "[json] config file " + path + ": nested deeper than 64 levels of arrays and objects";
+  EXPECT_EQ(error_of([&] { models::load_hf_config(path); }), want);
+  models::ModelSource src;  // what `kiln generate --random-weights --config` loads
+  src.random_weights = true;
+  src.config = path;
+  EXPECT_EQ(error_of([&] { models::load_model(src); }), want);
+  EXPECT_EQ(error_of([&] { models::resolve_model_config(path); }), want);  // kiln params, budget
+  std::ofstream(d / "generation_config.json") << "{\"x\": " + deep + "}";
+  const std::string gen = (d / "generation_config.json").string();
+  EXPECT_EQ(error_of([&] { models::load_generation_config(gen); }),
+            "[json] generation_config file " + gen +
+                ": nested deeper than 64 levels of arrays and objects");
+  // Not JSON: the file and nlohmann's reason with the byte, not its bare exception text.
+  std::ofstream(d / "config.json") << "{\"model_type\": ";
+  const std::string e = error_of([&] { models::load_hf_config(path); });
+  EXPECT_TRUE(e.starts_with("[json] config file " + path + ": invalid JSON at byte 16: ")) << e;
+  EXPECT_EQ(e.find("json.exception"), std::string::npos) << e;
+}
+
+TEST(Hardening, WronglyTypedTokenizerConfigNamesFileAndField) {
+  const fs::path d = temp_dir("tokenizer_config");
+  const std::string path = (d / "tokenizer_config.json").string();
+  auto refusal = [&](const json& j) {
+    std::ofstream(path) << j.dump();
+    return error_of([&] { io::read_tokenizer_config(path); });
+  };
+  const std::string at = "[tokenizer] tokenizer_config.json at " + path + ": ";
+  EXPECT_EQ(refusal({{"eos_token", 151645}}),
+            at + "field \"eos_token\" must be a string or an object with \"content\", got "
+                 "number 151645");
+  EXPECT_EQ(refusal({{"add_bos_token", "yes"}}),
+            at + "field \"add_bos_token\" must be true or false, got string \"yes\"");
+  EXPECT_EQ(refusal({{"bos_token", json::array({"<s>"})}}),
+            at + "field \"bos_token\" must be a string or an object with \"content\", got "
+                 "array [\"<s>\"]");
+  EXPECT_EQ(refusal({{"added_tokens_decoder", {{"7", {{"content", "<x>"}, {"special", 1}}}}}}),
+            at + "field \"added_tokens_decoder.7.special\" must be true or false, got number 1");
+  // Qwen3's layout (fields kiln does not know pass unchecked), and both HF spellings of a token,
+  // with null for "none".
+  const json entry = {{"content", "<|im_end|>"}, {"lstrip", false},      {"normalized", false},
+                      {"rstrip", false},         {"single_word", false}, {"special", true}};
+  std::ofstream(path) << json({{"add_bos_token", false},
+                               {"add_prefix_space", false},
+                               {"added_tokens_decoder", {{"151645", entry}}},
+                               {"additional_special_tokens", {"<|im_start|>", "<|im_end|>"}},
+                               {"bos_token", nullptr},
+                               {"chat_template", "{%- for message in messages %}{%- endfor %}"},
+                               {"eos_token", "<|im_end|>"},
+                               {"model_max_length", 131072},
+                               {"pad_token", {{"content", "<|endoftext|>"}, {"lstrip", false}}},
+                               {"tokenizer_class", "Qwen2Tokenizer"},
+                               {"unk_token", nullptr}})
+                             .dump();
+  io::TokenizerConfig c;
+  ASSERT_NO_THROW(c = io::read_tokenizer_config(path));
+  EXPECT_EQ(c.eos_token, "<|im_end|>");
+  EXPECT_FALSE(c.bos_token.has_value());
+  EXPECT_EQ(c.pad_token, "<|endoftext|>");
+  EXPECT_EQ(c.add_bos_token, false);
+  EXPECT_FALSE(c.add_eos_token.has_value());
+  ASSERT_EQ(c.added.size(), 1u);
+  EXPECT_EQ(c.added[0].id, 151645);
+  EXPECT_EQ(c.added[0].content, "<|im_end|>");
+  EXPECT_TRUE(c.added[0].special);
+}
+
+TEST(Hardening, WronglyTypedTokenizerConfigRefusedWhenAModelLoads) {
+  // The path `kiln generate` takes: the tokenizer beside --config, with a broken config.
+  const std::string qwen = test_shared_data() + "/qwen";
+  if (!fs::exists(qwen + "/vocab.json")) GTEST_SKIP() << "no " << qwen << "/vocab.json";
+  const fs::path d = temp_dir("tokenizer_config_load");
+  test_hf::write_json(d / "config.json", qwen3_json());
+  fs::create_symlink(qwen + "/vocab.json", d / "vocab.json");
+  fs::create_symlink(qwen + "/merges.txt", d / "merges.txt");
+  const std::string path = (d / "tokenizer_config.json").string();
+  models::ModelSource src;
+  src.random_weights = true;
+  src.config = (d / "config.json").string();
+  std::ofstream(path) << json({{"eos_token", 151645}}).dump();
+  EXPECT_EQ(error_of([&] { models::load_model(src); }),
+            "[tokenizer] tokenizer_config.json at " + path +
+                ": field \"eos_token\" must be a string or an object with \"content\", got "
+                "number 151645");
+  std::ofstream(path) << json({{"eos_token", "<|im_end|>"}, {"add_bos_token", "yes"}}).dump();
+  EXPECT_EQ(error_of([&] { models::load_model(src); }),
+            "[tokenizer] tokenizer_config.json at " + path +
+                ": field \"add_bos_token\" must be true or false, got string \"yes\"");
 }
 
 TEST(Hardening, MaxNewTokensAtInt64MaxStopsAtTheContext) {

@@ -638,6 +638,12 @@ TEST(QwenTiny, BadFiles) {
   expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "malformed JSON");
   spit(d / "tokenizer.json", "{\"added_tokens\": []}");
   expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "no \"model\" object");
+  // The streaming reader bounds nesting as parse_json_limited does, in keys it skips too.
+  spit(d / "tokenizer.json",
+       "{\"normalizer\": " + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}");
+  expect_error([&] { QwenTokenizer::from_dir(d.string()); },
+               "[qwen_tokenizer] " + (d / "tokenizer.json").string() +
+                   ": nested deeper than 64 levels of arrays and objects");
   json tj = t.tokenizer_json(true);
   tj["model"]["merges"].push_back(json::array({"a", "b", "c"}));
   spit(d / "tokenizer.json", tj.dump());
@@ -671,8 +677,38 @@ TEST(QwenTiny, BadFiles) {
   spit(d / "tokenizer.json", tj.dump());
   spit(d / "tokenizer_config.json", json({{"eos_token", "<nope>"}}).dump());
   expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "eos_token '<nope>' is not a token");
-  spit(d / "tokenizer_config.json", "{");
-  expect_error([&] { QwenTokenizer::from_dir(d.string()); }, "malformed JSON");
+  const std::string cfg = (d / "tokenizer_config.json").string();
+  spit(cfg, "{");
+  expect_error([&] { QwenTokenizer::from_dir(d.string()); },
+               "[json] tokenizer_config.json at " + cfg + ": invalid JSON at byte 2");
+  // Wrongly typed fields: the file and the field, never nlohmann's bare type_error.
+  const std::pair<json, std::string> typed[] = {
+      {{{"eos_token", 5}},
+       "field \"eos_token\" must be a string or an object with \"content\", got number 5"},
+      {{{"eos_token", {{"content", false}}}},
+       "field \"eos_token\" must be a string or an object with \"content\", got object "
+       "{\"content\":false}"},
+      {{{"add_bos_token", "yes"}},
+       "field \"add_bos_token\" must be true or false, got string \"yes\""},
+      {{{"added_tokens_decoder", {{"301", {{"content", "<x>"}, {"special", "yes"}}}}}},
+       "field \"added_tokens_decoder.301.special\" must be true or false, got string \"yes\""},
+      {{{"added_tokens_decoder", {{"301", "<x>"}}}},
+       "field \"added_tokens_decoder.301\" must be an object with a string \"content\""},
+      {{{"added_tokens_decoder", {{"-3", {{"content", "<x>"}}}}}},
+       "field \"added_tokens_decoder\" key \"-3\" is not a token id"},
+      {{{"chat_template", 7}}, "field \"chat_template\" must be a string or a list"},
+      {json::array({1}), "must be a JSON object, got array [1]"},
+  };
+  for (const auto& [bad, want] : typed) {
+    spit(cfg, bad.dump());
+    expect_error([&] { QwenTokenizer::from_dir(d.string()); },
+                 "[tokenizer] tokenizer_config.json at " + cfg + ": " + want);
+  }
+  // Too deep, in a key nobody reads: refused while parsing, naming the file.
+  spit(cfg, "{\"unused\": " + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}");
+  expect_error([&] { QwenTokenizer::from_dir(d.string()); },
+               "[json] tokenizer_config.json at " + cfg +
+                   ": nested deeper than 64 levels of arrays and objects");
   // An id with no token (a gap in the vocabulary) cannot be decoded.
   fs::remove(d / "tokenizer_config.json");
   tj = t.tokenizer_json(false);
