@@ -13,6 +13,7 @@
 #include "apps/flags.h"
 #include "budget/budget.h"
 #include "models/param_count.h"
+#include "serve/serve_budget.h"
 
 namespace kiln::apps {
 
@@ -24,6 +25,8 @@ struct BudgetOptions {
   std::string device = "cpu";
   std::int64_t batch = 1, seq = 256, context = 0, decode = 32, nproc = 1, zero = 0;
   bool recompute = false, json = false, measure = false;
+  bool serve = false;  // the serving budget (serve/serve_budget.h)
+  std::int64_t seqs = 8, block_size = 16, max_batch_tokens = 256;
 };
 
 }  // namespace
@@ -78,6 +81,19 @@ Run add_budget_command(CLI::App &app) {
                "unattributed rows)");
   app.add_option("--device", o->device, "Device --measure runs on: cpu | cuda[:N]")
       ->capture_default_str();
+  app.add_flag("--serve", o->serve,
+               "The serving budget (kiln serve): weights, the paged KV pool for --seqs sequences "
+               "of --context, activations at --max-batch-tokens rows; with --gpu-mem, how many "
+               "sequences fit");
+  app.add_option("--seqs", o->seqs, "--serve: sequences decoding at once")
+      ->capture_default_str()
+      ->check(int_in(1, 4096));
+  app.add_option("--block-size", o->block_size, "--serve: KV positions per block")
+      ->capture_default_str()
+      ->check(int_in(1, 4096));
+  app.add_option("--max-batch-tokens", o->max_batch_tokens, "--serve: rows per forward pass")
+      ->capture_default_str()
+      ->check(int_in(1, 1 << 20));
   app.add_flag("--json", o->json, "Print JSON instead of the table");
   app.add_option("--svg", o->svg, "Write two charts (by category; training-step timeline) to FILE");
   return [o, batch] {
@@ -99,6 +115,30 @@ Run add_budget_command(CLI::App &app) {
                "[budget] --measure runs one process: per-rank figures under --nproc/--zero are "
                "measured by `mpirun -np {} kiln train ... --zero {}` (its memory summary)",
                o->nproc, std::min<std::int64_t>(o->zero, 1));
+    if (o->serve) {
+      KILN_CHECK(!device.is_cuda(),
+                 "[budget] --serve --measure runs on the CPU; on CUDA, kiln serve prints its own "
+                 "budget at start-up");
+      KILN_CHECK(!o->json && o->svg.empty(), "[budget] --serve prints a table only");
+      serve::ServeBudgetSpec ss;
+      ss.cfg = models::resolve_model_config(o->model);
+      ss.dtype = o->dtype == "bf16" ? DType::BF16 : DType::F32;
+      ss.seqs = o->seqs;
+      ss.context = o->context;
+      ss.block_size = o->block_size;
+      ss.max_batch_tokens = std::max(o->max_batch_tokens, o->seqs);
+      ss.simulate = o->simulate == "cuda" ? DeviceType::CUDA : DeviceType::CPU;
+      const serve::ServeBudget analytic = serve::serve_budget_analytic(ss);
+      const serve::ServeBudget dry = serve::serve_budget_run(ss, Device::meta());
+      std::optional<serve::ServeBudget> measured;
+      if (o->measure) measured = serve::serve_budget_run(ss, Device::cpu());
+      std::cout << serve::serve_budget_text(
+          ss, analytic, dry, measured, o->gpu_mem.empty() ? 0 : models::parse_bytes(o->gpu_mem));
+      // The pool's figures must agree exactly.
+      if (dry.kv_pool != analytic.kv_pool || (measured && measured->kv_pool != dry.kv_pool))
+        return 2;
+      return 0;
+    }
     models::BudgetSpec base;
     base.cfg = models::resolve_model_config(o->model);
     base.batch = batch->count() == 0 ? o->nproc : o->batch;

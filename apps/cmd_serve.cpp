@@ -9,16 +9,20 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <thread>
 
 #include "apps/commands.h"
 #include "apps/flags.h"
+#include "kernels/cuda/runtime.h"
 #include "models/generation_config.h"
 #include "models/io/qwen_tokenizer.h"
+#include "models/param_count.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "serve/kv_pool.h"
+#include "serve/serve_budget.h"
 #include "tensor/memory.h"
 
 namespace kiln::apps {
@@ -37,7 +41,21 @@ struct ServeCmd {
   std::size_t max_body_kb = 1024;
 };
 
-double gib(std::int64_t b) { return static_cast<double>(b) / (1 << 30); }
+// Bytes the device can still give: MemAvailable on the CPU (0, no check, when unreadable), the
+// free memory on a GPU.
+std::int64_t available_memory(Device d) {
+  if (d.is_cuda()) {
+    cuda::set_device(d.index);
+    return static_cast<std::int64_t>(cuda::mem_get_info().free_bytes);
+  }
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::int64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
 
 int run_serve(const ServeCmd& o) {
   // Signals go to the waiting thread below, never to a worker.
@@ -78,42 +96,91 @@ int run_serve(const ServeCmd& o) {
   serve::HttpServer server(so);
   const int port = server.bind();
   std::thread http([&] { server.listen(); });
+  // However run_serve leaves (a refused budget, a bad model), the HTTP thread stops first.
+  struct StopOnExit {
+    serve::HttpServer& server;
+    std::thread& http;
+    ~StopOnExit() {
+      server.stop();
+      if (http.joinable()) http.join();
+    }
+  } stop_on_exit{server, http};
   fmt::print(stderr, "kiln serve: listening on http://{}:{} (loading the model; /health is 503)\n",
              o.host, port);
 
+  // The budget before the weights are read: from config.json alone (a dry run on the meta
+  // device), refused with its arithmetic when it cannot fit in the memory available.
+  const std::int64_t available = available_memory(src.device);
+  auto spec_of = [&](const models::ModelConfig& c) {
+    serve::ServeBudgetSpec ss;
+    ss.cfg = c;
+    ss.dtype = src.dtype;
+    ss.seqs = o.max_seqs;
+    ss.context = o.context;
+    ss.block_size = o.block_size;
+    ss.max_batch_tokens = std::max(o.max_batch_tokens, o.max_seqs);
+    ss.simulate = src.device.type == DeviceType::CUDA ? DeviceType::CUDA : DeviceType::CPU;
+    if (o.kv_gb > 0) {
+      const serve::ServeBudgetSpec r = ss.resolved();
+      ss.num_blocks = static_cast<std::int64_t>(o.kv_gb * (1 << 30)) /
+                      serve::kv_block_bytes(c, r.block_size, ss.dtype);
+      KILN_CHECK(ss.num_blocks >= r.blocks_per_seq(),
+                 "[serve] --kv-gb {} holds {} blocks of {} bytes; one full context of {} needs {}",
+                 o.kv_gb, ss.num_blocks, serve::kv_block_bytes(c, r.block_size, ss.dtype),
+                 r.context, r.blocks_per_seq());
+    }
+    return ss.resolved();
+  };
+  const std::string cfg_spec = o.random_weights ? o.config : o.model;
+  std::optional<serve::ServeBudgetSpec> early;
+  if (std::filesystem::is_directory(cfg_spec) || cfg_spec.ends_with(".json"))
+    early = spec_of(models::resolve_model_config(cfg_spec));
+  std::optional<serve::ServeBudget> analytic, dry;
+  if (early) {
+    analytic = serve::serve_budget_analytic(*early);
+    dry = serve::serve_budget_run(*early, Device::meta());
+    KILN_CHECK(available <= 0 || dry->total <= available,
+               "[serve] this configuration needs {} (weights {} + KV pool {} for {} sequences of "
+               "{} + activations {} + runtime {}) but {} has {} available: lower --max-seqs, "
+               "--context or --kv-gb",
+               format_bytes(dry->total), format_bytes(dry->weights), format_bytes(dry->kv_pool),
+               early->seqs, early->context, format_bytes(dry->activations),
+               format_bytes(dry->runtime), src.device.str(), format_bytes(available));
+  }
+
   models::LoadedModel m = models::load_model(src);
   KILN_CHECK(m.tokenizer != nullptr, "[serve] the model has no tokenizer (give --tokenizer)");
-  const models::ModelConfig& c = m.model->cfg;
+  const serve::ServeBudgetSpec ss = early ? *early : spec_of(m.model->cfg);
+  if (!early) {
+    analytic = serve::serve_budget_analytic(ss);
+    dry = serve::serve_budget_run(ss, Device::meta());
+  }
   serve::EngineOptions eo;
-  eo.max_seqs = o.max_seqs;
-  eo.context = o.context == 0 ? c.max_seq_len : o.context;
-  eo.block_size = o.block_size;
+  eo.max_seqs = ss.seqs;
+  eo.context = ss.context;
+  eo.block_size = ss.block_size;
+  eo.num_blocks = ss.num_blocks;
   eo.max_queue = o.max_queue;
-  eo.max_batch_tokens = std::max(o.max_batch_tokens, o.max_seqs);
-  const std::int64_t block_bytes = serve::kv_block_bytes(c, o.block_size, m.model->dtype());
-  const std::int64_t per_seq = (eo.context + o.block_size - 1) / o.block_size;
-  eo.num_blocks = o.kv_gb > 0 ? static_cast<std::int64_t>(o.kv_gb * (1 << 30)) / block_bytes
-                              : eo.max_seqs * per_seq;
-  KILN_CHECK(eo.num_blocks >= per_seq,
-             "[serve] --kv-gb {} holds {} blocks of {} bytes ({} layers x 2 x {} positions x {} kv "
-             "heads x {} dims x {} bytes); one full context of {} needs {}",
-             o.kv_gb, eo.num_blocks, block_bytes, c.n_layers, o.block_size, c.n_kv_heads,
-             c.head_dim, dtype_size(m.model->dtype()), eo.context, per_seq);
+  eo.max_batch_tokens = ss.max_batch_tokens;
   serve::Engine engine(*m.model, eo);
 
-  // The serving budget, before the first request.
+  // What the process holds now, beside the analytic and dry-run figures (weights used in place
+  // from a file mapping are in `mapped`, not in an allocator's figures).
   const MemStats st = MemoryTracker::get(src.device.type).stats();
-  // Weights used in place from a file mapping are in `mapped`, not in an allocator's figures.
-  const std::int64_t weights = st.current[static_cast<int>(MemCategory::Weights)] +
-                               st.mapped[static_cast<int>(MemCategory::Weights)];
-  const std::int64_t kv = st.current[static_cast<int>(MemCategory::KVCache)];
-  fmt::print(stderr,
-             "serving budget ({}):\n  weights   {:10.3f} GiB\n  KV pool   {:10.3f} GiB  ({} blocks "
-             "of {} positions, {} bytes each; {} sequences of the full context {} fit, {} run at "
-             "once)\n  total     {:10.3f} GiB (allocated so far, all categories: {:.3f} GiB)\n",
-             src.device.str(), gib(weights), gib(kv), eo.num_blocks, o.block_size, block_bytes,
-             eo.num_blocks / per_seq, eo.context, eo.max_seqs, gib(weights + kv),
-             gib(st.total + st.mapped_total));
+  auto held = [&](MemCategory c) {
+    const auto i = static_cast<std::size_t>(c);
+    return st.current[i] + st.mapped[i];
+  };
+  serve::ServeBudget now;
+  now.weights = held(MemCategory::Weights);
+  now.kv_pool = held(MemCategory::KVCache);
+  now.runtime = held(MemCategory::Runtime);
+  now.total = st.total + st.mapped_total;
+  fmt::print(stderr, "{}",
+             serve::serve_budget_text(ss, *analytic, *dry, now, available, "held now"));
+  if (m.model->cfg.vocab_size != ss.cfg.vocab_size || m.model->dtype() != ss.dtype)
+    fmt::print(stderr, "(the loaded model computes in {}; the budget assumed {})\n",
+               dtype_name(m.model->dtype()), dtype_name(ss.dtype));
 
   std::vector<std::int32_t> eos = m.generation.eos_token_ids;
   if (const auto* q = dynamic_cast<const io::QwenTokenizer*>(m.tokenizer.get())) {
@@ -132,7 +199,7 @@ int run_serve(const ServeCmd& o) {
              engine.metrics().running, engine.metrics().queued);
   engine.drain_and_stop();
   server.stop();
-  http.join();
+  if (http.joinable()) http.join();
   fmt::print(stderr, "kiln serve: stopped\n");
   return 0;
 }

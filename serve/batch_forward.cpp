@@ -139,9 +139,8 @@ Tensor forward_rows(const models::DecoderModel& m, KvPool& pool, const BatchRows
     last.narrow(0, r, 1).copy_(h.narrow(0, i, 1));
   }
   if (m.model->norm) last = m.model->norm->forward(last);
-  return by_tiles(last, [&](const Tensor& t) { return m.logits(t); })
-      .to(DType::F32)
-      .to(Device::cpu());
+  const Tensor logits = by_tiles(last, [&](const Tensor& t) { return m.logits(t); }).to(DType::F32);
+  return dev.is_meta() ? logits : logits.to(Device::cpu());  // meta: the budget's dry run
 }
 
 }  // namespace kiln::serve

@@ -30,7 +30,8 @@ struct BatchRows {
 };
 
 // Writes every row's keys and values into the pool at (seq, pos), then returns the logits of
-// `logits_rows` as f32 (R, V) on the host. The model must use RoPE (no learned positions).
+// `logits_rows` as f32 (R, V) on the host (on meta for a model on meta: the budget's dry run).
+// The model must use RoPE (no learned positions).
 Tensor forward_rows(const models::DecoderModel& m, KvPool& pool, const BatchRows& rows);
 
 }  // namespace kiln::serve

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "models/io/json_limits.h"
 #include "serve/openai.h"
@@ -67,6 +68,9 @@ struct HttpServer::Impl {
   std::atomic<std::uint64_t> next_id{1};
   std::atomic<std::int64_t> http_errors{0};
   std::vector<std::int32_t> eos_ids;  // written once, before `engine` is published
+  std::mutex run_mu;                  // listen() against stop()
+  bool stopping = false, entered = false;
+  std::atomic<bool> done{false};
 };
 
 HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(std::move(o)) {
@@ -446,10 +450,27 @@ int HttpServer::bind() {
   return port_;
 }
 
-void HttpServer::listen() { impl_->svr.listen_after_bind(); }
+void HttpServer::listen() {
+  {
+    std::lock_guard lock(impl_->run_mu);
+    if (impl_->stopping) return;
+    impl_->entered = true;
+  }
+  impl_->svr.listen_after_bind();
+  impl_->done = true;
+}
 
+// httplib's stop() does nothing before listen() has set the server running, so a stop() that
+// races the start waits for one or the other.
 void HttpServer::stop() {
-  if (impl_->svr.is_running()) impl_->svr.stop();
+  {
+    std::lock_guard lock(impl_->run_mu);
+    impl_->stopping = true;
+    if (!impl_->entered) return;
+  }
+  while (!impl_->svr.is_running() && !impl_->done)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  impl_->svr.stop();
 }
 
 void HttpServer::attach(const io::Tokenizer& tok, Engine& engine,
