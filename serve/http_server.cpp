@@ -230,6 +230,14 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
     }
     SamplingParams params =
         sampling_from_body(body, chat, im.next_id.load() * 7919 + 17, opt_.default_max_tokens);
+    // ignore_eos (vLLM's and llama.cpp's extension, for benchmarks): only max_tokens or a stop
+    // string ends the request.
+    if (body.contains("ignore_eos") && !body["ignore_eos"].is_null()) {
+      if (!body["ignore_eos"].is_boolean())
+        throw HttpError(400, "'ignore_eos' must be a boolean", "invalid_request_error",
+                        "ignore_eos");
+      if (body["ignore_eos"].get<bool>()) stop_ids.clear();
+    }
     params.stop_ids = stop_ids;
     const std::vector<std::string> stops = stop_strings(body);
     const bool stream = body.value("stream", false);

@@ -37,6 +37,7 @@ PY
 cp "$data/qwen/vocab.json" "$data/qwen/merges.txt" "$work/"
 
 "$kiln" serve --random-weights --config "$work/config.json" --port 0 --max-seqs 4 --name tiny \
+  --threads 16 --max-queue 8 \
   >"$work/serve.log" 2>&1 &
 server_pid=$!
 port=
@@ -90,6 +91,19 @@ except urllib.error.HTTPError as e:
     assert e.code == 400 and "error" in json.loads(e.read())
 print("openai client checks passed")
 PY
+
+# 200 connections at once (curl, in parallel) against --threads 16 and --max-queue 8: every one
+# gets an answer, 200 or 429 (queue full), and the server stays healthy with no blocks held.
+seq 1 200 | xargs -P 200 -I{} curl -s -o /dev/null -w '%{http_code}\n' --max-time 120 \
+  "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": "Hi", "max_tokens": 2, "seed": {}}' >"$work/codes.txt"
+codes=$(sort "$work/codes.txt" | uniq -c | tr -s ' ' | tr '\n' ';')
+[ "$(grep -cxE '200|429' "$work/codes.txt")" -eq 200 ] && grep -qx 200 "$work/codes.txt" ||
+  { echo "FAIL: 200 simultaneous connections: $codes"; exit 1; }
+curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "FAIL: unhealthy after the burst"; exit 1; }
+curl -s "http://127.0.0.1:$port/metrics" | grep -qx 'kiln_kv_blocks_used 0' ||
+  { echo "FAIL: blocks still held after the burst"; exit 1; }
+echo "200 simultaneous connections: $codes"
 
 # SIGTERM with a stream in flight: the stream still ends with [DONE], and the server exits 0.
 curl -sN "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \

@@ -2,8 +2,12 @@
 // before and after the model, chat and completions (plain and SSE), seeds, stop strings, usage,
 // OpenAI error objects for bad requests, concurrent streams equal to their solo runs, and a client
 // that leaves mid-stream, whose KV blocks are freed.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -34,6 +38,7 @@ struct Live {
     o.model_name = "tiny";
     o.max_body_bytes = 64 * 1024;
     o.threads = 16;
+    o.timeout_s = 2;
     server = std::make_unique<HttpServer>(o);
     port = server->bind();
     thread = std::thread([this] { server->listen(); });
@@ -263,6 +268,37 @@ TEST(ServeHttp, AClientThatLeavesMidStreamFreesItsBlocks) {
   }
   EXPECT_EQ(used, 0);
   EXPECT_LT(l.engine->metrics().generated_tokens, 100 + 200);  // it did not run to 100 tokens
+}
+
+// A client that sends half a request and stalls is dropped after the read timeout (2 s here):
+// the server closes the connection (recv returns 0), well before the test's own 20 s limit.
+TEST(ServeHttp, AStalledClientIsDroppedAfterTheReadTimeout) {
+  Live& l = live();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(l.port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string partial =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro";
+  ASSERT_EQ(send(fd, partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[512];
+  const auto t0 = std::chrono::steady_clock::now();
+  ssize_t n = 0;
+  std::string got;
+  while ((n = recv(fd, buf, sizeof buf, 0)) > 0) got.append(buf, static_cast<std::size_t>(n));
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  close(fd);
+  EXPECT_EQ(n, 0) << "the server did not close the connection";
+  EXPECT_LT(waited, 19.0);
+  auto h = l.client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
 }
 
 }  // namespace
