@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 
@@ -110,7 +111,10 @@ void fill_logprobs(const std::vector<float>& logits, int n, TokenEvent& e) {
   if (n <= 0) return;
   std::vector<std::int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
-  const auto k = std::min<std::size_t>(static_cast<std::size_t>(n), idx.size());
+  // Ids masked to -inf (past a sample limit) are never listed.
+  const auto finite = static_cast<std::size_t>(
+      std::count_if(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
+  const auto k = std::min<std::size_t>(static_cast<std::size_t>(n), finite);
   std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
                     [&](std::int32_t a, std::int32_t b) {
                       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
@@ -281,6 +285,8 @@ bool Engine::step() {
     const float* row = logits.data<float>() + static_cast<std::int64_t>(r) * V;
     std::vector<float> l(row, row + V);
     apply_penalties(l, p, s.counts);
+    if (p.sample_limit > 0 && p.sample_limit < V)
+      std::fill(l.begin() + p.sample_limit, l.end(), -std::numeric_limits<float>::infinity());
     models::SamplingOptions so;
     so.temperature = p.temperature;
     so.top_k = p.top_k;

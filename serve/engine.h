@@ -39,6 +39,9 @@ struct SamplingParams {
   std::int64_t max_tokens = 16;
   std::vector<std::int32_t> stop_ids;  // EOS and the like: generation ends after sampling one
   int top_logprobs = -1;               // -1: no logprobs; 0..20: the chosen token's and n more
+  // > 0: ids >= sample_limit are never sampled nor listed (a tokenizer with fewer ids than the
+  // model's padded vocabulary cannot print them).
+  std::int64_t sample_limit = 0;
 };
 
 struct TokenEvent {

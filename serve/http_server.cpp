@@ -239,6 +239,7 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
       if (body["ignore_eos"].get<bool>()) stop_ids.clear();
     }
     params.stop_ids = stop_ids;
+    params.sample_limit = tok.vocab_size();
     const std::vector<std::string> stops = stop_strings(body);
     const bool stream = body.value("stream", false);
     const bool usage_in_stream = stream && body.contains("stream_options") &&
@@ -351,7 +352,7 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
       return;
     }
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", [=](size_t, httplib::DataSink& sink) {
+    auto produce = [=](httplib::DataSink& sink) -> bool {
       auto send = [&](const json& j) {
         const std::string s =
             "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
@@ -432,7 +433,24 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
       sink.write(done.data(), done.size());
       sink.done();
       return true;
-    });
+    };
+    // Headers are sent by now: a failure mid-stream ends the stream with an error event (and
+    // the request), never the process.
+    res.set_chunked_content_provider(
+        "text/event-stream", [r, produce](size_t, httplib::DataSink& sink) {
+          try {
+            return produce(sink);
+          } catch (const std::exception& e) {
+            r->cancel();
+            const std::string ev = "data: " +
+                                   error_body(HttpError(500, e.what(), "server_error"))
+                                       .dump(-1, ' ', false, json::error_handler_t::replace) +
+                                   "\n\ndata: [DONE]\n\n";
+            if (sink.is_writable()) sink.write(ev.data(), ev.size());
+            sink.done();
+            return true;
+          }
+        });
   };
   svr.Post("/v1/chat/completions",
            [complete, parse](const httplib::Request& req, httplib::Response& res) {

@@ -146,6 +146,26 @@ TEST(ServeEngine, StopIdsEndTheSequenceAndCancelFreesBlocksAtOnce) {
   EXPECT_EQ(r->finish(), FinishReason::Cancelled);
 }
 
+// A tokenizer with fewer ids than the model's padded vocabulary: ids past it are never sampled
+// nor listed among the top log-probabilities.
+TEST(ServeEngine, SampleLimitKeepsIdsTheTokenizerCanPrint) {
+  auto m = tiny_model(DType::F32);
+  Engine e(*m, {.max_seqs = 2, .context = 96});
+  SamplingParams p = params_of(1);
+  p.max_tokens = 30;
+  p.sample_limit = 10;
+  p.top_logprobs = 15;  // more than the 10 allowed ids: only 10 come back
+  auto r = e.submit(prompt_of(5), p);
+  run_until_idle(e);
+  const Output o = collect(*r);
+  ASSERT_EQ(o.ids.size(), 30u);
+  for (std::size_t i = 0; i < o.ids.size(); ++i) {
+    EXPECT_LT(o.ids[i], 10);
+    EXPECT_EQ(o.top[i].size(), 10u);
+    for (const auto& [id, lp] : o.top[i]) EXPECT_LT(id, 10);
+  }
+}
+
 TEST(ServeEngine, RefusesBadRequestsByName) {
   auto m = tiny_model(DType::F32);
   Engine e(*m, {.max_seqs = 1, .context = 32, .max_queue = 1});
