@@ -4,6 +4,7 @@
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "kernels/cpu/gemv_quant.h"
 #include "tensor/ops.h"
 
 namespace kiln::serve {
@@ -29,16 +30,33 @@ std::vector<Segment> segments_of(const BatchRows& r) {
   return out;
 }
 
-// y (N, out) = f(x (N, in)) on tiles of exactly kRowTile rows (see batch_forward.h).
+// How a weight's rows are tiled (see batch_forward.h). The CPU's GEMV kernels compute every row
+// of x on its own, in the same order whatever the row count up to their limit (the int8 GEMV for
+// GGML weights: kQuantGemvMaxRows; the bf16 GEMV: kBf16GemvRows), so they take exactly the rows
+// there are. Anything else (f32 GEMMs, cuBLASLt, whose blocking may depend on M) always gets
+// kRowTile rows, the last tile padded with zeros.
+struct TilePlan {
+  std::int64_t rows;
+  bool pad;
+};
+
+TilePlan tile_plan(bool quantized, DType weight, const Tensor& x) {
+  if (x.device().is_cpu() && quantized) return {cpu::kQuantGemvMaxRows, false};
+  if (x.device().is_cpu() && weight == DType::BF16 && x.dtype() == DType::BF16)
+    return {kBf16GemvRows, false};
+  return {kRowTile, true};
+}
+
+// y (N, out) = f(x (N, in)), tiled by `plan`.
 template <class F>
-Tensor by_tiles(const Tensor& x, F&& f) {
+Tensor by_tiles(const Tensor& x, TilePlan plan, F&& f) {
   const std::int64_t N = x.size(0);
   Tensor out;
-  for (std::int64_t r0 = 0; r0 < N; r0 += kRowTile) {
-    const std::int64_t n = std::min(kRowTile, N - r0);
+  for (std::int64_t r0 = 0; r0 < N; r0 += plan.rows) {
+    const std::int64_t n = std::min(plan.rows, N - r0);
     Tensor tile = x.narrow(0, r0, n);
-    if (n < kRowTile) {
-      Tensor padded = ops::zeros({kRowTile, x.size(1)}, x.dtype(), x.device());
+    if (n < plan.rows && plan.pad) {
+      Tensor padded = ops::zeros({plan.rows, x.size(1)}, x.dtype(), x.device());
       padded.narrow(0, 0, n).copy_(tile);
       tile = padded;
     }
@@ -50,7 +68,8 @@ Tensor by_tiles(const Tensor& x, F&& f) {
 }
 
 Tensor linear_rows(const nn::Linear& l, const Tensor& x) {
-  return by_tiles(x, [&](const Tensor& t) { return l.forward(t); });
+  return by_tiles(x, tile_plan(l.weight_quant.has_value(), l.weight.dtype(), x),
+                  [&](const Tensor& t) { return l.forward(t); });
 }
 
 Tensor mlp_rows(const nn::Mlp& mlp, const Tensor& x) {
@@ -139,7 +158,12 @@ Tensor forward_rows(const models::DecoderModel& m, KvPool& pool, const BatchRows
     last.narrow(0, r, 1).copy_(h.narrow(0, i, 1));
   }
   if (m.model->norm) last = m.model->norm->forward(last);
-  const Tensor logits = by_tiles(last, [&](const Tensor& t) { return m.logits(t); }).to(DType::F32);
+  const auto& embed = *m.model->embed_tokens;
+  const TilePlan head =
+      m.lm_head ? tile_plan(m.lm_head->weight_quant.has_value(), m.lm_head->weight.dtype(), last)
+                : tile_plan(embed.weight_quant.has_value(), embed.weight.dtype(), last);
+  const Tensor logits =
+      by_tiles(last, head, [&](const Tensor& t) { return m.logits(t); }).to(DType::F32);
   return dev.is_meta() ? logits : logits.to(Device::cpu());  // meta: the budget's dry run
 }
 

@@ -5,10 +5,14 @@
 // depend on the other rows:
 //   - embedding, norms, SwiGLU, residual adds, RoPE: row-wise kernels;
 //   - attention: ops::paged_attention (one fixed-order task per row and head);
-//   - linears (and the LM head): always called on tiles of exactly kRowTile rows (the last tile
-//     padded with zero rows), so the GEMM/GEMV kernel, its blocking and its reduction order are
-//     the same for a row whether the batch holds 1 or 64 rows. What this costs (weights read once
-//     per tile instead of once per batch) is measured by bench/serve_load.py.
+//   - linears (and the LM head): called on tiles of rows. On the CPU, GGML weights (the int8
+//     GEMV, up to 8 rows) and bf16 weights with bf16 rows (the bf16 GEMV, up to kBf16GemvRows)
+//     take tiles of exactly the rows there are: those kernels compute each row alone, in one
+//     order for any row count. Everything else (f32 GEMMs, CUDA's cuBLASLt) is always called on
+//     kRowTile rows, the last tile padded with zero rows, so its kernel, blocking and reduction
+//     order are the same for a row whether the batch holds 1 or 64 rows. The cost (weights read
+//     once per tile rather than once per batch; padding rows computed) is measured by
+//     bench/run_serve_bench.sh.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,8 @@
 namespace kiln::serve {
 
 inline constexpr std::int64_t kRowTile = 4;
+// The bf16 GEMV's row limit (tensor/kernels_cpu_matmul_bf16.cpp: kLinearGemvMaxRows).
+inline constexpr std::int64_t kBf16GemvRows = 4;
 
 struct BatchRows {
   std::vector<std::int32_t> tokens;       // (N) token ids

@@ -6,6 +6,7 @@
 
 #include <map>
 
+#include "kernels/cpu/quantize.h"
 #include "models/sampling.h"
 #include "serve/engine.h"
 #include "tests/models/tiny_hf.h"
@@ -112,6 +113,38 @@ TEST(ServeEngine, SixteenConcurrentRequestsEqualTheirSoloRuns) {
     }
     EXPECT_GT(e.metrics().iterations, 0);
     EXPECT_EQ(e.metrics().blocks_used, 0);
+  }
+}
+
+// The same with every Linear weight in Q8_0 (the int8 GEMV, tiles of up to 8 rows with no
+// padding): a request's tokens and log-probabilities do not depend on its neighbours.
+TEST(ServeEngine, QuantizedWeightsKeepTheBatchInvariance) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    auto m = tiny_model(DType::F32);
+    std::map<std::string, Tensor> blocks;
+    for (const auto& [name, lin] : m->linears()) {
+      const Tensor w = lin->weight.contiguous();
+      Tensor b = Tensor::empty({w.numel() / 32 * 34}, DType::Bool);
+      cpu::quantize_blocks(quant::QuantType::Q8_0, w.data<float>(), w.numel(),
+                           b.data<std::uint8_t>());
+      blocks[name] = b;
+    }
+    if (dt != DType::F32) m->to(dt);
+    for (const auto& [name, lin] : m->linears())
+      lin->set_quantized_weight(blocks.at(name), quant::QuantType::Q8_0);
+    std::vector<Output> solo;
+    for (int i = 0; i < 12; ++i) {
+      Engine e(*m, {.max_seqs = 1, .context = 96});
+      auto r = e.submit(prompt_of(i), params_of(i));
+      run_until_idle(e);
+      solo.push_back(collect(*r));
+    }
+    Engine e(*m, {.max_seqs = 12, .context = 96, .max_batch_tokens = 20, .prefill_chunk = 3});
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (int i = 0; i < 12; ++i) reqs.push_back(e.submit(prompt_of(i), params_of(i)));
+    run_until_idle(e);
+    for (int i = 0; i < 12; ++i)
+      EXPECT_EQ(collect(*reqs[i]), solo[i]) << dtype_name(dt) << " request " << i;
   }
 }
 
