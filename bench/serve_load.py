@@ -5,7 +5,8 @@
 
 Each level runs `concurrency` client threads; each thread sends `requests-per-stream` streaming
 /v1/completions requests one after another (the same prompt of --prompt-tokens token ids, seed =
-thread, max_tokens --max-tokens, ignore_eos so every request generates exactly max_tokens). From
+thread, max_tokens --max-tokens, ignore_eos so every request generates exactly max_tokens;
+temperature 0.8, top_k 40, top_p 0.95, min_p 0.05: llama-server's defaults, sent to both). From
 the SSE stream it takes the time to first token and every inter-token gap. Per level it prints
 and returns aggregate tokens/s (generated tokens over the level's wall time), TTFT p50/p99 and
 inter-token latency p50/p99. Standard library only; every request has a timeout, so a stuck
@@ -29,8 +30,10 @@ def percentile(xs, p):
 
 
 def one_request(url, prompt, max_tokens, seed, timeout):
+    # llama-server's default sampling, stated, so both servers sample the same way.
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": True,
-                       "temperature": 0.8, "ignore_eos": True}).encode()
+                       "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+                       "ignore_eos": True}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()

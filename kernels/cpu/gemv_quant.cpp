@@ -210,6 +210,32 @@ KILN_TARGET_AVX512VNNI float dot_q8_0_vnni(const std::uint8_t* w, const BlockQ8*
   }
   return hsum8(acc);
 }
+
+// R rows of x (R <= 4, at x + r * xstride bytes) against one weight row: each row's sum is
+// dot_q8_0_vnni's, instruction for instruction (one accumulator, blocks in order), so a row's
+// result does not depend on how many rows share the call; the weight block's load, abs and scale
+// are shared, and the R independent chains overlap (one row alone waits on each fmadd).
+KILN_TARGET_AVX512VNNI void dot_q8_0_vnni_rows(const std::uint8_t* w, const std::uint8_t* x,
+                                               std::int64_t xstride, std::int64_t nb, int R,
+                                               float* out) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  const BlockQ8* xr[4];
+  for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const BlockQ8*>(x + r * xstride);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 34;
+    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i wabs = _mm256_abs_epi8(wq);
+    const float dw = _cvtsh_ss(static_cast<unsigned short>(blk[0] | (blk[1] << 8)));
+    for (int r = 0; r < R; ++r) {
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[r][b].q));
+      const __m256i p32 =
+          _mm256_dpbusd_epi32(_mm256_setzero_si256(), wabs, _mm256_sign_epi8(xq, wq));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(dw * xr[r][b].d), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]);
+}
 #endif
 
 bool use_vnni() { return cpu_has(CpuIsa::Avx512Bf16) && avx512_vnni_detected(); }
@@ -304,6 +330,23 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
   }
   const DotFn dot = pick_dot(t);
   const bool parallel = N * row_bytes >= kParallelMinBytes;
+#if KILN_CPU_X86
+  // Q8_0 on VNNI: up to 4 x rows per pass over a weight row (bit-identical to one at a time).
+  if (t == QuantType::Q8_0 && use_vnni() && M > 1) {
+#pragma omp parallel for schedule(static) if (parallel)
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::uint8_t* wr = w + n * row_bytes;
+      const float b = bias != nullptr ? to_compute(bias[n]) : 0.0f;
+      float d[4];
+      for (std::int64_t m0 = 0; m0 < M; m0 += 4) {
+        const int R = static_cast<int>(std::min<std::int64_t>(4, M - m0));
+        dot_q8_0_vnni_rows(wr, xq + m0 * xstride, xstride, nb, R, d);
+        for (int r = 0; r < R; ++r) y[(m0 + r) * ldy + n] = from_compute<Y>(d[r] + b);
+      }
+    }
+    return;
+  }
+#endif
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int64_t n = 0; n < N; ++n) {
     const std::uint8_t* wr = w + n * row_bytes;

@@ -261,6 +261,33 @@ TEST(GemvQuant, Bf16RowsAndAThreadedShape) {
   }
 }
 
+// Serving's batch invariance rests on this: a row's output is bit-identical whether the GEMV
+// runs it alone or with up to 7 others (the VNNI Q8_0 path takes 4 rows per weight pass), at
+// every level and for every type.
+TEST(GemvQuant, EachRowIsBitIdenticalAloneOrWithOthers) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+    const std::int64_t N = 9, K = 3 * info(t).block_size;
+    const auto w = blocks_of(t, N * K / info(t).block_size, 90);
+    const std::vector<float> x = random_x(8 * K, 91);
+    for (cpu::CpuIsa level : supported_levels()) {
+      cpu::ScopedCpuIsa cap(level);
+      for (std::int64_t M : {2, 3, 5, 8}) {
+        std::vector<float> y(M * N), one(N);
+        std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, M, K));
+        cpu::gemv_quant<float, float>(t, M, N, K, x.data(), K, w.data(), nullptr, y.data(), N,
+                                      scratch.data());
+        for (std::int64_t m = 0; m < M; ++m) {
+          cpu::gemv_quant<float, float>(t, 1, N, K, x.data() + m * K, K, w.data(), nullptr,
+                                        one.data(), N, scratch.data());
+          for (std::int64_t n = 0; n < N; ++n)
+            ASSERT_EQ(y[m * N + n], one[n]) << info(t).name << " level " << cpu::cpu_isa_name(level)
+                                            << " M " << M << " row " << m << " col " << n;
+        }
+      }
+    }
+  }
+}
+
 // End to end against the unquantized x: quantizing x moves each value by at most d_x / 2, so
 // |y - sum w x| <= sum_i |w_i| d_x,i / 2 plus the rounding bound above.
 TEST(GemvQuant, QuantizingXCostsAtMostHalfACodePerValue) {
