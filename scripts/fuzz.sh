@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
 all=(safetensors safetensors_index hf_config generation_config tokenizer_json vocab_merges
-     llama2c_bin llama2c_tokenizer checkpoint_h5 gguf)
+     llama2c_bin llama2c_tokenizer checkpoint_h5 gguf serve_request)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 jobs=${KILN_FUZZ_JOBS:-1}
