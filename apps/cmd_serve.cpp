@@ -116,7 +116,9 @@ int run_serve(const ServeCmd& o) {
     ss.cfg = c;
     ss.dtype = src.dtype;
     ss.seqs = o.max_seqs;
-    ss.context = o.context;
+    // Default: 4096 positions (as llama-server's), or fewer when the model has fewer: a full
+    // max_position_embeddings (40960 for Qwen3) per sequence rarely fits --max-seqs times.
+    ss.context = o.context > 0 ? o.context : std::min<std::int64_t>(4096, c.max_seq_len);
     ss.block_size = o.block_size;
     ss.max_batch_tokens = std::max(o.max_batch_tokens, o.max_seqs);
     ss.simulate = src.device.type == DeviceType::CUDA ? DeviceType::CUDA : DeviceType::CPU;
@@ -224,8 +226,10 @@ Run add_serve_command(CLI::App& app) {
   s->add_option("--max-seqs", o->max_seqs, "Sequences decoding at once")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  s->add_option("--context", o->context,
-                "Positions per sequence (default: the model's max_position_embeddings)")
+  s->add_option(
+       "--context", o->context,
+       "Positions per sequence (default: 4096, or the model's max_position_embeddings when "
+       "smaller)")
       ->check(CLI::Range(std::int64_t{1}, models::kMaxPositions));
   s->add_option("--kv-gb", o->kv_gb, "KV pool size in GiB (default: --max-seqs full contexts)")
       ->check(CLI::Range(0.0, 1e6));
