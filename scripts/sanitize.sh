@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # CI's sanitizer job: a CPU-only AddressSanitizer + UndefinedBehaviorSanitizer build (gcc,
 # -DKILN_SANITIZE=ON, in build-asan/) of every test binary (kernels, tensor, autograd, nn,
-# models/io, models, apps with the kiln binary it runs, and dist as a world of one: the
-# multi-rank runs need mpirun, which the sanitizers do not cover), and a run of each. Any
-# sanitizer report fails its test binary, and this script with it. The CUDA glue's host logic
-# is in this build too (its capability entries and plans compile without CUDA); the CUDA-only
-# host files (kernels/cuda/*.cpp) are not.
+# models/io, models, serve with its live loopback server, apps with the kiln binary it runs, and
+# dist as a world of one: the multi-rank runs need mpirun, which the sanitizers do not cover), and
+# a run of each. Any sanitizer report fails its test binary, and this script with it. The CUDA
+# glue's host logic is in this build too (its capability entries and plans compile without
+# CUDA); the CUDA-only host files (kernels/cuda/*.cpp) are not.
 #
 #   scripts/sanitize.sh            (docs/fuzzing.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tests=(test_kernels test_tensor test_autograd test_nn test_models_io test_models test_apps test_dist)
+tests=(test_kernels test_tensor test_autograd test_nn test_models_io test_models test_serve test_apps test_dist)
 # test_dist without mpirun runs the world-of-one tests only (as ctest's dist.world_of_one does).
 declare -A filter=([test_dist]="--gtest_filter=Dist.*:DataParallel.OneStep*")
 mkdir -p build-asan
