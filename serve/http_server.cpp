@@ -176,7 +176,10 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
   });
   svr.Post("/tokenize", [ready, parse](const httplib::Request& req, httplib::Response& res) {
     const json body = parse(req);
-    auto [tok, engine] = ready();
+    // Plain references, not a structured binding: clang 14 (the fuzz build) cannot capture one.
+    const auto loaded = ready();
+    const io::Tokenizer& tok = loaded.first;
+    Engine& engine = loaded.second;
     const json c = body.contains("content") ? body["content"] : body.value("prompt", json());
     if (!c.is_string())
       throw HttpError(400, "'content' must be a string", "invalid_request_error", "content");
@@ -184,7 +187,10 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
   });
   svr.Post("/detokenize", [ready, parse](const httplib::Request& req, httplib::Response& res) {
     const json body = parse(req);
-    auto [tok, engine] = ready();
+    // Plain references, not a structured binding: clang 14 (the fuzz build) cannot capture one.
+    const auto loaded = ready();
+    const io::Tokenizer& tok = loaded.first;
+    Engine& engine = loaded.second;
     if (!body.contains("tokens") || !body["tokens"].is_array())
       throw HttpError(400, "'tokens' must be an array of token ids", "invalid_request_error",
                       "tokens");
@@ -203,7 +209,10 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
   // Both completion endpoints: prompt ids, sampling, then one response or an SSE stream.
   auto complete = [this, ready](json body, bool chat, httplib::Response& res) {
     Impl& im = *impl_;
-    auto [tok, engine] = ready();
+    // Plain references, not a structured binding: clang 14 (the fuzz build) cannot capture one.
+    const auto loaded = ready();
+    const io::Tokenizer& tok = loaded.first;
+    Engine& engine = loaded.second;
     std::vector<std::int32_t> prompt;
     std::vector<std::int32_t> stop_ids = im.eos_ids;
     if (chat) {
