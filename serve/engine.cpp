@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <numeric>
 #include <unordered_map>
 
 #include "models/sampling.h"
 #include "serve/batch_forward.h"
+#include "serve/serve_budget.h"
 #include "tensor/ops.h"
 
 namespace kiln::serve {
@@ -70,25 +70,21 @@ struct Engine::Sequence {
 
 namespace {
 
-std::int64_t default_blocks(const EngineOptions& o) {
-  return o.max_seqs * ((o.context + o.block_size - 1) / o.block_size);
-}
-
+// The pool's shape follows the serving budget's rules (ServeBudgetSpec::resolved): one set of
+// checks and defaults for the budget and the engine that the budget describes.
 EngineOptions resolved(EngineOptions o, const models::DecoderModel& m) {
-  if (o.context == 0) o.context = m.cfg.max_seq_len;
-  KILN_CHECK(o.context > 0 && o.context <= m.cfg.max_seq_len,
-             "[serve] context {} outside [1, {}] (the model's max_position_embeddings)", o.context,
-             m.cfg.max_seq_len);
-  KILN_CHECK(o.max_seqs > 0 && o.max_seqs <= 4096, "[serve] max_seqs {} outside [1, 4096]",
-             o.max_seqs);
-  KILN_CHECK(o.block_size > 0 && o.block_size <= 4096, "[serve] block size {} outside [1, 4096]",
-             o.block_size);
-  KILN_CHECK(o.max_batch_tokens >= o.max_seqs,
-             "[serve] max_batch_tokens {} must hold one decode row per sequence ({})",
-             o.max_batch_tokens, o.max_seqs);
+  ServeBudgetSpec shape;
+  shape.cfg = m.cfg;
+  shape.seqs = o.max_seqs;
+  shape.context = o.context;
+  shape.block_size = o.block_size;
+  shape.num_blocks = o.num_blocks;
+  shape.max_batch_tokens = o.max_batch_tokens;
+  shape = shape.resolved();
+  o.context = shape.context;
+  o.num_blocks = shape.num_blocks;
   KILN_CHECK(o.prefill_chunk > 0, "[serve] prefill_chunk must be positive");
   KILN_CHECK(o.max_queue >= 0, "[serve] max_queue must not be negative");
-  if (o.num_blocks == 0) o.num_blocks = default_blocks(o);
   return o;
 }
 
@@ -111,10 +107,7 @@ void fill_logprobs(const std::vector<float>& logits, int n, TokenEvent& e) {
   if (n <= 0) return;
   std::vector<std::int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
-  // Ids masked to -inf (past a sample limit) are never listed.
-  const auto finite = static_cast<std::size_t>(
-      std::count_if(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }));
-  const auto k = std::min<std::size_t>(static_cast<std::size_t>(n), finite);
+  const auto k = std::min<std::size_t>(static_cast<std::size_t>(n), idx.size());
   std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
                     [&](std::int32_t a, std::int32_t b) {
                       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
@@ -282,19 +275,12 @@ bool Engine::step() {
   for (std::size_t r = 0; r < logits_of.size(); ++r) {
     Sequence& s = *running_[logits_of[r]];
     const SamplingParams& p = s.req->params;
+    // Only the first sample_limit ids are candidates (as GenerationSession limits them).
     const float* row = logits.data<float>() + static_cast<std::int64_t>(r) * V;
-    std::vector<float> l(row, row + V);
+    std::vector<float> l(row, row + (p.sample_limit > 0 ? std::min(p.sample_limit, V) : V));
     apply_penalties(l, p, s.counts);
-    if (p.sample_limit > 0 && p.sample_limit < V)
-      std::fill(l.begin() + p.sample_limit, l.end(), -std::numeric_limits<float>::infinity());
-    models::SamplingOptions so;
-    so.temperature = p.temperature;
-    so.top_k = p.top_k;
-    so.top_p = p.top_p;
-    so.min_p = p.min_p;
-    so.seed = p.seed;
     TokenEvent e;
-    e.id = models::sample_token(l, so, static_cast<std::uint64_t>(s.generated));
+    e.id = models::sample_token(l, p.sampling, static_cast<std::uint64_t>(s.generated));
     if (p.top_logprobs >= 0) fill_logprobs(l, p.top_logprobs, e);
     ++s.generated;
     ++s.counts[e.id];

@@ -26,15 +26,15 @@
 #include <vector>
 
 #include "models/decoder.h"
+#include "models/sampling.h"
 #include "serve/kv_pool.h"
 
 namespace kiln::serve {
 
 struct SamplingParams {
-  double temperature = 1.0;  // 0: greedy
-  double top_p = 1.0, min_p = 0.0;
-  std::int64_t top_k = 0;
-  std::uint64_t seed = 0;
+  // temperature, top_k, top_p, min_p and the seed, as kiln generate samples them (its repetition
+  // penalty is not OpenAI's and stays at 1).
+  models::SamplingOptions sampling;
   double presence_penalty = 0, frequency_penalty = 0;  // OpenAI's, on the logits
   std::int64_t max_tokens = 16;
   std::vector<std::int32_t> stop_ids;  // EOS and the like: generation ends after sampling one

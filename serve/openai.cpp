@@ -132,19 +132,19 @@ ReasonedText split_reasoning(const std::string& text) {
 SamplingParams sampling_from_body(const json& body, bool chat, std::uint64_t default_seed,
                                   std::int64_t default_max_tokens) {
   SamplingParams p;
-  p.temperature = number_in(body, "temperature", 0, 2, 1.0);
-  p.top_p = number_in(body, "top_p", 0, 1, 1.0);
-  if (p.top_p == 0) throw bad("'top_p' must be above 0", "top_p");
-  p.top_k = integer_in(body, "top_k", -1, 1 << 24, 0);
-  if (p.top_k < 0) p.top_k = 0;  // -1: off, as vLLM and llama.cpp read it
-  p.min_p = number_in(body, "min_p", 0, 1, 0.0);
+  p.sampling.temperature = number_in(body, "temperature", 0, 2, 1.0);
+  p.sampling.top_p = number_in(body, "top_p", 0, 1, 1.0);
+  if (p.sampling.top_p == 0) throw bad("'top_p' must be above 0", "top_p");
+  p.sampling.top_k = integer_in(body, "top_k", -1, 1 << 24, 0);
+  if (p.sampling.top_k < 0) p.sampling.top_k = 0;  // -1: off, as vLLM and llama.cpp read it
+  p.sampling.min_p = number_in(body, "min_p", 0, 1, 0.0);
   p.presence_penalty = number_in(body, "presence_penalty", -2, 2, 0.0);
   p.frequency_penalty = number_in(body, "frequency_penalty", -2, 2, 0.0);
   if (body.contains("seed") && !body["seed"].is_null()) {
     if (!body["seed"].is_number_integer()) throw bad("'seed' must be an integer", "seed");
-    p.seed = body["seed"].get<std::uint64_t>();
+    p.sampling.seed = body["seed"].get<std::uint64_t>();
   } else {
-    p.seed = default_seed;
+    p.sampling.seed = default_seed;
   }
   const char* max_key =
       chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";

@@ -49,10 +49,10 @@ std::vector<std::int32_t> prompt_of(int i) {
 
 SamplingParams params_of(int i) {
   SamplingParams p;
-  p.temperature = i % 4 == 0 ? 0.0 : 0.9;
-  p.top_k = i % 3 == 0 ? 50 : 0;
-  p.top_p = i % 5 == 0 ? 0.9 : 1.0;
-  p.seed = 1000 + i;
+  p.sampling.temperature = i % 4 == 0 ? 0.0 : 0.9;
+  p.sampling.top_k = i % 3 == 0 ? 50 : 0;
+  p.sampling.top_p = i % 5 == 0 ? 0.9 : 1.0;
+  p.sampling.seed = 1000 + i;
   p.max_tokens = 6 + i % 5;
   p.presence_penalty = i % 2 ? 0.5 : 0.0;
   p.frequency_penalty = i % 3 ? 0.25 : 0.0;
@@ -77,7 +77,7 @@ TEST(ServeEngine, GreedyEqualsTheGenerationSession) {
   });
   Engine e(*m, {.max_seqs = 2, .context = 96, .prefill_chunk = 5});
   SamplingParams p;
-  p.temperature = 0;
+  p.sampling.temperature = 0;
   p.max_tokens = 20;
   auto r = e.submit(prompt, p);
   run_until_idle(e);
@@ -152,7 +152,7 @@ TEST(ServeEngine, StopIdsEndTheSequenceAndCancelFreesBlocksAtOnce) {
   auto m = tiny_model(DType::F32);
   Engine e(*m, {.max_seqs = 4, .context = 96, .block_size = 8});
   SamplingParams greedy;
-  greedy.temperature = 0;
+  greedy.sampling.temperature = 0;
   greedy.max_tokens = 10;
   auto first = e.submit(prompt_of(1), greedy);
   run_until_idle(e);

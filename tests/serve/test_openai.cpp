@@ -55,13 +55,13 @@ TEST(ServeOpenAi, SamplingFieldsAreCheckedByName) {
                                                {"logprobs", true},
                                                {"top_logprobs", 3}},
                                               true, 99, 256);
-  EXPECT_EQ(p.temperature, 0.5);
-  EXPECT_EQ(p.top_k, 40);
-  EXPECT_EQ(p.seed, 7u);
+  EXPECT_EQ(p.sampling.temperature, 0.5);
+  EXPECT_EQ(p.sampling.top_k, 40);
+  EXPECT_EQ(p.sampling.seed, 7u);
   EXPECT_EQ(p.max_tokens, 12);
   EXPECT_EQ(p.presence_penalty, 1.0);
   EXPECT_EQ(p.top_logprobs, 3);
-  EXPECT_EQ(sampling_from_body(json::object(), false, 99, 256).seed, 99u);
+  EXPECT_EQ(sampling_from_body(json::object(), false, 99, 256).sampling.seed, 99u);
   EXPECT_EQ(sampling_from_body(json::object(), false, 99, 256).max_tokens, 256);
   EXPECT_EQ(sampling_from_body({{"logprobs", 2}}, false, 1, 1).top_logprobs, 2);
   auto message = [](const json& body, bool chat) {
