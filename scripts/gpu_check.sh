@@ -292,6 +292,7 @@ resolve_argv() {
       %memcheck | %racecheck)
         argv+=("$sanitizer_bin" --tool "${w#%}" --error-exitcode 99 --print-limit 20) ;;
       %python) argv+=("${KILN_PYTHON:-python3}") ;;
+      %serve_check) argv+=("${KILN_GPU_SERVE_CHECK:-$repo/scripts/gpu_serve_check.sh}") ;;
       %ncu)  # Nsight Compute: on PATH, in the toolkit, or where the image installs it
         argv+=("$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu \
           2>/dev/null | head -1 || echo ncu)") ;;

@@ -117,7 +117,8 @@ gpu_check_cuda_suites() {
 # gpu_check_plan STAGE: the steps of STAGE (format above). Needs: $bundle_exes (the bundle's
 # executables, relative paths), and for cuda-tests $suites_<binary> (gpu_check_cuda_suites'
 # lines). Words gpu_check.sh resolves when it runs a step: @kiln (the bundle's kiln), %memcheck
-# and %racecheck (compute-sanitizer with that tool), %python ($KILN_PYTHON), %decode_dir (the
+# and %racecheck (compute-sanitizer with that tool), %python ($KILN_PYTHON), %serve_check
+# ($KILN_GPU_SERVE_CHECK, else scripts/gpu_serve_check.sh), %decode_dir (the
 # random Qwen3-8B folder), ^PATH (this checkout), =bundle/PATH, =work/PATH (a folder it creates).
 gpu_check_plan() {
   local b=GPU_CHECK_BASE_ENV tb=GPU_CHECK_TIMING_ENV
@@ -128,6 +129,8 @@ gpu_check_plan() {
       echo "smoke_runtime|gtest|120|tests|$e|./test_kernels --gtest_filter=CudaErrors.*:CudaDevices.*:CudaDevice.*:CudaRuntime.*"
       echo "smoke_train|cmd|120|run|$e|@kiln train --device cuda --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 --eval-batches 1 --progress 0 --log-interval 1 --out train_smoke --overwrite"
       echo "smoke_generate|cmd|120|run|$e|@kiln generate --device cuda --dtype bf16 --random-weights --config config.json --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
+      # kiln serve on the GPU: a tiny random Qwen3 over loopback HTTP (scripts/gpu_serve_check.sh).
+      echo "smoke_serve|cmd|120|run|$e|%serve_check smoke @kiln"
       ;;
     cuda-tests)
       local rel bin var suite
@@ -183,6 +186,9 @@ gpu_check_plan() {
       # The same with cuBLASLt for every product (kiln's GEMV off): the GEMV's own A/B.
       echo "decode_kiln_cublaslt|bench|120|run|$te KILN_CUDA_GEMV=0|@kiln generate --device cuda --dtype bf16 --model %decode_dir --prompt-ids $ids --max-new-tokens 128 --temperature 0"
       echo "decode_hf|bench|240|run|$te PYTHONUNBUFFERED=1|%python ^bench/hf_decode_peer.py --model %decode_dir --prompt-len 64 --new-tokens 128 --copy-gib 2 --copies 10"
+      # kiln serve on the same folder: throughput at 1, 8 and 32 streams (continuous batching
+      # over the paged KV pool), 64-token prompts, 64 new tokens each.
+      echo "serve_8b|bench|180|run|$te PYTHONUNBUFFERED=1|%serve_check load @kiln %decode_dir"
       # Where a decode token's time goes, kernel by kernel (the lever list of the next change):
       # Nsight Compute over 400 launches inside the decode (after the prefill's), time and DRAM
       # bytes read per kernel (CSV, a row per kernel and metric: the raw page carries every device

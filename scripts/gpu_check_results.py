@@ -245,6 +245,10 @@ def decode_report(work, steps, card, commit):
         rep["hf"] = dict(line, result=h["result"], env=dict(h.get("env") or {}, **line.get("env", {})),
                          seconds=h["seconds"])
         rep["copy_gbs"] = line.get("copy_gbs")
+    sv = steps.get("serve_8b")
+    if sv:  # kiln serve on the same folder (scripts/gpu_serve_check.sh load)
+        line = last_json_line(read_text(f"{work}/logs/serve_8b.log")) or {}
+        rep["serve"] = dict(line, result=sv["result"], seconds=sv["seconds"])
     kd, hd = rep["kiln"] or {}, rep["hf"] or {}
     bpt = kd.get("bytes_per_token_mb")
     if bpt and hd.get("decode_tok_s"):
@@ -287,6 +291,15 @@ def decode_markdown(rep):
            f"- folder: {fo['dir']}, " + ("reused" if fo["reused"] else
                                          f"written in {fo['write_s']} s ({fo['write_result']}; "
                                          f"paused {fo['write_paused_s']} s for timing steps)")]
+    sv = rep.get("serve") or {}
+    if sv.get("levels"):
+        md.append("- kiln serve (64-token prompts, 64 new each): " + ", ".join(
+            f"{l['concurrency']} streams {l['aggregate_tokens_per_s']:.1f} tok/s "
+            f"(TTFT p50 {l['ttft_p50_s'] * 1e3:.0f} ms, errors {l['errors']})" for l in sv["levels"])
+            + "".join(f"; {n} over 1 stream {sv[f'tok_s_{n}_over_1']}x" for n in (8, 32)
+                      if f"tok_s_{n}_over_1" in sv))
+    elif sv:
+        md.append(f"- kiln serve: {sv.get('result')}")
     if "first_tokens_agree" in rep:
         md.append(f"- first generated ids, kiln vs HF: {rep['first_tokens_agree']} agree")
     return md

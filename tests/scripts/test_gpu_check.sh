@@ -140,6 +140,13 @@ case "${1:-}" in
   *) exec python3 "$@" ;;
 esac
 EOF
+# The serve check: smoke passes; load prints its one JSON line.
+cat >"$tmp/bin/fake_serve_check" <<'EOF'
+#!/usr/bin/env bash
+[ "$1" = load ] && echo '{"bench": "serve_8b", "levels": [{"concurrency": 1, "aggregate_tokens_per_s": 100.0, "ttft_p50_s": 0.05, "errors": 0}], "tok_s_8_over_1": 3.5}'
+echo "PASS: fake serve check $1"
+EOF
+chmod +x "$tmp/bin/fake_serve_check"
 # compute-sanitizer: runs the command after its six option words and reports no errors.
 printf '#!/usr/bin/env bash\nshift 6\n"$@"\necho "========= ERROR SUMMARY: 0 errors"\n' >"$tmp/bin/compute-sanitizer"
 # A fake Nsight Compute: drops its own options (up to the program's path) and runs the program.
@@ -154,7 +161,8 @@ chmod +x "$tmp/bin/nvidia-smi" "$tmp/nogpu/nvidia-smi"
 run_check() {  # run_check OUT PATHDIR VAR=value...: gpu_check.sh on the fake bundle
   local o=$1 p=$2
   shift 2
-  env PATH="$p:$PATH" KILN_BUNDLE="$bundle" KILN_GPU_CHECK_CUDA_HOMES="" "$@" \
+  env PATH="$p:$PATH" KILN_BUNDLE="$bundle" KILN_GPU_CHECK_CUDA_HOMES="" \
+    KILN_GPU_SERVE_CHECK="$tmp/bin/fake_serve_check" "$@" \
     "$repo/scripts/gpu_check.sh" "$o" >"$o.out" 2>&1
 }
 json() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1/results.json"; }
@@ -182,10 +190,10 @@ check "bench: never synchronous" bash -c "! grep '^bench' <<<'$plan' | grep -q C
 check "every planned limit under 8 minutes" bash -c "! grep -v '^#' <<<'$plan' | cut -d'|' -f3 | awk '\$1 > 480' | grep -q ."
 plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=window "$repo/scripts/gpu_check.sh" "$tmp/dry")
 check "window: the plan, in order ($(steps_of <<<"$plan"))" [ "$(steps_of <<<"$plan")" = "smoke_probe smoke_runtime \
-smoke_train smoke_generate kernels.CudaProbe kernels.CudaDevice tensor.CudaProbe tensor.CudaDevice bench_gpu_vs_torch \
-decode_write decode_kiln decode_kiln_cublaslt decode_hf decode_ncu memcheck_train_bf16 memcheck_generate " ]
+smoke_train smoke_generate smoke_serve kernels.CudaProbe kernels.CudaDevice tensor.CudaProbe tensor.CudaDevice bench_gpu_vs_torch \
+decode_write decode_kiln decode_kiln_cublaslt decode_hf serve_8b decode_ncu memcheck_train_bf16 memcheck_generate " ]
 check "window: timing steps asynchronous" \
-  [ "$(grep -E '^(bench|decode_kiln|decode_hf|decode_ncu)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 5 ]
+  [ "$(grep -E '^(bench|decode_kiln|decode_hf|serve_8b|decode_ncu)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 6 ]
 check "window: Qwen3-8B decode, 64 ids, 128 new, greedy" grep -q \
   '^decode_kiln|bench|.*--model %decode_dir --prompt-ids 1,2,.*,64 --max-new-tokens 128 --temperature 0' <<<"$plan"
 check "window: the HF peer on the same folder" grep -q \
@@ -218,7 +226,7 @@ o=$tmp/smoke
 run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=smoke
 rc=$?
 check "smoke: exit 0 ($rc)" [ "$rc" = 0 ]
-check "smoke: four steps recorded" [ "$(json "$o" 'len(r["steps"])')" = 4 ]
+check "smoke: five steps recorded" [ "$(json "$o" 'len(r["steps"])')" = 5 ]
 check "smoke: the expected skip is not a failure" [ "$(json "$o" 'r["totals"]["expected_skipped"]')" = 2 ]
 check "smoke: synchronous launches" grep -q "CUDA_LAUNCH_BLOCKING=1" <(tar -xzOf "$o/logs.tar.gz" logs/smoke_probe.log)
 check "smoke: probe in summary.md" grep -q '^- probe: devices 1' "$o/summary.md"
@@ -237,7 +245,7 @@ run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=window KILN_PYTHON="$tmp/bin/fak
 rc=$?
 check "window: exit 0 ($rc)" [ "$rc" = 0 ]
 check "window: steps in order" [ "$(json "$o" '" ".join(n for n in r["steps"] if not n.startswith(("kernels.", "tensor.")))')" = \
-  "smoke_probe smoke_runtime smoke_train smoke_generate bench_gpu_vs_torch decode_write decode_kiln decode_kiln_cublaslt decode_hf decode_ncu memcheck_train_bf16 memcheck_generate" ]
+  "smoke_probe smoke_runtime smoke_train smoke_generate smoke_serve bench_gpu_vs_torch decode_write decode_kiln decode_kiln_cublaslt decode_hf serve_8b decode_ncu memcheck_train_bf16 memcheck_generate" ]
 check "window: bench and decode asynchronous" [ "$(json "$o" 'sorted(set(r["timing_env"].values()))')" = "['0']" ]
 check "window: the benchmarks saw asynchronous launches" [ "$(python3 -c 'import json, sys
 print(sorted({x["result"].get("clb") for x in json.load(open(sys.argv[1]))["runs"]}))' "$o/gpu_bench.json")" = "['0']" ]
@@ -250,6 +258,8 @@ check "decode: kiln tok/s" [ "$(d8 "$o" 'r["kiln"]["decode_tok_s"]')" = 100.05 ]
 check "decode: HF tok/s" [ "$(d8 "$o" 'r["hf"]["decode_tok_s"]')" = 110.0 ]
 check "decode: kiln / HF" [ "$(d8 "$o" 'r["ratios"]["decode_tok_s_kiln_over_hf"]')" = 0.91 ]
 check "decode: kiln / copy" [ "$(d8 "$o" 'r["ratios"]["kiln_decode_gbs_over_copy"]')" = 0.359 ]
+check "decode: kiln serve at 8 streams over 1" [ "$(d8 "$o" 'r["serve"]["tok_s_8_over_1"]')" = 3.5 ]
+check "decode: kiln serve asynchronous" [ "$(json "$o" 'r["steps"]["serve_8b"]["env"]["CUDA_LAUNCH_BLOCKING"]')" = 0 ]
 check "decode: first ids compared" [ "$(d8 "$o" 'r["first_tokens_agree"]')" = "2 of 3" ]
 check "decode: in results.json and summary.md" [ "$(json "$o" 'r["decode_8b"]["copy_gbs"]')" = 4221.0 ]
 check "decode: in summary.md" grep -q '^## Qwen3-8B decode' "$o/summary.md"
@@ -272,7 +282,7 @@ secs=$(($(date +%s) - t))
 check "slow writer: exit 4 ($rc)" [ "$rc" = 4 ]
 echo "slow writer: the call took $secs s (deadline 35 s; the writer alone sleeps 120 s)"
 check "slow writer: decode steps not run" \
-  [ "$(json "$o" '" ".join(sorted(set(r["not_run"])))')" = "decode_hf decode_kiln decode_kiln_cublaslt decode_ncu decode_write" ]
+  [ "$(json "$o" '" ".join(sorted(set(r["not_run"])))')" = "decode_hf decode_kiln decode_kiln_cublaslt decode_ncu decode_write serve_8b" ]
 
 # A CUDA skip without the marker on a GPU machine is a failure.
 o=$tmp/skip
@@ -291,7 +301,7 @@ check "deadline: exit 4, incomplete ($rc)" [ "$rc" = 4 ]
 echo "deadline: the call took $secs s (deadline 27 s; the step alone sleeps 60 s)"
 check "deadline: status incomplete" [ "$(json "$o" 'r["status"]')" = incomplete ]
 check "deadline: the cut step recorded" [ "$(json "$o" 'r["steps"]["smoke_probe"]["result"]')" = deadline ]
-check "deadline: later steps listed" [ "$(json "$o" '" ".join(r["not_run"])')" = "smoke_probe smoke_runtime smoke_train smoke_generate" ]
+check "deadline: later steps listed" [ "$(json "$o" '" ".join(r["not_run"])')" = "smoke_probe smoke_runtime smoke_train smoke_generate smoke_serve" ]
 
 # ---- the logs archive stays under 8 MiB whatever the logs ------------------------------------
 w=$tmp/work
