@@ -35,7 +35,7 @@ namespace {
 // Flags shared by generate and chat; optionals are unset when the flag is absent, so the
 // defaults come from generation_config.json.
 struct CommonOptions {
-  std::string model, config, tokenizer, device = "cpu", dtype = "auto", attention = "kiln";
+  std::string model, config, tokenizer, device = "cpu", dtype = "auto", attention = "auto";
   bool random_weights = false, dequantize = false;
   std::uint64_t weights_seed = 0, seed = 0;
   std::optional<double> temperature, top_p, min_p, repetition_penalty;
@@ -77,9 +77,11 @@ void add_common(CLI::App& app, CommonOptions& o) {
                  "auto (bf16 on cuda and on CPUs with AVX512-BF16 or AMX, else f32) | f32 | "
                  "bf16 (weights and KV cache)")
       ->capture_default_str();
-  app.add_option("--attention", o.attention, "CUDA attention kernel: kiln | cudnn")
+  app.add_option("--attention", o.attention,
+                 "CUDA attention: auto (cuDNN for training's shape, kiln's kernels for decode; "
+                 "measured) | kiln | cudnn")
       ->capture_default_str()
-      ->check(CLI::IsMember({"kiln", "cudnn"}));
+      ->check(CLI::IsMember({"auto", "kiln", "cudnn"}));
 }
 
 // The memory table of the device the model ran on; on CUDA with the runtime and unattributed

@@ -32,9 +32,11 @@ Run add_train_command(CLI::App& app) {
                  "masters and moments, on either device) | f32 (checking mode)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "f32", "fp32"}));
-  app.add_option("--attention", o->attention, "CUDA attention kernel: kiln | cudnn")
+  app.add_option("--attention", o->attention,
+                 "CUDA attention: auto (cuDNN for training's shape, kiln's kernels for decode; "
+                 "measured) | kiln | cudnn")
       ->capture_default_str()
-      ->check(CLI::IsMember({"kiln", "cudnn"}));
+      ->check(CLI::IsMember({"auto", "kiln", "cudnn"}));
   app.add_option("--peak-tflops", o->peak_tflops,
                  "bf16 dense peak for MFU (default: from the GPU's name; H100 SXM 989.4, H100 "
                  "PCIe 756, H200 989.4)")

@@ -54,12 +54,14 @@ DType resolve_train_dtype(const std::string& spec, Device device, std::string_vi
 }
 
 void set_attention_from_flag(const std::string& impl, std::string_view who) {
-  if (impl == "kiln")
+  if (impl == "auto")
+    ops::set_attention_impl(ops::AttentionImpl::Auto);
+  else if (impl == "kiln")
     ops::set_attention_impl(ops::AttentionImpl::Kiln);
   else if (impl == "cudnn")
     ops::set_attention_impl(ops::AttentionImpl::Cudnn);
   else
-    fail("[{}] unknown attention '{}' (kiln or cudnn)", who, impl);
+    fail("[{}] unknown attention '{}' (auto, kiln or cudnn)", who, impl);
 }
 
 namespace {

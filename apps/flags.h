@@ -21,7 +21,7 @@ Device resolve_device(const std::string& spec, std::string_view who);
 // with AVX512-BF16 or AMX (kernels/cpu/isa.h, so KILN_CPU_ISA=avx512 makes it f32); f32
 // elsewhere. f32 is the checking mode.
 DType resolve_train_dtype(const std::string& spec, Device device, std::string_view who = "train");
-// "kiln" | "cudnn" -> ops::set_attention_impl; fails on anything else.
+// "auto" | "kiln" | "cudnn" -> ops::set_attention_impl; fails on anything else.
 void set_attention_from_flag(const std::string& impl, std::string_view who);
 
 // Checked ranges for numeric flags, as CLI11 validators run on the text before conversion: the

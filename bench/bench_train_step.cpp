@@ -181,7 +181,8 @@ nlohmann::json run(const Settings& st, std::int64_t batch) {
   if (cuda_dev) {
     const DeviceMemoryRows d = cuda_device_memory(st.device.index);
     j["card"] = card;
-    j["attention"] = ops::attention_impl() == ops::AttentionImpl::Cudnn ? "cudnn" : "kiln";
+    constexpr const char* kImpl[] = {"auto", "kiln", "cudnn"};  // ops::AttentionImpl's order
+    j["attention"] = kImpl[static_cast<int>(ops::attention_impl())];
     j["driver_used_bytes"] = d.used;
     j["driver_total_bytes"] = d.total;
     j["runtime_bytes"] = d.runtime();
@@ -214,12 +215,12 @@ void release_cache(Device d) {
 int main(int argc, char** argv) {
   CLI::App app{"kiln train-step benchmark (peers: bench/torch_train_step.py, _gpu.py)"};
   Settings st;
-  std::string device = "cpu", dtype = "auto", attention = "kiln";
+  std::string device = "cpu", dtype = "auto", attention = "auto";
   std::int64_t batch = 8, max_batch = 512;
   app.add_option("--preset", st.preset, "model preset (models/config.h)");
   app.add_option("--device", device, "cpu | cuda[:N]");
   app.add_option("--dtype", dtype, "auto (bf16 on cuda, f32 on cpu) | f32 | bf16");
-  app.add_option("--attention", attention, "CUDA attention: kiln | cudnn");
+  app.add_option("--attention", attention, "CUDA attention: auto | kiln | cudnn");
   app.add_option("--batch", batch, "rows per step; 0: the largest power of two that fits (cuda)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-batch", max_batch, "where --batch 0 starts")->check(CLI::PositiveNumber);

@@ -41,7 +41,7 @@ struct TrainOptions {
   // the Device, DType and attention kernel its caller resolved from them (apps/flags.h).
   std::string device = "auto";     // auto (cuda when a GPU is visible, else cpu) | cpu | cuda[:N]
   std::string dtype = "auto";      // auto (bf16 on cuda, f32 on cpu) | f32 | bf16
-  std::string attention = "kiln";  // CUDA attention kernel: kiln | cudnn
+  std::string attention = "auto";  // CUDA attention kernel: auto | kiln | cudnn
   double peak_tflops = 0;          // MFU denominator; 0: bf16_peak_tflops(the GPU's name)
   // Defaults: shakespeare-char on 2 CPU cores, ~3M tokens in about 5 minutes.
   std::int64_t batch = 16;

@@ -18,8 +18,9 @@ GPU_CHECK_BASE_ENV="CUDA_LAUNCH_BLOCKING=1"
 # shellcheck disable=SC2034
 GPU_CHECK_TIMING_ENV="CUDA_LAUNCH_BLOCKING=0"
 # Stages in the order they run. memcheck-apps is the sanitizer stage's kiln train/generate
-# memcheck alone (dropped when sanitizer itself is selected).
-GPU_CHECK_STAGES_ORDER="smoke cuda-tests sanitizer bench decode memcheck-apps"
+# memcheck alone (dropped when sanitizer itself is selected). profile (Nsight Compute over
+# training steps) is in neither the window nor all: name it.
+GPU_CHECK_STAGES_ORDER="smoke cuda-tests sanitizer bench profile decode memcheck-apps"
 GPU_CHECK_STAGES_ALL="smoke cuda-tests sanitizer bench decode"
 # The one-command window (docs/gpu_window.md), most important first: if the deadline cuts it,
 # what was cut is the least important.
@@ -28,7 +29,7 @@ GPU_CHECK_STAGES_WINDOW="smoke cuda-tests bench decode memcheck-apps"
 # estimates), for the dry run's plan: the limits bound a hang, these what a good run takes.
 # shellcheck disable=SC2034  # read by gpu_check.sh's dry run
 declare -A GPU_CHECK_EXPECTED_S=([setup]=10 [smoke]=5 [cuda-tests]=30 [sanitizer]=100 [bench]=110
-  [decode]=110 [memcheck-apps]=15)
+  [profile]=60 [decode]=110 [memcheck-apps]=15)
 
 # gpu_check_stages "LIST": the stages named in LIST (spaces or commas), in the order above;
 # "all" means GPU_CHECK_STAGES_ALL, "window" GPU_CHECK_STAGES_WINDOW. Fails (status 64, message
@@ -171,6 +172,16 @@ gpu_check_plan() {
       # The batches are the ones that fit on an H100/H200 (the first H200 run's search), so no
       # search (SEARCH=0). Never with synchronous launches.
       echo "bench_gpu_vs_torch|bench|300|bench|$te CONFIGS=stories15M:256:64,stories42M:1024:16 ATTN_SEQS=1024,4096 SEARCH=0 RUN_TIMEOUT=120 WARMUP=3 STEPS=10|^bench/run_gpu_bench.sh =work/bench_gpu =bundle/bench"
+      ;;
+    profile)
+      # Where a training step's time goes, kernel by kernel: Nsight Compute over 600 launches of
+      # steady-state bf16 steps (after 16 steps), the bench's batches, time and
+      # DRAM bytes per kernel (CSV in the step's log). Not a timing step: ncu serializes kernels.
+      local c
+      for c in stories15M:256:64 stories42M:1024:16; do
+        IFS=: read -r p t b <<<"$c"
+        echo "profile_train_$p|cmd|150|run|$te|%ncu --clock-control none --launch-skip 3000 --launch-count 600 --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page details =bundle/bench/kiln_bench_train_step --device cuda --dtype bf16 --preset $p --seq $t --batch $b --warmup 20 --steps 4"
+      done
       ;;
     decode)
       # Qwen3-8B decode (bf16, 64 prompt ids, 128 new tokens, greedy) from a random-weight

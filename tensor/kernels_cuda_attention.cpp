@@ -4,7 +4,9 @@
 //   - cuDNN's fused SDPA (kernels/cuda/attention_cudnn.h): bf16 and f16 only, head dim a
 //     multiple of 8 up to 256 (cudnn_sdpa::validate says so by name otherwise).
 // Which one the table holds for bf16/f16 is chosen by register_cuda_attention(), which
-// ops::set_attention_impl calls (`--attention kiln|cudnn`); f32 always runs kiln's.
+// ops::set_attention_impl calls (`--attention auto|kiln|cudnn`); f32 always runs kiln's. Auto
+// (the default) holds entries that pick per shape (cuda::auto_attention_uses_cudnn): cuDNN for
+// training's shape, kiln's kernels for decode and prefill over a KV cache.
 //
 // The front end (ops::attention) has checked shapes, dtypes and the GQA ratio; the dispatcher
 // has put every tensor on one device, in T, and made q (forward) or every input (backward)
@@ -93,7 +95,8 @@ template <class T>
 struct AttentionBackwardCuda {
   static void run(AttentionBackwardArgs& a);
 };
-// cuDNN's workspace comes from its plan, known only on a device: the dry run does not see it.
+// cuDNN's own workspace comes from its plan, known only on a device: the dry run sees the
+// backward's softmax_sum and dQ accumulator (cudnn_sdpa::scratch_bytes), not that workspace.
 template <class T>
 struct AttentionCudnn {
   static void run(AttentionArgs& a);
@@ -102,6 +105,37 @@ template <class T>
 struct AttentionBackwardCudnn {
   static void run(AttentionBackwardArgs& a);
 };
+
+// Auto: cuDNN where cuda::auto_attention_uses_cudnn says so, kiln's kernels elsewhere.
+template <class T>
+struct AttentionAuto {
+  static void run(AttentionArgs& a);
+};
+template <class T>
+struct AttentionBackwardAuto {
+  static void run(AttentionBackwardArgs& a);
+};
+
+cuda::AttentionShape backward_shape(const AttentionBackwardArgs& a) {
+  return cuda::training_attention_shape(a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2),
+                                        a.q.size(3));
+}
+
+// cuDNN's backward scratch beside its workspace: softmax_sum (B, Hq, T) and the f32 dQ
+// accumulator (B, Hq, T, D), each 256-byte aligned.
+ScratchList attention_backward_scratch_cudnn(const AttentionBackwardArgs& a, DType) {
+  const cuda::AttentionShape s = backward_shape(a);
+  sdpa::SdpaKey key;
+  key.backward = true;
+  key.B = s.B, key.Tq = s.Tq, key.Tk = s.Tk, key.Hq = s.Hq, key.Hkv = s.Hkv, key.D = s.D;
+  return {static_cast<std::int64_t>(sdpa::scratch_bytes(key))};
+}
+
+ScratchList attention_backward_scratch_auto(const AttentionBackwardArgs& a, DType dt) {
+  return cuda::auto_attention_uses_cudnn(backward_shape(a))
+             ? attention_backward_scratch_cudnn(a, dt)
+             : attention_backward_scratch(a, dt);
+}
 
 #if defined(KILN_CUDA)
 
@@ -201,6 +235,22 @@ void AttentionBackwardCudnn<T>::run(AttentionBackwardArgs& a) {
                  a.dv.raw_data(), data_or_null(ws), ws_bytes, nullptr);
 }
 
+template <class T>
+void AttentionAuto<T>::run(AttentionArgs& a) {
+  if (cuda::auto_attention_uses_cudnn(attention_shape(a.q, a.k, a.v, a.q_offset)))
+    AttentionCudnn<T>::run(a);
+  else
+    AttentionCuda<T>::run(a);
+}
+
+template <class T>
+void AttentionBackwardAuto<T>::run(AttentionBackwardArgs& a) {
+  if (cuda::auto_attention_uses_cudnn(backward_shape(a)))
+    AttentionBackwardCudnn<T>::run(a);
+  else
+    AttentionBackwardCuda<T>::run(a);
+}
+
 #endif  // KILN_CUDA
 
 }  // namespace
@@ -210,9 +260,14 @@ void register_cuda_attention(AttentionImpl impl) {
   const Kernel<AttentionBackwardArgs> bwd_kiln{.scratch = &attention_backward_scratch};
   register_cuda<AttentionArgs, AttentionCuda, float>(fwd);
   register_cuda<AttentionBackwardArgs, AttentionBackwardCuda, float>(bwd_kiln);
-  if (impl == AttentionImpl::Cudnn) {
+  if (impl == AttentionImpl::Auto) {
+    register_cuda<AttentionArgs, AttentionAuto, bf16, f16>(fwd);
+    register_cuda<AttentionBackwardArgs, AttentionBackwardAuto, bf16, f16>(
+        {.scratch = &attention_backward_scratch_auto});
+  } else if (impl == AttentionImpl::Cudnn) {
     register_cuda<AttentionArgs, AttentionCudnn, bf16, f16>(fwd);
-    register_cuda<AttentionBackwardArgs, AttentionBackwardCudnn, bf16, f16>({});
+    register_cuda<AttentionBackwardArgs, AttentionBackwardCudnn, bf16, f16>(
+        {.scratch = &attention_backward_scratch_cudnn});
   } else {
     register_cuda<AttentionArgs, AttentionCuda, bf16, f16>(fwd);
     register_cuda<AttentionBackwardArgs, AttentionBackwardCuda, bf16, f16>(bwd_kiln);

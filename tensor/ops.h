@@ -153,10 +153,12 @@ Tensor swiglu(const Tensor& gate, const Tensor& up);
 std::tuple<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up,
                                            const Tensor& dout);
 
-// Which attention kernel CUDA tensors use: kiln's own flash attention (the default) or
-// cuDNN's fused SDPA (a cross-check; `--attention cudnn`, or KILN_ATTENTION=cudnn). CPU and
-// meta ignore it.
-enum class AttentionImpl { Kiln, Cudnn };
+// Which attention kernel bf16/f16 CUDA tensors use (`--attention auto|kiln|cudnn`): Auto (the
+// default) takes cuDNN's fused SDPA for training's shape and kiln's kernels for the rest, as
+// measured (cuda::auto_attention_uses_cudnn in kernels/cuda/attention.h says which and why);
+// Kiln and Cudnn force one. f32 always runs kiln's (cuDNN has no f32 path); the CPU and meta
+// simulating the CPU ignore it.
+enum class AttentionImpl { Auto, Kiln, Cudnn };
 void set_attention_impl(AttentionImpl impl);
 AttentionImpl attention_impl();
 

@@ -397,7 +397,7 @@ void adamw_multi_step_(std::span<AdamWTensors> items, double lr, double beta1, d
   run(a);
 }
 
-static AttentionImpl g_attention_impl = AttentionImpl::Kiln;
+static AttentionImpl g_attention_impl = AttentionImpl::Auto;
 // The choice is a table entry: the CUDA attention entries are replaced, so the dispatcher (and
 // the dry run) sees the implementation that runs.
 void set_attention_impl(AttentionImpl impl) {

@@ -33,8 +33,8 @@
 // plan per shape (and says so once on stderr). Bucketing Tk instead was not chosen: it would
 // read keys past Tk, which kiln's KV cache leaves uninitialized (0 * NaN in P V).
 //
-// Layouts are kiln's (see ops::attention in tensor/ops.h), mapped to cuDNN's (batch, head, seq, hidden) dims
-// with strides, so nothing is transposed or copied:
+// Layouts are kiln's (see ops::attention in tensor/ops.h), mapped to cuDNN's (batch, head, seq,
+// hidden) dims with strides, so nothing is transposed or copied:
 //   q, out, dq, dout: (B, Tq, Hq, D) dense -> dims (B, Hq, Tq, D),  strides (Tq*Hq*D, D, Hq*D, 1)
 //   k, v: (B, Tk, Hkv, D), batch stride kbs -> dims (B, Hkv, Tk, D), strides (kbs, D, Hkv*D, 1)
 //   lse: (B, Hq, Tq) f32                    -> dims (B, Hq, Tq, 1),  strides (Hq*Tq, Tq, 1, 1)
@@ -168,10 +168,15 @@ GraphSpec build_graph(const SdpaKey& key);
 // Device scratch the graph needs beyond cuDNN's own workspace, in bytes: backward binds an f32
 // softmax_sum (B, Hq, Tq) and an f32 dQ accumulator (B, Hq, Tq, D); forward none. Each piece starts
 // at a 256-byte boundary after cuDNN's workspace.
-std::size_t scratch_bytes(const SdpaKey& key);
+// (Host arithmetic: the dry run declares it for the cuDNN backward entries.)
 inline constexpr std::size_t kScratchAlign = 256;
 inline std::size_t align_up(std::size_t n) {
   return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+inline std::size_t scratch_bytes(const SdpaKey& key) {
+  if (!key.backward) return 0;
+  const auto rows = static_cast<std::size_t>(key.B * key.Hq * key.Tq);
+  return align_up(rows * sizeof(float)) + align_up(rows * static_cast<std::size_t>(key.D) * 4);
 }
 
 // Builds the backend descriptors of every tensor and operation of the graph and the operation graph

@@ -313,10 +313,4 @@ GraphSpec build_graph(const SdpaKey& key) {
   return gb.take();
 }
 
-std::size_t scratch_bytes(const SdpaKey& key) {
-  if (!key.backward) return 0;
-  const auto rows = static_cast<std::size_t>(key.B * key.Hq * key.Tq);
-  return align_up(rows * sizeof(float)) + align_up(rows * static_cast<std::size_t>(key.D) * 4);
-}
-
 }  // namespace kiln::cuda::cudnn_sdpa

@@ -33,6 +33,8 @@ TEST(Flags, DevicesAndDtypes) {
   EXPECT_EQ(ops::attention_impl(), ops::AttentionImpl::Cudnn);
   set_attention_from_flag("kiln", "train");
   EXPECT_EQ(ops::attention_impl(), ops::AttentionImpl::Kiln);
+  set_attention_from_flag("auto", "train");
+  EXPECT_EQ(ops::attention_impl(), ops::AttentionImpl::Auto);
   if (cuda::device_count() == 0) {
     EXPECT_EQ(resolve_device("auto", "train"), Device::cpu());
     try {

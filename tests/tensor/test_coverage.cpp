@@ -76,9 +76,9 @@ TEST(Coverage, CudaCapabilitiesAreKnownInEveryBuild) {
     EXPECT_NE(find_kernel<RandomArgs>(DeviceType::CUDA, dt), nullptr) << dtype_name(dt);
 }
 
-// `--attention cudnn` is a table entry, not a switch inside the glue: choosing it replaces the
-// bf16/f16 CUDA attention entries (so the dispatcher and the dry run see what runs), leaves f32
-// on kiln's kernel (cuDNN has no f32 path), and choosing kiln puts the original entries back.
+// `--attention auto|kiln|cudnn` is a table entry, not a switch inside the glue: choosing one
+// replaces the bf16/f16 CUDA attention entries (so the dispatcher and the dry run see what runs),
+// leaves f32 on kiln's kernel (cuDNN has no f32 path), and choosing kiln puts kiln's entries back.
 TEST(Coverage, AttentionImplementationIsATableEntry) {
   const AttentionImpl before = attention_impl();
   set_attention_impl(AttentionImpl::Kiln);
@@ -91,8 +91,16 @@ TEST(Coverage, AttentionImplementationIsATableEntry) {
   EXPECT_NE(fwd(DType::BF16), kiln_bf16);
   EXPECT_NE(fwd(DType::F16), nullptr);
   EXPECT_EQ(fwd(DType::F32), kiln_f32);
-  EXPECT_EQ(bwd(DType::BF16).scratch, nullptr);  // cuDNN's workspace is known only on a device
+
+  EXPECT_NE(bwd(DType::BF16).scratch, nullptr);  // softmax_sum and dQ beside cuDNN's workspace
   EXPECT_NE(bwd(DType::F32).scratch, nullptr);
+  const auto cudnn_bf16 = fwd(DType::BF16);
+
+  set_attention_impl(AttentionImpl::Auto);  // the default: an entry that picks per shape
+  EXPECT_NE(fwd(DType::BF16), kiln_bf16);
+  EXPECT_NE(fwd(DType::BF16), cudnn_bf16);
+  EXPECT_EQ(fwd(DType::F32), kiln_f32);
+  ASSERT_NE(bwd(DType::BF16).scratch, nullptr);
 
   set_attention_impl(AttentionImpl::Kiln);
   EXPECT_EQ(fwd(DType::BF16), kiln_bf16);

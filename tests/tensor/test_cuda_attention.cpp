@@ -173,6 +173,31 @@ TEST(CudaAttentionPlan, Backward) {
             AttentionPath::Generic);
 }
 
+// --attention auto's rule (host logic; the GPU test CudnnAttentionGpu.AutoTakesCudnnForTraining...
+// checks that the entries follow it): cuDNN for training's shape with a head dim it takes, kiln's
+// kernels for decode, prefill over a KV cache, and other head dims.
+TEST(CudaAttentionPlan, AutoChoosesCudnnForTrainingShapesOnly) {
+  using cuda::auto_attention_uses_cudnn;
+  auto train = [](int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+    return cuda::training_attention_shape(B, T, Hq, Hkv, D);
+  };
+  EXPECT_TRUE(auto_attention_uses_cudnn(train(64, 256, 6, 6, 48)));   // stories15M
+  EXPECT_TRUE(auto_attention_uses_cudnn(train(16, 1024, 8, 8, 64)));  // stories42M
+  EXPECT_TRUE(auto_attention_uses_cudnn(train(1, 512, 32, 8, 128)));  // Qwen3-8B, no cache
+  EXPECT_TRUE(auto_attention_uses_cudnn(train(1, 7, 4, 2, 256)));
+  EXPECT_FALSE(auto_attention_uses_cudnn(train(2, 64, 4, 2, 20)));   // D not a multiple of 8
+  EXPECT_FALSE(auto_attention_uses_cudnn(train(2, 64, 4, 2, 264)));  // D above 256
+  EXPECT_FALSE(auto_attention_uses_cudnn(train(2, 64, 6, 4, 64)));   // Hq not a multiple of Hkv
+  EXPECT_FALSE(auto_attention_uses_cudnn(train(0, 64, 4, 4, 64)));
+  EXPECT_FALSE(auto_attention_uses_cudnn(train(8, 1 << 20, 32, 8, 128)));  // beyond 2^31 elements
+  cuda::AttentionShape decode = train(1, 1, 32, 8, 128);
+  decode.Tk = 41, decode.q_offset = 40, decode.kv_batch_stride = 4096 * 8 * 128;
+  EXPECT_FALSE(auto_attention_uses_cudnn(decode));
+  cuda::AttentionShape prefill_in_cache = train(1, 64, 32, 8, 128);
+  prefill_in_cache.kv_batch_stride = 4096 * 8 * 128;  // the first prompt, into a KV cache
+  EXPECT_FALSE(auto_attention_uses_cudnn(prefill_in_cache));
+}
+
 TEST(CudaAttentionPlan, Errors) {
   EXPECT_NE(error_of([] {
               cuda::plan_attention_forward(shape(1, 8, 8, 6, 4, 64), true, true, 132);

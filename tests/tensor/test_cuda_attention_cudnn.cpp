@@ -613,7 +613,9 @@ TEST(CudnnAttentionGpu, MatchesKilnCudaAttention) {
   }
 }
 
-TEST(CudnnAttentionGpu, PlansAreCachedAndF32IsRefused) {
+// f32 has no cuDNN path: under --attention cudnn it runs kiln's kernel (the table keeps kiln's f32
+// entry), so the result is kiln's to the bit and no cuDNN plan is made for it.
+TEST(CudnnAttentionGpu, PlansAreCachedAndF32RunsKilnsKernel) {
   REQUIRE_GPU();
   ImplScope impl(ops::AttentionImpl::Cudnn);
   Tensor q = to_gpu_bf16(rand_bf16_values({1, 32, 4, 64}, 1));
@@ -626,14 +628,63 @@ TEST(CudnnAttentionGpu, PlansAreCachedAndF32IsRefused) {
   EXPECT_EQ(sdpa::cached_plans(), plans + 1);  // the scale is part of the key
 
   Tensor q32 = q.to(DType::F32), k32 = k.to(DType::F32);
-  try {
-    (void)ops::attention(q32, k32, k32, 0.125, 0);
-    ADD_FAILURE() << "f32 accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cuDNN fused attention needs bf16 or f16"),
-              std::string::npos)
-        << e.what();
+  auto [o, lse] = ops::attention(q32, k32, k32, 0.125, 0);
+  EXPECT_EQ(sdpa::cached_plans(), plans + 1);
+  ImplScope kiln_impl(ops::AttentionImpl::Kiln);
+  auto [o_k, lse_k] = ops::attention(q32, k32, k32, 0.125, 0);
+  EXPECT_EQ(o.to(Device::cpu()).to_double_vector(), o_k.to(Device::cpu()).to_double_vector());
+  EXPECT_EQ(lse.to(Device::cpu()).to_double_vector(), lse_k.to(Device::cpu()).to_double_vector());
+}
+
+// --attention auto (the default): training's shape goes to cuDNN (a plan is made, and the outputs
+// are cuDNN's to the bit), a decode step over a KV cache view and a head dim cuDNN cannot take go
+// to kiln's kernels (no plan; kiln's outputs to the bit).
+TEST(CudnnAttentionGpu, AutoTakesCudnnForTrainingAndKilnForDecode) {
+  REQUIRE_GPU();
+  auto bits = [](const Tensor& t) { return t.to(Device::cpu()).to_double_vector(); };
+  auto run = [](ops::AttentionImpl impl, const Tensor& q, const Tensor& k, std::int64_t off,
+                std::size_t* plans_made) {
+    ImplScope scope(impl);
+    const std::size_t before = sdpa::cached_plans();
+    auto r = ops::attention(q, k, k, 0.125, off);
+    if (plans_made) *plans_made = sdpa::cached_plans() - before;
+    return r;
+  };
+  // Training: B 2, T 96, 8 query heads over 2 kv heads, D 48 (stories15M's head dim).
+  Tensor q = to_gpu_bf16(rand_bf16_values({2, 96, 8, 48}, 11, -2, 2));
+  Tensor k = to_gpu_bf16(rand_bf16_values({2, 96, 2, 48}, 12));
+  std::size_t made = 0;
+  auto [o_auto, lse_auto] = run(ops::AttentionImpl::Auto, q, k, 0, &made);
+  EXPECT_EQ(made, 1u);  // a fresh scale/shape: Auto planned it with cuDNN
+  auto [o_cudnn, lse_cudnn] = run(ops::AttentionImpl::Cudnn, q, k, 0, nullptr);
+  EXPECT_EQ(bits(o_auto), bits(o_cudnn));
+  EXPECT_EQ(bits(lse_auto), bits(lse_cudnn));
+  Tensor dout = to_gpu_bf16(rand_bf16_values({2, 96, 8, 48}, 13));
+  std::vector<std::vector<double>> grads[2];
+  for (int i = 0; i < 2; ++i) {
+    ImplScope scope(i == 0 ? ops::AttentionImpl::Auto : ops::AttentionImpl::Cudnn);
+    auto [dq, dk, dv] = ops::attention_backward(q, k, k, o_cudnn, lse_cudnn, dout, 0.125);
+    grads[i] = {bits(dq), bits(dk), bits(dv)};
   }
+  EXPECT_EQ(grads[0], grads[1]);
+
+  // Decode: one query at position 40 over a KV cache view (batch stride of 64 positions).
+  Tensor cache = to_gpu_bf16(rand_bf16_values({2, 64, 2, 48}, 14));
+  Tensor kv = cache.narrow(1, 0, 41);
+  Tensor q1 = to_gpu_bf16(rand_bf16_values({2, 1, 8, 48}, 15));
+  auto [o_dec, lse_dec] = run(ops::AttentionImpl::Auto, q1, kv, 40, &made);
+  EXPECT_EQ(made, 0u);
+  auto [o_kiln, lse_kiln] = run(ops::AttentionImpl::Kiln, q1, kv, 40, nullptr);
+  EXPECT_EQ(bits(o_dec), bits(o_kiln));
+  EXPECT_EQ(bits(lse_dec), bits(lse_kiln));
+
+  // Head dim 20 (not a multiple of 8): kiln's kernels even for training's shape.
+  Tensor q20 = to_gpu_bf16(rand_bf16_values({1, 32, 4, 20}, 16));
+  Tensor k20 = to_gpu_bf16(rand_bf16_values({1, 32, 4, 20}, 17));
+  auto [o20, lse20] = run(ops::AttentionImpl::Auto, q20, k20, 0, &made);
+  EXPECT_EQ(made, 0u);
+  auto [o20k, lse20k] = run(ops::AttentionImpl::Kiln, q20, k20, 0, nullptr);
+  EXPECT_EQ(bits(o20), bits(o20k));
 }
 
 }  // namespace
