@@ -27,6 +27,7 @@
 // reproducible bit for bit. One warp handles one head vector; D <= kQkNormMaxDim.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -56,6 +57,26 @@ inline float rope_inv_freq(std::int64_t D, double theta, std::int64_t i) {
 
 void rope_tables(std::int64_t max_pos, std::int64_t D, double theta, float* cos, float* sin,
                  StreamHandle stream);
+
+// rope_apply's grid: x over the B * T tokens, y over the token's H * D/2 pairs in blocks of
+// `threads` (a multiple of 32, at most 256: 160 for stories15M's 6 heads of 24 pairs, so few
+// threads idle). Fails by name beyond what a grid holds (2^31 - 1 tokens, 65535 y-blocks).
+struct RopeLaunch {
+  std::int64_t tokens = 0, pairs = 0;
+  int threads = 32;
+  std::int64_t blocks_y = 0;
+};
+inline RopeLaunch rope_launch(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D) {
+  RopeLaunch l;
+  l.tokens = B * T;
+  l.pairs = H * (D / 2);
+  if (l.tokens == 0 || l.pairs == 0) return l;
+  l.threads = static_cast<int>(std::min<std::int64_t>(256, (l.pairs + 31) / 32 * 32));
+  l.blocks_y = (l.pairs + l.threads - 1) / l.threads;
+  KILN_CHECK(l.tokens <= 0x7fffffffLL && l.blocks_y <= 65535,
+             "[rope] {} tokens of {} pairs exceed the CUDA grid", l.tokens, l.pairs);
+  return l;
+}
 
 template <typename T>
 void rope_apply(RopeStyle style, bool backward, std::int64_t B, std::int64_t T_, std::int64_t H,

@@ -104,6 +104,31 @@ TEST(CudaNnHost, NormChunksFollowTheCpuRule) {
   EXPECT_EQ(cuda::qk_norm_rope_scratch_floats(2, 3, 5, 64), 30 * 64);
 }
 
+// rope_apply's grid: every pair of every token gets exactly one thread, blocks are whole warps of
+// at most 256 threads, and a grid the device cannot take is refused by name.
+TEST(CudaNnHost, RopeLaunchCoversEveryPairOnce) {
+  struct C {
+    std::int64_t B, T, H, D;
+    int threads;
+    std::int64_t blocks_y;
+  };
+  for (const C& c : {C{64, 256, 6, 48, 160, 1},   // stories15M: 144 pairs a token
+                     C{16, 1024, 8, 64, 256, 1},  // stories42M: 256
+                     C{1, 512, 32, 128, 256, 8},  // Qwen3-8B's q: 2048
+                     C{1, 1, 1, 2, 32, 1}, C{3, 5, 7, 10, 64, 1}}) {
+    const cuda::RopeLaunch l = cuda::rope_launch(c.B, c.T, c.H, c.D);
+    EXPECT_EQ(l.tokens, c.B * c.T);
+    EXPECT_EQ(l.pairs, c.H * c.D / 2);
+    EXPECT_EQ(l.threads, c.threads) << c.H << "x" << c.D;
+    EXPECT_EQ(l.blocks_y, c.blocks_y);
+    EXPECT_EQ(l.threads % 32, 0);
+    EXPECT_GE(l.blocks_y * l.threads, l.pairs);
+    EXPECT_LT((l.blocks_y - 1) * l.threads, l.pairs);
+  }
+  EXPECT_EQ(cuda::rope_launch(0, 7, 2, 8).tokens, 0);
+  EXPECT_THROW(cuda::rope_launch(1 << 16, 1 << 16, 1, 2), Error);  // 2^32 tokens
+}
+
 TEST(CudaNnHost, EmbeddingThreads) {
   EXPECT_EQ(cuda::embedding_threads(1, 1), 32);
   EXPECT_EQ(cuda::embedding_threads(288, 4), 96);  // 72 accesses -> 3 warps
