@@ -21,7 +21,8 @@ namespace {
 
 struct BudgetOptions {
   std::string model, mode = "both", dtype = "fp32", optimizer = "adamw", gpu_mem, svg;
-  std::string simulate;  // "": cuda when measuring on cuda, else cpu
+  std::string weights = "float";  // inference: float | q8_0 | q4_k_m
+  std::string simulate;           // "": cuda when measuring on cuda, else cpu
   std::string device = "cpu";
   std::int64_t batch = 1, seq = 256, context = 0, decode = 32, nproc = 1, zero = 0;
   bool recompute = false, json = false, measure = false;
@@ -65,6 +66,13 @@ Run add_budget_command(CLI::App &app) {
   app.add_option("--dtype", o->dtype,
                  "Weights and activations: fp32 | bf16 (AdamW keeps f32 masters)")
       ->check(CLI::IsMember({"fp32", "f32", "bf16", "fp16", "f16"}));
+  app.add_option("--weights", o->weights,
+                 "Inference weights: float (in --dtype) | q8_0 | q4_k_m, as kiln holds a GGUF "
+                 "file of that scheme (kiln quantize): Linear weights and the token embedding in "
+                 "GGML blocks, the rest in --dtype. Training takes float weights (--mode both "
+                 "trains float beside the quantized inference)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"float", "q8_0", "q4_k_m"}));
   app.add_option("--optimizer", o->optimizer, "adamw | sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_flag("--recompute", o->recompute, "Per-layer activation recomputation (training)");
@@ -123,6 +131,8 @@ Run add_budget_command(CLI::App &app) {
       serve::ServeBudgetSpec ss;
       ss.cfg = models::resolve_model_config(o->model);
       ss.dtype = o->dtype == "bf16" ? DType::BF16 : DType::F32;
+      ss.weights =
+          o->weights == "float" ? models::GgufScheme::F32 : models::parse_gguf_scheme(o->weights);
       ss.seqs = o->seqs;
       ss.context = o->context;
       ss.block_size = o->block_size;
@@ -156,6 +166,8 @@ Run add_budget_command(CLI::App &app) {
                         ? DeviceType::CUDA
                         : DeviceType::CPU;
     std::int64_t limit = o->gpu_mem.empty() ? 0 : models::parse_bytes(o->gpu_mem);
+    const models::GgufScheme scheme =
+        o->weights == "float" ? models::GgufScheme::F32 : models::parse_gguf_scheme(o->weights);
 
     std::vector<models::BudgetReport> reports;
     std::vector<MemEvent> timeline;
@@ -164,6 +176,9 @@ Run add_budget_command(CLI::App &app) {
       models::BudgetReport r;
       r.spec = base;
       r.spec.mode = mode;
+      // --mode both trains float weights beside the quantized inference; --mode train with
+      // --weights is refused by BudgetSpec::validate, by name.
+      if (mode == models::BudgetMode::Infer || o->mode == "train") r.spec.weights = scheme;
       r.analytic = models::analytic_budget(r.spec);
       bool want_timeline = !o->svg.empty() && mode == models::BudgetMode::Train;
       r.dry = models::run_budget(r.spec, Device::meta(), want_timeline);

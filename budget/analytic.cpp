@@ -17,10 +17,14 @@
 //              the backward of the last (recomputed) layer's MLP;
 //   inference: the prefill's attention and MLP of one layer, and the last
 //              decode step's attention over the full cache.
-#include <algorithm>
+#include <fmt/format.h>
 
-#include "distributed/shard.h"
+#include <algorithm>
+#include <optional>
+
 #include "budget/budget.h"
+#include "distributed/shard.h"
+#include "kernels/cpu/gemv_quant.h"
 #include "models/param_count.h"
 
 namespace kiln::models {
@@ -52,7 +56,62 @@ class Bytes {
   std::int64_t align_;
 };
 
+// The row length (GGML's k) of a parameter a GGUF scheme may store in blocks, by its row key
+// (models/param_count.h): every Linear weight and the token embedding, as load_gguf_model keeps
+// them; nullopt for the rest (norms, biases, a learned position table), which stay in dtype.
+std::optional<std::int64_t> stored_row_len(const ModelConfig& c, const std::string& key) {
+  if (key == "model.embed_tokens.weight" || key == "lm_head.weight") return c.dim;
+  if (!key.starts_with("layers.*.")) return std::nullopt;
+  for (const char* name : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "fc"})
+    if (key.ends_with(std::string(name) + ".weight")) return c.dim;
+  if (key.ends_with("o_proj.weight")) return c.n_heads * c.head_dim;
+  if (key.ends_with("down_proj.weight") || key.ends_with("mlp.proj.weight")) return c.hidden_dim;
+  return std::nullopt;
+}
+
+// The scratch of one Linear on quantized weights (ops::linear_quant) for `rows` rows of x
+// against an n x k weight of type q, as each backend's kernel allocates it: on the CPU the int8
+// GEMV's quantized copy of x up to kQuantGemvMaxRows rows, else a dequantized slice of the
+// weights and, when the slice is not all of n, the GEMM's (rows, slice) output (oneDNN's own
+// scratchpad beside them is left out, as for every bf16 GEMM: gemm_scratch_unmodelled); on CUDA
+// the whole weight dequantized in the compute dtype.
+std::int64_t linear_quant_scratch(const Bytes& r, DeviceType simulate, quant::QuantType q,
+                                  std::int64_t rows, std::int64_t n, std::int64_t k,
+                                  std::int64_t e) {
+  if (simulate == DeviceType::CUDA) return r(n * k, e);
+  if (rows <= cpu::kQuantGemvMaxRows) return r(cpu::gemv_quant_scratch_bytes(q, rows, k), 1);
+  const std::int64_t slice = std::clamp<std::int64_t>(cpu::kQuantPrefillSliceBytes / (k * e), 1, n);
+  return r(slice * k, e) + (slice < n ? r(rows * slice, e) : 0);
+}
+
 }  // namespace
+
+std::int64_t stored_weight_bytes(const ModelConfig& c, GgufScheme scheme, DType dtype,
+                                 DeviceType simulate) {
+  const Bytes r(simulate);
+  const std::int64_t e = dtype_size(dtype);
+  std::int64_t total = 0;
+  for (const ParamRow& p : count_params(c).rows) {
+    if (p.tied || p.per_layer == 0) continue;
+    const std::int64_t n = p.per_layer;
+    const std::optional<std::int64_t> k =
+        scheme == GgufScheme::F32 ? std::nullopt : stored_row_len(c, p.key);
+    if (!k) {
+      total += p.layers * r(n, e);
+      continue;
+    }
+    // Q4_K_M's type depends on the layer (llama.cpp's rule, gguf_tensor_type).
+    for (std::int64_t i = 0; i < p.layers; ++i) {
+      const std::string name = p.key.starts_with("layers.*.")
+                                   ? fmt::format("model.layers.{}.{}", i, p.key.substr(9))
+                                   : p.key;
+      const std::optional<quant::QuantType> q =
+          gguf_tensor_type(scheme, name, {n / *k, *k}, c.n_layers);
+      total += q ? r(quantized_bytes(*q, n / *k, *k), 1) : r(n, e);
+    }
+  }
+  return total;
+}
 
 BudgetFigures analytic_budget(const BudgetSpec& s) {
   s.validate();
@@ -80,13 +139,14 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
       layer_unit += n;
     else
       largest_unit = std::max(largest_unit, n);
+    if (!train) continue;  // inference: stored_weight_bytes below
     base[BudgetRow::Weights] += p.layers * r(s.zero >= 3 ? k : n, e);
-    if (!train) continue;
     base[BudgetRow::Gradients] += p.layers * r(s.zero >= 2 ? k : n, e);
     const std::int64_t state = s.zero >= 1 ? k : n;
     if (lowp) base[BudgetRow::MasterWeights] += p.layers * r(state, 4);
     base[BudgetRow::OptimizerState] += p.layers * r(state, 4) * (s.adamw ? 2 : 1);
   }
+  if (!train) base[BudgetRow::Weights] = stored_weight_bytes(c, s.weights, s.dtype, s.simulate);
   // ZeRO-2: one full-gradient bucket, the largest parameter's; ZeRO-3: one gathered unit, the
   // largest of a decoder layer and each parameter outside the layers, as one flat buffer.
   if (train && s.zero >= 2) base[BudgetRow::Gradients] += r(largest_param, e);
@@ -187,6 +247,31 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     att[BudgetRow::Activations] =
         2 * r(N * C, e) + 2 * r(N * Hq * D, e) + 2 * r(N * Hk * D, e) + r(B * Hq * S, f);
     moments.push_back(att);
+    if (s.weights != GgufScheme::F32) {
+      // Quantized Linear weights add their kernel's scratch to the op running at each moment:
+      // down_proj (or proj) at the MLP's, o_proj after the attention (a smaller scratch than
+      // down_proj's on the CPU, the same rows), and the LM head on the last row of each step,
+      // which on CUDA dequantizes the whole (V, C) table.
+      const std::string down = plain_mlp ? "mlp.proj.weight" : "mlp.down_proj.weight";
+      std::int64_t mlp_temp = 0;
+      for (std::int64_t i = 0; i < L; ++i) {
+        const auto q =
+            gguf_tensor_type(s.weights, fmt::format("model.layers.{}.{}", i, down), {C, F}, L);
+        if (q) mlp_temp = std::max(mlp_temp, linear_quant_scratch(r, s.simulate, *q, N, C, F, e));
+      }
+      moments[moments.size() - 2][BudgetRow::Temporaries] = mlp_temp;
+      const std::string head = c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+      if (const auto q = gguf_tensor_type(s.weights, head, {V, C}, L)) {
+        Moment lm = base;
+        lm.phase = Phase::Prefill, lm.label = "lm_head";
+        // The last position of each row: a copy when B > 1; with one row a view that keeps
+        // the prefill's whole (1, S, C) hidden state alive.
+        lm[BudgetRow::Activations] = B == 1 ? r(N * C, e) : r(B * C, e);
+        lm[BudgetRow::Logits] = r(B * V, e);
+        lm[BudgetRow::Temporaries] = linear_quant_scratch(r, s.simulate, *q, B, V, C, e);
+        moments.push_back(lm);
+      }
+    }
   }
 
   const Moment* best = &moments.front();

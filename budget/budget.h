@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/gguf_model.h"
 #include "tensor/memory.h"
 
 namespace kiln::models {
@@ -63,8 +64,12 @@ struct BudgetSpec {
       0;  // inference: KV-cache capacity; 0: seq + decode_steps, at most max_seq_len
   std::int64_t decode_steps = 32;  // inference: one-token steps after the prefill
   DType dtype = DType::F32;        // weights and activations (bf16: AdamW keeps f32 masters)
-  bool adamw = true;               // else SGD with momentum 0.9 (one f32 buffer per parameter)
-  bool recompute = false;          // per-layer activation checkpointing (training)
+  // Inference: the weights as a GGUF file of this scheme holds them and kiln keeps them
+  // (models/gguf_model.h: the Linear weights and the token embedding in GGML blocks, the rest in
+  // dtype); F32 means float weights in dtype. Training takes float weights only.
+  GgufScheme weights = GgufScheme::F32;
+  bool adamw = true;       // else SGD with momentum 0.9 (one f32 buffer per parameter)
+  bool recompute = false;  // per-layer activation checkpointing (training)
   // Whose allocator the dry run and the analytic model charge for: CPU rounds
   // every block up to 64 bytes, the CUDA caching allocator to 512.
   DeviceType simulate = DeviceType::CPU;
@@ -107,6 +112,13 @@ struct BudgetFigures {
   // Runtime row and its unattributed() is the Unattributed row.
   std::optional<DeviceMemoryRows> device;
 };
+
+// Bytes of an inference model's parameters as the allocator of `simulate` charges them, one
+// allocation per tensor: float in dtype, or (scheme other than F32) the Linear weights and the
+// token embedding in the GGML blocks the scheme gives them (models/gguf_model.h), as
+// load_gguf_model keeps a file of that scheme. Exact, as the dry run allocates.
+std::int64_t stored_weight_bytes(const ModelConfig& c, GgufScheme scheme, DType dtype,
+                                 DeviceType simulate);
 
 // Closed-form model of the dry run (see docs/memory.md). Weights, master
 // weights, gradients, optimizer state, KV cache, inputs and runtime are exact

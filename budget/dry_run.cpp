@@ -112,6 +112,10 @@ void BudgetSpec::validate() const {
              "[budget] global --batch {} is not divisible by --nproc {}: every rank runs batch / "
              "nproc rows",
              batch, nproc);
+  KILN_CHECK(weights == GgufScheme::F32 || mode == BudgetMode::Infer,
+             "[budget] --weights {}: quantized weights are for inference (kiln trains float "
+             "weights); use --mode infer",
+             gguf_scheme_name(weights));
   if (mode == BudgetMode::Train) {
     KILN_CHECK(seq <= cfg.max_seq_len, "[budget] --seq {} exceeds the model's context of {}", seq,
                cfg.max_seq_len);
@@ -292,7 +296,16 @@ void TrainStep::run() {
 // the values never change an allocation).
 void infer_run(const BudgetSpec& s, Device device) {
   NoGradGuard no_grad;
-  DecoderModel model(s.cfg, 1234, s.dtype, device);
+  std::unique_ptr<DecoderModel> built =
+      s.weights == GgufScheme::F32 ? std::make_unique<DecoderModel>(s.cfg, 1234, s.dtype, device)
+                                   : zero_model_as_stored(s.cfg, s.weights, s.dtype, device);
+  // zero_model_as_stored builds a float skeleton on meta and replaces every parameter: on the
+  // meta device (the dry run) those float tensors come and go in the tracker being read, a
+  // moment no loader has (load_gguf_model's skeleton is on meta, its weights on the CPU or GPU).
+  // The peaks restart from the model as stored.
+  if (device.is_meta() && s.weights != GgufScheme::F32)
+    MemoryTracker::get(device.type).reset_peaks();
+  DecoderModel& model = *built;
   model.eval();
   KVCache cache(s.cfg, s.batch, s.kv_capacity(), s.dtype, device);
   Tensor ids = token_ids(s.batch, s.seq, device);

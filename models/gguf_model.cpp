@@ -261,6 +261,41 @@ std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype
   return model;
 }
 
+std::int64_t quantized_bytes(quant::QuantType t, std::int64_t rows, std::int64_t k) {
+  const quant::QuantInfo& q = quant::quant_info(t);
+  KILN_CHECK(rows >= 0 && k >= 0 && k % q.block_size == 0,
+             "[gguf] a {} x {} weight is not rows of whole {} blocks", rows, k, q.name);
+  return rows * (k / q.block_size) * q.block_bytes;
+}
+
+std::unique_ptr<DecoderModel> zero_model_as_stored(const ModelConfig& c, GgufScheme scheme,
+                                                   DType dtype, Device device) {
+  auto model = std::make_unique<DecoderModel>(c, 0, dtype, Device::meta());
+  const std::map<std::string, nn::Linear*> linears = model->linears();
+  for (auto& [name, p] : model->named_parameters()) {
+    MemoryScope weights(MemCategory::Weights);
+    auto linear = linears.find(name);
+    const bool embed = name == "model.embed_tokens.weight";
+    const std::optional<quant::QuantType> q =
+        linear != linears.end() || embed ? gguf_tensor_type(scheme, name, p.shape(), c.n_layers)
+                                         : std::nullopt;
+    if (!q) {  // stored in float, loaded in dtype
+      nn::assign_data(p, ops::zeros(p.shape(), dtype, device));
+      continue;
+    }
+    const Tensor blocks =
+        ops::zeros({quantized_bytes(*q, p.size(0), p.size(1))}, DType::Bool, device);
+    if (embed)
+      model->model->embed_tokens->set_quantized_weight(blocks, *q, dtype);
+    else
+      linear->second->set_quantized_weight(blocks, *q);
+  }
+  if (c.uses_rope())  // the meta model's tables, made again on `device`
+    model->rope = std::make_unique<nn::Rope>(c.max_seq_len, c.head_dim, c.rope_theta, c.rope_style,
+                                             dtype, device);
+  return model;
+}
+
 io::GgufMetadata gguf_metadata_of(const ModelConfig& c) {
   // The three architectures the reader maps back to this config: qwen3 (QK-norm) and qwen2 (QKV
   // bias) rotate halves; llama rotates interleaved pairs, kiln's llama2.c layout, which is what

@@ -64,6 +64,17 @@ GgufScheme parse_gguf_scheme(std::string_view name);
 std::optional<quant::QuantType> gguf_tensor_type(GgufScheme scheme, const std::string& name,
                                                  const Shape& shape, std::int64_t n_layers);
 
+// A model of config c laid out in memory as load_gguf_model lays out a file that save_gguf_model
+// wrote with `scheme` (keep_quantized): the Linear weights and the token embedding that the scheme
+// quantizes hold zero blocks of their type (Weights), every other parameter zeros in `dtype`.
+// Built on meta and then placed on `device`, as the loader does, so no float copy of a quantized
+// weight is ever allocated. The memory budget's what-if (`kiln budget --weights q4_k_m`).
+std::unique_ptr<DecoderModel> zero_model_as_stored(const ModelConfig& c, GgufScheme scheme,
+                                                   DType dtype, Device device);
+
+// Bytes of the GGML blocks of a rows x k weight of type t (k a multiple of the block size).
+std::int64_t quantized_bytes(quant::QuantType t, std::int64_t rows, std::int64_t k);
+
 // Writes m (float weights) as GGUF v3 with llama.cpp's names and metadata, its weights stored as
 // `scheme` says (kernels/cpu/quantize.h: Q8_0 byte for byte llama.cpp's). With a tokenizer, its
 // tokenizer.ggml.* keys are written too (models/io/gguf_tokenizer.h). Atomic (GgufWriter).

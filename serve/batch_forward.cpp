@@ -5,6 +5,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "kernels/cpu/gemv_quant.h"
+#include "tensor/kernel_table.h"
 #include "tensor/ops.h"
 
 namespace kiln::serve {
@@ -40,9 +41,12 @@ struct TilePlan {
   bool pad;
 };
 
+// (The backend the kernels come from: the meta device of a dry run tiles as the device it
+// simulates, so the budget's dry run charges the tiles a real run allocates.)
 TilePlan tile_plan(bool quantized, DType weight, const Tensor& x) {
-  if (x.device().is_cpu() && quantized) return {cpu::kQuantGemvMaxRows, false};
-  if (x.device().is_cpu() && weight == DType::BF16 && x.dtype() == DType::BF16)
+  const bool cpu_kernels = ops::kernel_device(x.device()) == DeviceType::CPU;
+  if (cpu_kernels && quantized) return {cpu::kQuantGemvMaxRows, false};
+  if (cpu_kernels && weight == DType::BF16 && x.dtype() == DType::BF16)
     return {kBf16GemvRows, false};
   return {kRowTile, true};
 }
@@ -127,7 +131,11 @@ Tensor forward_rows(const models::DecoderModel& m, KvPool& pool, const BatchRows
   const models::ModelConfig& c = m.cfg;
   const Device dev = m.device();
   const std::vector<Segment> segs = segments_of(rows);
-  const Tensor seq = ops::from_vector(rows.seq, {N}), pos = ops::from_vector(rows.pos, {N});
+  // The rows' sequences and positions, read on the host by paged attention: host tensors,
+  // except in a dry run simulating the CPU, where the meta device charges them as the CPU would.
+  const Device index_dev = ops::kernel_device(dev) == DeviceType::CPU ? dev : Device::cpu();
+  const Tensor seq = ops::from_vector(rows.seq, {N}).to(index_dev);
+  const Tensor pos = ops::from_vector(rows.pos, {N}).to(index_dev);
   Tensor h = m.model->embed_tokens->forward(ops::from_vector(rows.tokens, {N}).to(dev));  // (N, C)
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   for (std::size_t l = 0; l < m.model->layers->items.size(); ++l) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "budget/budget.h"
 #include "models/decoder.h"
 #include "models/param_count.h"
 #include "serve/batch_forward.h"
@@ -38,8 +39,7 @@ ServeBudget serve_budget_analytic(const ServeBudgetSpec& spec) {
   auto r = [&](std::int64_t bytes) { return (bytes + align - 1) / align * align; };
   const auto e = static_cast<std::int64_t>(dtype_size(s.dtype));
   ServeBudget b;
-  for (const models::ParamRow& p : models::count_params(s.cfg).rows)
-    if (!p.tied && p.per_layer > 0) b.weights += p.layers * r(p.per_layer * e);
+  b.weights = models::stored_weight_bytes(s.cfg, s.weights, s.dtype, s.simulate);
   // Keys and values: one (num_blocks, block_size, Hkv, D) tensor each per layer.
   b.kv_pool =
       2 * s.cfg.n_layers * r(s.num_blocks * s.block_size * s.cfg.n_kv_heads * s.cfg.head_dim * e);
@@ -56,6 +56,12 @@ ServeBudget serve_budget_run(const ServeBudgetSpec& spec, Device device) {
   std::optional<MetaSimulatesScope> sim;
   if (device.is_meta()) sim.emplace(s.simulate);
   if (device.is_cpu()) empty_cpu_cache();
+  // The block tables: a host tensor in every run (as the engine's), made before the baseline so
+  // that a CPU run does not count it where the dry run cannot (a few hundred bytes).
+  const std::int64_t per_seq = s.blocks_per_seq();
+  Tensor tables = ops::zeros({s.seqs, per_seq}, DType::I32);
+  for (std::int64_t i = 0; i < s.seqs * per_seq; ++i)
+    tables.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % s.num_blocks);
   auto& tracker = MemoryTracker::get(device.type);
   const MemStats base = tracker.stats();
   auto delta = [&](const MemStats& st, MemCategory c) {
@@ -64,7 +70,13 @@ ServeBudget serve_budget_run(const ServeBudgetSpec& spec, Device device) {
   };
   ServeBudget b;
   {
-    models::DecoderModel model(s.cfg, 1234, s.dtype, device);
+    // Quantized: the model as load_gguf_model holds a file of that scheme (its float skeleton on
+    // meta comes and goes before `held` below, which reads current bytes, not peaks).
+    std::unique_ptr<models::DecoderModel> built =
+        s.weights == models::GgufScheme::F32
+            ? std::make_unique<models::DecoderModel>(s.cfg, 1234, s.dtype, device)
+            : models::zero_model_as_stored(s.cfg, s.weights, s.dtype, device);
+    const models::DecoderModel& model = *built;
     KvPool pool(s.cfg, s.num_blocks, s.block_size, s.dtype, device);
     const MemStats held = tracker.stats();
     b.weights = delta(held, MemCategory::Weights);
@@ -73,10 +85,7 @@ ServeBudget serve_budget_run(const ServeBudgetSpec& spec, Device device) {
     // The largest iteration: every sequence decodes at the end of its context (the longest
     // attention span), and prompt rows fill the rest of max_batch_tokens.
     BatchRows rows;
-    const std::int64_t per_seq = s.blocks_per_seq();
-    rows.tables = ops::zeros({s.seqs, per_seq}, DType::I32);
-    for (std::int64_t i = 0; i < s.seqs * per_seq; ++i)
-      rows.tables.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % s.num_blocks);
+    rows.tables = tables;
     for (std::int64_t i = 0; i < s.seqs; ++i) {
       rows.tokens.push_back(0);
       rows.seq.push_back(static_cast<std::int32_t>(i));
@@ -107,10 +116,15 @@ std::string serve_budget_text(const ServeBudgetSpec& spec, const ServeBudget& an
   const ServeBudgetSpec s = spec.resolved();
   const std::int64_t block_bytes = kv_block_bytes(s.cfg, s.block_size, s.dtype);
   std::string out = fmt::format(
-      "serving budget: {} layers, {} kv heads x {} dims, {}; {} sequences x context {}; blocks of "
-      "{} positions ({} bytes each, all layers, keys and values); {} blocks = {} full contexts\n",
-      s.cfg.n_layers, s.cfg.n_kv_heads, s.cfg.head_dim, dtype_name(s.dtype), s.seqs, s.context,
-      s.block_size, block_bytes, s.num_blocks, s.num_blocks / s.blocks_per_seq());
+      "serving budget: {} layers, {} kv heads x {} dims, {}{}; {} sequences x context {}; blocks "
+      "of {} positions ({} bytes each, all layers, keys and values); {} blocks = {} full "
+      "contexts\n",
+      s.cfg.n_layers, s.cfg.n_kv_heads, s.cfg.head_dim, dtype_name(s.dtype),
+      s.weights == models::GgufScheme::F32
+          ? std::string()
+          : fmt::format(" (weights {})", models::gguf_scheme_name(s.weights)),
+      s.seqs, s.context, s.block_size, block_bytes, s.num_blocks,
+      s.num_blocks / s.blocks_per_seq());
   out += fmt::format("{:<34}{:>14}{:>14}{:>14}\n", "", "analytic", "dry run",
                      measured ? measured_title : "");
   auto row = [&](const char* name, auto get, bool analytic_has) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "models/config.h"
+#include "models/gguf_model.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 
@@ -22,6 +23,9 @@ namespace kiln::serve {
 struct ServeBudgetSpec {
   models::ModelConfig cfg;
   DType dtype = DType::F32;
+  // The weights as a GGUF file of this scheme holds them (models/gguf_model.h: Linear weights
+  // and the token embedding in GGML blocks, the rest in dtype); F32: float weights in dtype.
+  models::GgufScheme weights = models::GgufScheme::F32;
   std::int64_t seqs = 8;         // sequences decoding at once
   std::int64_t context = 0;      // positions per sequence (0: the model's max_seq_len)
   std::int64_t block_size = 16;  // positions per KV block

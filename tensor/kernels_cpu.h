@@ -54,5 +54,10 @@ using ops::rows_of;
 void register_basic();
 void register_nn();
 void register_matmul_bf16();
+// The scratch bytes the CPU bf16 Linear kernel takes for dense x (rows, k), w (n, k) and out
+// (rows, n) (0 on its GEMV path): for kernels that call that kernel inside their own run and
+// declare its scratch with theirs (linear_quant's prefill slices).
+std::int64_t linear_bf16_dense_scratch_bytes(std::int64_t rows, std::int64_t n, std::int64_t k,
+                                             bool has_bias);
 
 }  // namespace kiln::ops::cpu_glue

@@ -190,6 +190,22 @@ ScratchList linear_scratch(const LinearArgs& a, DType d) {
 
 }  // namespace
 
+std::int64_t linear_bf16_dense_scratch_bytes(std::int64_t rows, std::int64_t n, std::int64_t k,
+                                             bool has_bias) {
+  if (rows <= kLinearGemvMaxRows) return 0;  // linear_runs_gemv for dense operands
+  // linear_plan of row-major operands: out = x w^T.
+  Bf16Gemm g;
+  g.M = rows;
+  g.N = n;
+  g.K = k;
+  g.trans_b = true;
+  g.lda = std::max<std::int64_t>(k, 1);
+  g.ldb = std::max<std::int64_t>(k, 1);
+  g.ldc = std::max<std::int64_t>(n, 1);
+  g.has_bias = has_bias;
+  return kiln::cpu::bf16_gemm_scratch_bytes(g);
+}
+
 void register_matmul_bf16() {
   register_kernel<GemmArgs>(DeviceType::CPU, DType::BF16,
                             {.run = &gemm_bf16_dnnl,

@@ -14,9 +14,6 @@ namespace kiln::ops {
 namespace cpu_glue {
 namespace {
 
-// Prefill dequantizes W this many bytes (in the compute dtype) at a time, at least one row.
-constexpr std::int64_t kPrefillSliceBytes = std::int64_t{4} << 20;
-
 // out[0, nblocks * block_size) = the weights of nblocks blocks: each exact in f32, rounded once.
 template <class T>
 void dequantize_blocks(quant::QuantType type, const std::uint8_t* blocks, std::int64_t nblocks,
@@ -66,7 +63,8 @@ QuantShape quant_shape(const LinearQuantArgs& a, std::int64_t elem_bytes) {
   s.n = a.out.size(-1);
   s.k = a.x.size(-1);
   s.rows = a.out.numel() / s.n;
-  s.slice = std::clamp<std::int64_t>(kPrefillSliceBytes / (s.k * elem_bytes), 1, s.n);
+  s.slice =
+      std::clamp<std::int64_t>(kiln::cpu::kQuantPrefillSliceBytes / (s.k * elem_bytes), 1, s.n);
   return s;
 }
 
@@ -114,8 +112,18 @@ struct LinearQuantCpu {
     const QuantShape s = quant_shape(a, sizeof(T));
     if (runs_gemv(s)) return {kiln::cpu::gemv_quant_scratch_bytes(a.type, s.rows, s.k)};
     const std::int64_t elem = static_cast<std::int64_t>(sizeof(T));
-    if (s.slice == s.n) return {s.slice * s.k * elem};
-    return {s.slice * s.k * elem, s.rows * s.slice * elem};
+    // The bf16 Linear kernel run on each slice takes its GEMM scratch too (oneDNN's scratchpad),
+    // alive with the slice: declared here, the largest of a full and the last slice's.
+    std::int64_t gemm = 0;
+    if constexpr (std::is_same_v<T, bf16>) {
+      const std::int64_t last = s.n - (s.n - 1) / s.slice * s.slice;
+      for (std::int64_t nc : {s.slice, last})
+        gemm = std::max(gemm, linear_bf16_dense_scratch_bytes(s.rows, nc, s.k, a.bias.defined()));
+    }
+    ScratchList list = {s.slice * s.k * elem};
+    if (s.slice != s.n) list.push_back(s.rows * s.slice * elem);
+    if (gemm > 0) list.push_back(gemm);
+    return list;
   }
 };
 

@@ -282,18 +282,25 @@ Tensor embedding_quant(const Tensor& ids, const Tensor& blocks, quant::QuantType
   const std::int64_t dim = row_bytes / q.block_bytes * q.block_size;
   Shape shape = ids.shape();
   shape.push_back(dim);
-  Tensor out = Tensor::empty({ids.numel(), dim}, dtype, blocks.device());
+  // The rows' blocks gathered into one scratch buffer, then one dequantize into the output: the
+  // same allocations on every device, meta included (the dry run charges what a run holds).
+  const std::int64_t n = ids.numel();
+  Tensor gathered;
+  {
+    MemoryScope scratch(MemCategory::Temporaries);
+    gathered = Tensor::empty({n * row_bytes}, DType::Bool, blocks.device());
+  }
   if (!blocks.device().is_meta()) {  // meta: no ids to read, the shape is the answer
     const std::vector<double> v = ids.to_double_vector();
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      const auto id = static_cast<std::int64_t>(v[i]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto id = static_cast<std::int64_t>(v[static_cast<std::size_t>(i)]);
       KILN_CHECK(id >= 0 && id < vocab, "[embedding_quant] token id {} out of range [0, {})", id,
                  vocab);
-      Tensor row = out.narrow(0, static_cast<std::int64_t>(i), 1);
-      row.copy_(dequantize(blocks.narrow(0, id * row_bytes, row_bytes), type, {1, dim}, dtype));
+      gathered.narrow(0, i * row_bytes, row_bytes)
+          .copy_(blocks.narrow(0, id * row_bytes, row_bytes));
     }
   }
-  return out.reshape(shape);
+  return dequantize(gathered, type, {n, dim}, dtype).reshape(shape);
 }
 
 // ---- matmul ---------------------------------------------------------------------

@@ -48,6 +48,9 @@ struct BlockQ8K {
 // Up to this many rows of x, Linear on quantized weights runs gemv_quant; above it the weights
 // are dequantized a slice at a time and multiplied by a GEMM (tensor/kernels_cpu_quant.cpp).
 inline constexpr std::int64_t kQuantGemvMaxRows = 8;
+// Above it, the weights are dequantized this many bytes (in the compute dtype) at a time, at
+// least one row: the slice, and the GEMM's (rows, slice) output when the slice is not all of N.
+inline constexpr std::int64_t kQuantPrefillSliceBytes = std::int64_t{4} << 20;
 
 // Bytes of x's quantized copy that gemv_quant needs as scratch for M rows of K values.
 std::int64_t gemv_quant_scratch_bytes(quant::QuantType t, std::int64_t M, std::int64_t K);

@@ -46,6 +46,36 @@ TEST(ServeBudget, PoolAndWeightsAgreeInAllThreeColumns) {
   }
 }
 
+// Weights as a GGUF file of each scheme holds them (rows of whole 256-blocks, so Q4_K_M takes
+// Q4_K and Q6_K), float beside them: weights, pool and runtime agree in all three columns, and
+// the dry run's forward allocates what the measured one does, byte for byte (the meta device
+// tiles the rows as the CPU it simulates).
+TEST(ServeBudget, QuantizedWeightsAndTheForwardAgreeWithTheMeasuredRun) {
+  for (models::GgufScheme w :
+       {models::GgufScheme::F32, models::GgufScheme::Q8_0, models::GgufScheme::Q4_K_M})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(models::gguf_scheme_name(w)) + " " + std::string(dtype_name(dt)));
+      ServeBudgetSpec s = tiny_spec(dt);
+      s.cfg.dim = 256, s.cfg.hidden_dim = 512, s.cfg.head_dim = 64, s.cfg.n_layers = 8;
+      s.weights = w;
+      s.max_batch_tokens = 37;  // 3 decode rows and 34 prompt rows: tiles of 8 and a partial one
+      const ServeBudget a = serve_budget_analytic(s);
+      const ServeBudget d = serve_budget_run(s, Device::meta());
+      const ServeBudget m = serve_budget_run(s, Device::cpu());
+      EXPECT_EQ(d.weights, a.weights);
+      EXPECT_EQ(m.weights, a.weights);
+      EXPECT_EQ(m.kv_pool, a.kv_pool);
+      EXPECT_EQ(m.runtime, a.runtime);
+      EXPECT_EQ(d.activations, m.activations);
+      EXPECT_EQ(d.total, m.total);
+      if (w != models::GgufScheme::F32) {
+        ServeBudgetSpec f = s;
+        f.weights = models::GgufScheme::F32;
+        EXPECT_LT(a.weights, serve_budget_analytic(f).weights);
+      }
+    }
+}
+
 TEST(ServeBudget, TheFitLineDoesItsArithmetic) {
   const ServeBudgetSpec s = tiny_spec(DType::F32);
   const ServeBudget a = serve_budget_analytic(s), d = serve_budget_run(s, Device::meta());
