@@ -12,6 +12,8 @@
 #include "apps/commands.h"
 #include "apps/flags.h"
 #include "budget/budget.h"
+#include "models/gguf_model.h"
+#include "models/io/gguf.h"
 #include "models/param_count.h"
 #include "serve/serve_budget.h"
 
@@ -36,8 +38,9 @@ Run add_budget_command(CLI::App &app) {
   auto o = std::make_shared<BudgetOptions>();
   std::string presets;
   for (auto &n : models::preset_names()) presets += (presets.empty() ? "" : ", ") + n;
-  app.add_option("--model", o->model,
-                 "Preset (" + presets + "), a config.json, or a Hugging Face model folder")
+  app.add_option(
+         "--model", o->model,
+         "Preset (" + presets + "), a config.json, a Hugging Face model folder, or a GGUF file")
       ->required();
   app.add_option("--mode", o->mode, "train | infer | both (side by side)")
       ->check(CLI::IsMember({"train", "infer", "both"}));
@@ -66,13 +69,14 @@ Run add_budget_command(CLI::App &app) {
   app.add_option("--dtype", o->dtype,
                  "Weights and activations: fp32 | bf16 (AdamW keeps f32 masters)")
       ->check(CLI::IsMember({"fp32", "f32", "bf16", "fp16", "f16"}));
-  app.add_option("--weights", o->weights,
-                 "Inference weights: float (in --dtype) | q8_0 | q4_k_m, as kiln holds a GGUF "
-                 "file of that scheme (kiln quantize): Linear weights and the token embedding in "
-                 "GGML blocks, the rest in --dtype. Training takes float weights (--mode both "
-                 "trains float beside the quantized inference)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"float", "q8_0", "q4_k_m"}));
+  CLI::Option *weights =
+      app.add_option("--weights", o->weights,
+                     "Inference weights: float (in --dtype) | q8_0 | q4_k_m, as kiln holds a GGUF "
+                     "file of that scheme (kiln quantize): Linear weights and the token embedding "
+                     "in GGML blocks, the rest in --dtype (default: float, or a .gguf model's own "
+                     "scheme). Training takes float weights (--mode both trains float beside the "
+                     "quantized inference)")
+          ->check(CLI::IsMember({"float", "q8_0", "q4_k_m"}));
   app.add_option("--optimizer", o->optimizer, "adamw | sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_flag("--recompute", o->recompute, "Per-layer activation recomputation (training)");
@@ -104,7 +108,12 @@ Run add_budget_command(CLI::App &app) {
       ->check(int_in(1, 1 << 20));
   app.add_flag("--json", o->json, "Print JSON instead of the table");
   app.add_option("--svg", o->svg, "Write two charts (by category; training-step timeline) to FILE");
-  return [o, batch] {
+  return [o, batch, weights] {
+    // A GGUF file's weights are budgeted as it stores them unless --weights says otherwise.
+    if (weights->count() == 0 && o->model.ends_with(".gguf"))
+      o->weights =
+          std::string(models::gguf_scheme_name(models::gguf_file_scheme(io::GgufFile(o->model))));
+    if (o->weights == "f32") o->weights = "float";
     // Measuring needs the device; without --measure, --device cuda only picks the simulated
     // allocator, which needs no GPU.
     const Device device = o->measure ? resolve_device(o->device, "budget") : [&] {

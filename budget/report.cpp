@@ -16,7 +16,10 @@ bool per_rank(const BudgetSpec& s) {
 }
 
 std::string spec_line(const BudgetSpec& s) {
-  std::string line = fmt::format("{} | {} | ", budget_mode_name(s.mode), dtype_name(s.dtype));
+  std::string line = fmt::format("{} | {}{} | ", budget_mode_name(s.mode), dtype_name(s.dtype),
+                                 s.weights == GgufScheme::F32
+                                     ? std::string()
+                                     : fmt::format(", weights {}", gguf_scheme_name(s.weights)));
   line += per_rank(s) ? fmt::format("global batch {} ({} per rank) | ", s.batch, s.local_batch())
                       : fmt::format("batch {} | ", s.batch);
   if (s.mode == BudgetMode::Train)
@@ -204,20 +207,23 @@ nlohmann::json budget_report_json(const std::vector<BudgetReport>& reports) {
   nlohmann::json arr = nlohmann::json::array();
   for (const auto& r : reports) {
     const BudgetSpec& s = r.spec;
-    nlohmann::json j = {{"mode", std::string(budget_mode_name(s.mode))},
-                        {"model", s.cfg.to_json()},
-                        {"batch", s.batch},
-                        {"nproc", s.nproc},
-                        {"zero", s.zero},
-                        {"rank", s.rank},
-                        {"local_batch", s.local_batch()},
-                        {"seq", s.seq},
-                        {"dtype", std::string(dtype_name(s.dtype))},
-                        {"optimizer", s.adamw ? "adamw" : "sgd"},
-                        {"recompute", s.recompute},
-                        {"simulate", s.simulate == DeviceType::CUDA ? "cuda" : "cpu"},
-                        {"analytic", figures_json(r.analytic)},
-                        {"dry_run", figures_json(r.dry)}};
+    nlohmann::json j = {
+        {"mode", std::string(budget_mode_name(s.mode))},
+        {"model", s.cfg.to_json()},
+        {"batch", s.batch},
+        {"nproc", s.nproc},
+        {"zero", s.zero},
+        {"rank", s.rank},
+        {"local_batch", s.local_batch()},
+        {"seq", s.seq},
+        {"dtype", std::string(dtype_name(s.dtype))},
+        {"weights", s.weights == GgufScheme::F32 ? std::string("float")
+                                                 : std::string(gguf_scheme_name(s.weights))},
+        {"optimizer", s.adamw ? "adamw" : "sgd"},
+        {"recompute", s.recompute},
+        {"simulate", s.simulate == DeviceType::CUDA ? "cuda" : "cpu"},
+        {"analytic", figures_json(r.analytic)},
+        {"dry_run", figures_json(r.dry)}};
     if (s.mode == BudgetMode::Infer) {
       j["context"] = s.kv_capacity();
       j["decode_steps"] = s.decodes();

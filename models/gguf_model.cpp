@@ -261,6 +261,18 @@ std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype
   return model;
 }
 
+GgufScheme gguf_file_scheme(const io::GgufFile& f) {
+  bool any = false, k_quant = false;
+  for (const io::GgufTensor& t : f.tensors()) {
+    const std::string name = kiln_name_of_gguf_tensor(t.name);
+    if (name.empty() || t.dims.size() != 2) continue;
+    const std::string type(io::ggml_type_info(t.type)->name);
+    if (type == "q8_0") any = true;
+    if (type == "q4_k" || type == "q6_k") any = k_quant = true;
+  }
+  return !any ? GgufScheme::F32 : k_quant ? GgufScheme::Q4_K_M : GgufScheme::Q8_0;
+}
+
 std::int64_t quantized_bytes(quant::QuantType t, std::int64_t rows, std::int64_t k) {
   const quant::QuantInfo& q = quant::quant_info(t);
   KILN_CHECK(rows >= 0 && k >= 0 && k % q.block_size == 0,

@@ -64,6 +64,11 @@ GgufScheme parse_gguf_scheme(std::string_view name);
 std::optional<quant::QuantType> gguf_tensor_type(GgufScheme scheme, const std::string& name,
                                                  const Shape& shape, std::int64_t n_layers);
 
+// The scheme whose types a file's Linear weights and token embedding have, as kiln would keep
+// them: none quantized, F32; every one Q8_0, Q8_0; any K-quant, Q4_K_M (kiln's rule for the mix;
+// a file from another converter may type a few tensors otherwise).
+GgufScheme gguf_file_scheme(const io::GgufFile& f);
+
 // A model of config c laid out in memory as load_gguf_model lays out a file that save_gguf_model
 // wrote with `scheme` (keep_quantized): the Linear weights and the token embedding that the scheme
 // quantizes hold zero blocks of their type (Weights), every other parameter zeros in `dtype`.

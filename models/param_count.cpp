@@ -7,6 +7,8 @@
 #include <set>
 
 #include "models/decoder.h"
+#include "models/gguf_model.h"
+#include "models/io/gguf.h"
 
 namespace kiln::models {
 
@@ -205,6 +207,11 @@ ModelConfig resolve_model_config(const std::string &spec) {
     fs::path cfg = fs::path(spec) / "config.json";
     KILN_CHECK(fs::is_regular_file(cfg, ec), "[config] folder {} has no config.json", spec);
     ModelConfig c = load_hf_config(cfg.string());
+    c.name = spec + " (" + c.name + ")";
+    return c;
+  }
+  if (spec.ends_with(".gguf") && fs::is_regular_file(spec, ec)) {  // llama.cpp's format
+    ModelConfig c = gguf_model_config(io::GgufFile(spec));
     c.name = spec + " (" + c.name + ")";
     return c;
   }

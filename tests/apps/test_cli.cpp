@@ -310,6 +310,17 @@ TEST(Cli, QuantizeWritesAQ8_0FileThatGenerateRuns) {
                         " --tokenizer byte --prompt-ids 1,2 --max-new-tokens 2 --temperature 0");
   ASSERT_EQ(gk.exit_code, 0) << gk.output;
   EXPECT_NE(gk.output.find("with 15 q8_0 weights"), std::string::npos) << gk.output;
+  // kiln budget reads the file's config and budgets its weights as the file stores them; the
+  // dry run and the measured CPU run agree (exit 0), and --weights float overrides.
+  KilnRun b = run_kiln("budget --model " + out + " --mode infer --seq 8 --decode 2 --measure");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("f32, weights q8_0 | batch 1"), std::string::npos) << b.output;
+  KilnRun bf = run_kiln("budget --model " + out + " --mode infer --seq 8 --weights float");
+  ASSERT_EQ(bf.exit_code, 0) << bf.output;
+  EXPECT_EQ(bf.output.find("weights q8_0"), std::string::npos) << bf.output;
+  KilnRun bt = run_kiln("budget --model " + out + " --mode train --weights q8_0");
+  EXPECT_EQ(bt.exit_code, 1) << bt.output;
+  EXPECT_NE(bt.output.find("quantized weights are for inference"), std::string::npos) << bt.output;
   KilnRun deq = run_kiln("generate --random-weights --config " + cfg +
                          " --dequantize --prompt-ids 1 --max-new-tokens 1");
   EXPECT_EQ(deq.exit_code, 1) << deq.output;
