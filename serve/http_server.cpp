@@ -277,6 +277,7 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
     auto pump = [r, &tok, &im, stops, t0, chat, stop_ids](
                     State& st, const std::function<bool(const std::string&)>& on_delta) {
       TextStream ts(stops);
+      IncrementalDecoder text(tok);
       TokenEvent e;
       Clock::time_point last = t0;
       while (r->next(e)) {
@@ -302,7 +303,7 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
             st.logprobs.push_back({{"token", s}, {"logprob", e.logprob}, {"top", top}});
           }
         }
-        const std::string delta = ts.update(tok.decode(st.ids));
+        const std::string delta = is_stop ? std::string() : ts.push(text.push(e.id));
         if (!delta.empty() && !on_delta(delta)) {
           r->cancel();
           st.finish = "cancelled";

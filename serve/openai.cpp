@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 namespace kiln::serve {
 
@@ -182,42 +183,57 @@ std::vector<std::string> stop_strings(const json& body) {
   return out;
 }
 
-std::string TextStream::update(const std::string& full) {
-  if (stopped_) return "";
-  pending_ = full;
-  const std::size_t sent = text_.size();
-  // The earliest stop string that appears in the text not yet sent (or straddling its start).
-  std::size_t cut = std::string::npos;
-  for (const std::string& s : stops_) {
-    const std::size_t from = sent >= s.size() ? sent - s.size() + 1 : 0;
-    const std::size_t at = full.find(s, from);
-    if (at != std::string::npos) cut = std::min(cut, at);
+std::string IncrementalDecoder::push(std::int32_t id) {
+  ids_.push_back(id);
+  const std::span<const std::int32_t> all(ids_);
+  const std::string head = tok_.decode(all.subspan(head_, read_ - head_));
+  const std::string window = tok_.decode(all.subspan(head_));
+  if (window.size() >= head.size() && window.compare(0, head.size(), head) == 0) {
+    head_ = read_;
+    read_ = ids_.size();
+    given_ += window.size() - head.size();
+    return window.substr(head.size());
   }
+  // Not a prefix-consistent window: the whole text, less what was given.
+  const std::string full = tok_.decode(all);
+  head_ = read_ = ids_.size();
+  if (full.size() <= given_) return "";
+  std::string out = full.substr(given_);
+  given_ = full.size();
+  return out;
+}
+
+std::string TextStream::push(std::string_view bytes) {
+  if (stopped_) return "";
+  pending_.append(bytes);
+  std::size_t cut = std::string::npos;
+  for (const std::string& s : stops_) cut = std::min(cut, pending_.find(s));
   if (cut != std::string::npos) {
     stopped_ = true;
-    const std::string out = cut > sent ? full.substr(sent, cut - sent) : "";
-    text_ = full.substr(0, std::max(cut, sent));
+    std::string out = pending_.substr(0, cut);
+    text_ += out;
+    pending_.clear();
     return out;
   }
-  std::size_t safe = full.size() - incomplete_utf8_tail(full);
+  std::size_t safe = pending_.size() - incomplete_utf8_tail(pending_);
   // Hold back a tail that may grow into a stop string.
   for (const std::string& s : stops_)
-    for (std::size_t k = std::min(s.size() - 1, full.size()); k > 0; --k)
-      if (full.compare(full.size() - k, k, s, 0, k) == 0) {
-        safe = std::min(safe, full.size() - k);
+    for (std::size_t k = std::min(s.size() - 1, pending_.size()); k > 0; --k)
+      if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+        safe = std::min(safe, pending_.size() - k);
         break;
       }
-  if (safe <= sent) return "";
-  text_ = full.substr(0, safe);
-  return full.substr(sent, safe - sent);
+  std::string out = pending_.substr(0, safe);
+  pending_.erase(0, safe);
+  text_ += out;
+  return out;
 }
 
 std::string TextStream::flush() {
-  if (stopped_ || pending_.size() <= text_.size()) return "";
-  const std::size_t end = pending_.size() - incomplete_utf8_tail(pending_);
-  if (end <= text_.size()) return "";
-  std::string out = pending_.substr(text_.size(), end - text_.size());
-  text_ = pending_.substr(0, end);
+  if (stopped_) return "";
+  std::string out = pending_.substr(0, pending_.size() - incomplete_utf8_tail(pending_));
+  pending_.clear();
+  text_ += out;
   return out;
 }
 

@@ -6,8 +6,10 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "models/io/tokenizer.h"
 #include "serve/engine.h"
 
 namespace kiln::serve {
@@ -60,14 +62,35 @@ SamplingParams sampling_from_body(const nlohmann::json& body, bool chat, std::ui
 // "stop": a string or up to 4 strings.
 std::vector<std::string> stop_strings(const nlohmann::json& body);
 
-// Streams text out of token ids: the bytes that are safe to send now (complete UTF-8, and not a
-// possible start of a stop string), and whether a stop string was hit (the text is then cut
-// before it).
+// Decodes a growing list of generated ids a step at a time: each push() decodes the window from
+// the token before the last step's tokens to the end, not the whole list, and returns the bytes
+// past what that window's head already gave (vLLM's incremental detokenization). The pieces add
+// up to tok.decode(all ids) for tokenizers whose decode is the pieces of each token in context
+// (byte-level BPE; SentencePiece, whose leading-space rule only touches a window's first token,
+// whose text an earlier step gave). A window that does not extend its head's text is decoded
+// again in full against what was given. Constant work per token, where decoding every id at
+// every step was quadratic in the length of the answer.
+class IncrementalDecoder {
+ public:
+  explicit IncrementalDecoder(const io::Tokenizer& tok) : tok_(tok) {}
+  std::string push(std::int32_t id);
+
+ private:
+  const io::Tokenizer& tok_;
+  std::vector<std::int32_t> ids_;
+  std::size_t head_ = 0, read_ = 0;  // window start; ids before read_ have been given
+  std::size_t given_ = 0;            // bytes given so far
+};
+
+// Streams text out of decoded pieces: the bytes that are safe to send now (complete UTF-8, and
+// not a possible start of a stop string), and whether a stop string was hit (the text is then
+// cut before it). Held-back bytes are the only ones searched and copied again: a stop string
+// cannot start in text already sent, since any suffix that could begin one was held back.
 class TextStream {
  public:
   explicit TextStream(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  // The full decoded text so far; returns the new bytes that may be sent.
-  std::string update(const std::string& text);
+  // Appends the next decoded bytes; returns the bytes that may be sent now.
+  std::string push(std::string_view bytes);
   // At the end: whatever was held back (an incomplete UTF-8 tail is dropped).
   std::string flush();
   bool stopped() const { return stopped_; }
@@ -75,7 +98,8 @@ class TextStream {
 
  private:
   std::vector<std::string> stops_;
-  std::string text_, pending_;
+  std::string text_;     // sent
+  std::string pending_;  // received, held back
   bool stopped_ = false;
 };
 

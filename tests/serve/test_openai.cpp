@@ -3,7 +3,13 @@
 // back incomplete UTF-8 and possible starts of stop strings.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <span>
+
+#include "models/io/qwen_tokenizer.h"
+#include "models/io/tokenizer.h"
 #include "serve/openai.h"
+#include "tests/test_data.h"
 
 namespace kiln::serve {
 namespace {
@@ -87,19 +93,57 @@ TEST(ServeOpenAi, SamplingFieldsAreCheckedByName) {
 
 TEST(ServeOpenAi, TextStreamHoldsBackPartialUtf8AndStopPrefixes) {
   TextStream s({"END"});
-  EXPECT_EQ(s.update("Hello"), "Hello");
-  EXPECT_EQ(s.update("Hello \xE2\x82"), " ");  // the euro sign's first two bytes wait
-  EXPECT_EQ(s.update("Hello \xE2\x82\xAC E"), "\xE2\x82\xAC ");  // "E" may start "END"
-  EXPECT_EQ(s.update("Hello \xE2\x82\xAC EN"), "");
-  EXPECT_EQ(s.update("Hello \xE2\x82\xAC ENDING"), "");
+  EXPECT_EQ(s.push("Hello"), "Hello");
+  EXPECT_EQ(s.push(" \xE2\x82"), " ");           // the euro sign's first two bytes wait
+  EXPECT_EQ(s.push("\xAC E"), "\xE2\x82\xAC ");  // "E" may start "END"
+  EXPECT_EQ(s.push("N"), "");
+  EXPECT_EQ(s.push("DING"), "");
   EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.push("more"), "");
   EXPECT_EQ(s.text(), "Hello \xE2\x82\xAC ");
   TextStream t({"zz"});
-  EXPECT_EQ(t.update("abz"), "ab");
-  EXPECT_EQ(t.update("abzq"), "zq");  // not a stop string after all
-  EXPECT_EQ(t.update("abzq\xC3"), "");
+  EXPECT_EQ(t.push("abz"), "ab");
+  EXPECT_EQ(t.push("q"), "zq");  // not a stop string after all
+  EXPECT_EQ(t.push("\xC3"), "");
   EXPECT_EQ(t.flush(), "");  // an incomplete UTF-8 tail at the end is dropped
   EXPECT_FALSE(t.stopped());
+  EXPECT_EQ(t.text(), "abzq");
+  // A stop string arriving in pieces, and one inside a single piece with text before it.
+  TextStream u({"<|x|>", "##"});
+  EXPECT_EQ(u.push("a<|"), "a");
+  EXPECT_EQ(u.push("x"), "");
+  EXPECT_EQ(u.push("|>tail"), "");
+  EXPECT_TRUE(u.stopped());
+  EXPECT_EQ(u.text(), "a");
+  TextStream v({"##"});
+  EXPECT_EQ(v.push("one two ## three"), "one two ");
+  EXPECT_TRUE(v.stopped());
+}
+
+// The incremental pieces add up to the whole decode, for the Qwen byte-level BPE (multi-byte
+// characters split across tokens included) and for llama2.c's SentencePiece (the leading space
+// of the first token dropped, every later one kept).
+TEST(ServeOpenAi, IncrementalDecoderPiecesAddUpToTheWholeDecode) {
+  auto check = [](const io::Tokenizer& tok, const std::string& text) {
+    const std::vector<std::int32_t> ids = tok.encode(text);
+    ASSERT_GT(ids.size(), 3u);
+    IncrementalDecoder d(tok);
+    std::string joined;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      joined += d.push(ids[i]);
+      const std::span<const std::int32_t> so_far(ids.data(), i + 1);
+      EXPECT_EQ(joined, tok.decode(so_far)) << tok.name() << " after " << i + 1 << " tokens";
+    }
+  };
+  const std::string text =
+      "Once upon a time, 小猫 sat on a mat: \xE2\x82\xAC 3.14 \xF0\x9F\x98\x80!";
+  const auto qwen = io::QwenTokenizer::from_vocab_merges(test_shared_data() + "/qwen/vocab.json",
+                                                         test_shared_data() + "/qwen/merges.txt");
+  check(*qwen, text);
+  const std::string llama = test_shared_data() + "/llama2c/tokenizer.bin";
+  if (std::filesystem::exists(llama))
+    check(io::Llama2cTokenizer(llama), "Once upon a time, a cat sat.");
+  check(io::ByteTokenizer(), text);
 }
 
 TEST(ServeOpenAi, ErrorsAreOpenAiObjects) {
