@@ -383,43 +383,12 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
       };
       if (chat && !send(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)))
         return r->cancel(), false;
-      // Reasoning streams as reasoning_content until </think>, then content.
+      // Reasoning streams as reasoning_content until </think>, then content (ReasoningStream);
+      // a token's logprobs go with the next chunk that carries text.
       State st;
-      std::string all;
-      bool in_think = false, decided = false;
+      ReasoningStream reasoning;
       std::size_t sent_lp = 0;
-      pump(st, [&](const std::string& d) {
-        all += d;
-        json delta;
-        std::string piece = d;
-        if (chat) {
-          if (!decided && all.size() >= 7) {
-            decided = true;
-            in_think = all.starts_with("<think>");
-            piece = in_think ? all.substr(7) : all;  // everything held back so far
-          } else if (!decided) {
-            return true;  // wait for enough text to see whether a <think> block opens
-          }
-          if (in_think) {
-            const auto close = all.find("</think>");
-            if (close != std::string::npos) {
-              in_think = false;
-              const std::size_t before = all.size() - d.size();
-              const std::string r_part =
-                  close > before ? all.substr(before, close - before) : std::string();
-              if (!r_part.empty() &&
-                  !send(chunk({{"reasoning_content", r_part}}, nullptr, nullptr)))
-                return false;
-              piece = all.substr(close + 8);
-              if (piece.empty()) return true;
-            } else {
-              delta["reasoning_content"] = piece;
-            }
-          }
-          if (!in_think) delta["content"] = piece;
-        } else {
-          delta["content"] = piece;
-        }
+      auto send_text = [&](const ReasonedText& t) {
         json lp = nullptr;
         if (r->params.top_logprobs >= 0 && st.logprobs.size() > sent_lp) {
           State part;
@@ -428,10 +397,22 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
           sent_lp = st.logprobs.size();
           lp = logprobs_json(part);
         }
-        return send(chunk(delta, nullptr, lp));
+        if (!t.reasoning.empty() && !send(chunk({{"reasoning_content", t.reasoning}}, nullptr,
+                                                t.content.empty() ? lp : json(nullptr))))
+          return false;
+        if (!t.content.empty()) return send(chunk({{"content", t.content}}, nullptr, lp));
+        return true;
+      };
+      pump(st, [&](const std::string& d) {
+        const ReasonedText t = chat ? reasoning.push(d) : ReasonedText{"", d};
+        if (t.reasoning.empty() && t.content.empty()) return true;  // held: nothing to send
+        return send_text(t);
       });
       if (st.finish == "cancelled") return false;  // the client left
-      if (chat && !decided && !all.empty()) send(chunk({{"content", all}}, nullptr, nullptr));
+      if (chat) {
+        const ReasonedText rest = reasoning.flush();
+        if (!rest.reasoning.empty() || !rest.content.empty()) send_text(rest);
+      }
       send(chunk(json::object(), st.finish, nullptr));
       if (usage_in_stream) {
         json u = chunk(json::object(), nullptr, nullptr);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <string_view>
 
 namespace kiln::serve {
 
@@ -121,13 +122,77 @@ bool enable_thinking(const json& body) {
 }
 
 ReasonedText split_reasoning(const std::string& text) {
+  // Only a reply that opens the block has reasoning (a stream cannot know otherwise before
+  // "</think>" arrives, and kiln's Qwen3 template lets the model open it).
   const std::string open = "<think>", close = "</think>";
-  std::string t = text;
-  if (t.starts_with(open)) t = t.substr(open.size());
+  if (!text.starts_with(open)) return {"", text};
+  const std::string t = text.substr(open.size());
   const auto end = t.find(close);
-  if (end == std::string::npos)
-    return text.starts_with(open) ? ReasonedText{trim(t), ""} : ReasonedText{"", text};
+  if (end == std::string::npos) return {trim(t), ""};
   return {trim(t.substr(0, end)), trim(t.substr(end + close.size()))};
+}
+
+void ReasoningStream::trimmed(std::string_view s, std::string& out) {
+  for (const char c : s) {
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {  // trim()'s set
+      if (started_) space_ += c;
+      continue;
+    }
+    out += space_;
+    space_.clear();
+    out += c;
+    started_ = true;
+  }
+}
+
+ReasonedText ReasoningStream::push(std::string_view piece) {
+  static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+  ReasonedText out;
+  held_.append(piece);
+  for (;;) {
+    switch (state_) {
+      case State::Undecided:
+        if (held_.size() < kOpen.size() && kOpen.starts_with(held_)) return out;  // may open
+        state_ = held_.starts_with(kOpen) ? State::Thinking : State::Plain;
+        if (state_ == State::Thinking) held_.erase(0, kOpen.size());
+        break;
+      case State::Thinking: {
+        const std::size_t close = held_.find(kClose);
+        if (close != std::string::npos) {
+          trimmed(std::string_view(held_).substr(0, close), out.reasoning);
+          held_.erase(0, close + kClose.size());
+          state_ = State::Answer;
+          space_.clear();
+          started_ = false;
+          break;
+        }
+        // Hold a tail that may start "</think>".
+        std::size_t keep = 0;
+        for (std::size_t k = std::min(kClose.size() - 1, held_.size()); k > 0 && !keep; --k)
+          if (std::string_view(held_).substr(held_.size() - k) == kClose.substr(0, k)) keep = k;
+        trimmed(std::string_view(held_).substr(0, held_.size() - keep), out.reasoning);
+        held_.erase(0, held_.size() - keep);
+        return out;
+      }
+      case State::Answer:
+        trimmed(held_, out.content);
+        held_.clear();
+        return out;
+      case State::Plain:
+        out.content += held_;
+        held_.clear();
+        return out;
+    }
+  }
+}
+
+ReasonedText ReasoningStream::flush() {
+  ReasonedText out;
+  if (state_ == State::Undecided) out.content = held_;           // shorter than "<think>"
+  if (state_ == State::Thinking) trimmed(held_, out.reasoning);  // never closed
+  held_.clear();
+  space_.clear();  // trailing whitespace of the last part
+  return out;
 }
 
 SamplingParams sampling_from_body(const json& body, bool chat, std::uint64_t default_seed,

@@ -52,6 +52,25 @@ struct ReasonedText {
 };
 ReasonedText split_reasoning(const std::string& text);
 
+// split_reasoning as the text streams: a reply that opens with "<think>" gives reasoning until
+// "</think>", then content, each trimmed of surrounding whitespace (held back until a non-space
+// byte follows); any other reply is content, as it comes. Only a possible "<think>" or
+// "</think>" and held whitespace wait, so the work per piece is the piece's. Concatenated, the
+// pushes and the flush give split_reasoning(the whole text).
+class ReasoningStream {
+ public:
+  ReasonedText push(std::string_view piece);
+  ReasonedText flush();  // the end of the reply: what is still held
+
+ private:
+  enum class State { Undecided, Thinking, Answer, Plain };
+  void trimmed(std::string_view s, std::string& out);  // appends s, whitespace trimmed
+  State state_ = State::Undecided;
+  std::string held_;      // bytes that may still be (the start of) a tag
+  std::string space_;     // whitespace inside the current part, sent once text follows it
+  bool started_ = false;  // the current part has had a non-space byte
+};
+
 // The sampling fields (temperature, top_p, top_k, min_p, seed, max_tokens /
 // max_completion_tokens, presence_penalty, frequency_penalty, logprobs, top_logprobs), checked
 // against OpenAI's ranges. `chat` picks the chat form of logprobs (a bool plus top_logprobs)

@@ -48,6 +48,43 @@ TEST(ServeOpenAi, ThinkBlocksBecomeReasoningContent) {
   r = split_reasoning("Plain text.");
   EXPECT_EQ(r.reasoning, "");
   EXPECT_EQ(r.content, "Plain text.");
+  r = split_reasoning("no opening tag</think> after");  // only a reply that opens the block
+  EXPECT_EQ(r.reasoning, "");
+  EXPECT_EQ(r.content, "no opening tag</think> after");
+}
+
+// Streamed in pieces of every size (so that "<think>", "</think>" and the whitespace around them
+// are split every way), the reasoning and content add up to split_reasoning of the whole text.
+TEST(ServeOpenAi, ReasoningStreamAddsUpToSplitReasoning) {
+  const std::vector<std::string> texts = {
+      "<think>\nweigh it\n</think>\n\nThe answer.",
+      "<think>still thinking",
+      "<think>a </thi",
+      "Plain text.",
+      " <think>not a block</think>",
+      "<th",
+      "<think>",
+      "<think></think>",
+      "<think>\n\n</think>  \n",
+      "<think> x  y </think> a  b \n</think> c ",
+      "<thinker> is a word",
+  };
+  for (const std::string& text : texts)
+    for (std::size_t step : {1, 2, 3, 5, 7, 8, 64}) {
+      ReasoningStream rs;
+      ReasonedText got;
+      for (std::size_t i = 0; i < text.size(); i += step) {
+        const ReasonedText t = rs.push(std::string_view(text).substr(i, step));
+        got.reasoning += t.reasoning;
+        got.content += t.content;
+      }
+      const ReasonedText t = rs.flush();
+      got.reasoning += t.reasoning;
+      got.content += t.content;
+      const ReasonedText want = split_reasoning(text);
+      EXPECT_EQ(got.reasoning, want.reasoning) << "'" << text << "' in pieces of " << step;
+      EXPECT_EQ(got.content, want.content) << "'" << text << "' in pieces of " << step;
+    }
 }
 
 TEST(ServeOpenAi, SamplingFieldsAreCheckedByName) {
