@@ -25,6 +25,7 @@
 #include "budget/budget.h"
 #include "distributed/shard.h"
 #include "kernels/cpu/gemv_quant.h"
+#include "kernels/cuda/quant.h"
 #include "models/param_count.h"
 
 namespace kiln::models {
@@ -74,11 +75,12 @@ std::optional<std::int64_t> stored_row_len(const ModelConfig& c, const std::stri
 // GEMV's quantized copy of x up to kQuantGemvMaxRows rows, else a dequantized slice of the
 // weights and, when the slice is not all of n, the GEMM's (rows, slice) output (oneDNN's own
 // scratchpad beside them is left out, as for every bf16 GEMM: gemm_scratch_unmodelled); on CUDA
-// the whole weight dequantized in the compute dtype.
+// nothing up to cuda::kQuantGemvMaxRows rows (its GEMV reads the blocks in place), else the
+// whole weight dequantized in the compute dtype.
 std::int64_t linear_quant_scratch(const Bytes& r, DeviceType simulate, quant::QuantType q,
                                   std::int64_t rows, std::int64_t n, std::int64_t k,
                                   std::int64_t e) {
-  if (simulate == DeviceType::CUDA) return r(n * k, e);
+  if (simulate == DeviceType::CUDA) return rows <= cuda::kQuantGemvMaxRows ? 0 : r(n * k, e);
   if (rows <= cpu::kQuantGemvMaxRows) return r(cpu::gemv_quant_scratch_bytes(q, rows, k), 1);
   const std::int64_t slice = std::clamp<std::int64_t>(cpu::kQuantPrefillSliceBytes / (k * e), 1, n);
   return r(slice * k, e) + (slice < n ? r(rows * slice, e) : 0);

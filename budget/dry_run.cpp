@@ -302,9 +302,12 @@ void infer_run(const BudgetSpec& s, Device device) {
   // zero_model_as_stored builds a float skeleton on meta and replaces every parameter: on the
   // meta device (the dry run) those float tensors come and go in the tracker being read, a
   // moment no loader has (load_gguf_model's skeleton is on meta, its weights on the CPU or GPU).
-  // The peaks restart from the model as stored.
-  if (device.is_meta() && s.weights != GgufScheme::F32)
+  // The peaks restart from the model as stored, and the simulated cache (CUDA's allocator keeps
+  // freed blocks) forgets the skeleton's blocks.
+  if (device.is_meta() && s.weights != GgufScheme::F32) {
+    empty_meta_cuda_cache();
     MemoryTracker::get(device.type).reset_peaks();
+  }
   DecoderModel& model = *built;
   model.eval();
   KVCache cache(s.cfg, s.batch, s.kv_capacity(), s.dtype, device);

@@ -297,6 +297,7 @@ resolve_argv() {
         argv+=("$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu \
           2>/dev/null | head -1 || echo ncu)") ;;
       %decode_dir) argv+=("$decode_dir") ;;
+      %decode_q8_0) argv+=("${decode_dir}_q8_0.gguf") ;;  # decode_quantize's output
       ^*) argv+=("$repo/${w#^}") ;;
       =work/*) mkdir -p "$work/${w#=work/}" && argv+=("$work/${w#=work/}") ;;
       =bundle/*) argv+=("$bundle/${w#=bundle/}") ;;

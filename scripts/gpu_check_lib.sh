@@ -118,7 +118,8 @@ gpu_check_cuda_suites() {
 # gpu_check_plan STAGE: the steps of STAGE (format above). Needs: $bundle_exes (the bundle's
 # executables, relative paths), and for cuda-tests $suites_<binary> (gpu_check_cuda_suites'
 # lines). Words gpu_check.sh resolves when it runs a step: @kiln (the bundle's kiln), %memcheck
-# and %racecheck (compute-sanitizer with that tool), %python ($KILN_PYTHON), %serve_check
+# and %racecheck (compute-sanitizer with that tool), %python ($KILN_PYTHON), %decode_q8_0 (the
+# Q8_0 GGUF quantized from the random folder, beside it), %serve_check
 # ($KILN_GPU_SERVE_CHECK, else scripts/gpu_serve_check.sh), %decode_dir (the
 # random Qwen3-8B folder), ^PATH (this checkout), =bundle/PATH, =work/PATH (a folder it creates).
 gpu_check_plan() {
@@ -200,6 +201,10 @@ gpu_check_plan() {
       # kiln serve on the same folder: throughput at 1, 8 and 32 streams (continuous batching
       # over the paged KV pool), 64-token prompts, 64 new tokens each.
       echo "serve_8b|bench|180|run|$te PYTHONUNBUFFERED=1|%serve_check load @kiln %decode_dir"
+      # The same model in Q8_0 (kiln quantize, CPU), decoded on the GPU through the quantized
+      # GEMV (cuda::gemv_quant, the blocks read in place): its tok/s against bf16's above.
+      echo "decode_quantize|cmd|240|run||nice -n 10 @kiln quantize --model %decode_dir --type q8_0 --force --out %decode_q8_0"
+      echo "decode_kiln_q8_0|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_q8_0 --prompt-ids $ids --max-new-tokens 128 --temperature 0"
       # Where a decode token's time goes, kernel by kernel (the lever list of the next change):
       # Nsight Compute over 400 launches inside the decode (after the prefill's), time and DRAM
       # bytes read per kernel (CSV, a row per kernel and metric: the raw page carries every device

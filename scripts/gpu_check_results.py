@@ -233,8 +233,10 @@ def decode_report(work, steps, card, commit):
            "folder": {"dir": info.get("dir"), "reused": info.get("reused") == "1",
                       "write_result": w.get("result"), "write_s": w.get("seconds"),
                       "write_paused_s": int(info.get("paused_s", 0))},
-           "kiln": None, "kiln_cublaslt": None, "hf": None, "copy_gbs": None, "ratios": {}}
-    for key, step in (("kiln", "decode_kiln"), ("kiln_cublaslt", "decode_kiln_cublaslt")):
+           "kiln": None, "kiln_cublaslt": None, "kiln_q8_0": None, "hf": None, "copy_gbs": None,
+           "ratios": {}}
+    for key, step in (("kiln", "decode_kiln"), ("kiln_cublaslt", "decode_kiln_cublaslt"),
+                      ("kiln_q8_0", "decode_kiln_q8_0")):
         k = steps.get(step)
         if k:
             rep[key] = dict(parse_kiln_generate(read_text(f"{work}/logs/{step}.log")),
@@ -261,6 +263,10 @@ def decode_report(work, steps, card, commit):
         "hf_decode_gbs_over_copy": ratio(hd.get("decode_gbs"), rep["copy_gbs"]),
         "decode_tok_s_kiln_gemv_over_cublaslt": ratio(kd.get("decode_tok_s"),
                                                       (rep["kiln_cublaslt"] or {}).get("decode_tok_s")),
+        "decode_tok_s_kiln_q8_0_over_bf16": ratio((rep["kiln_q8_0"] or {}).get("decode_tok_s"),
+                                                  kd.get("decode_tok_s")),
+        "kiln_q8_0_decode_gbs_over_copy": ratio((rep["kiln_q8_0"] or {}).get("decode_gbs"),
+                                                rep["copy_gbs"]),
     }.items() if v is not None}
     a, b = kd.get("first_tokens"), hd.get("first_tokens")
     if a and b:  # the same weights, greedy: the first generated ids should agree
@@ -280,6 +286,8 @@ def decode_markdown(rep):
     for name, d, key in (("kiln", kd, "kiln_decode_gbs_over_copy"),
                          ("kiln, cuBLASLt GEMVs (KILN_CUDA_GEMV=0)", rep.get("kiln_cublaslt") or {},
                           None),
+                         ("kiln, Q8_0 weights (quantized GEMV)", rep.get("kiln_q8_0") or {},
+                          "kiln_q8_0_decode_gbs_over_copy"),
                          ("HF transformers, static cache", hd, "hf_decode_gbs_over_copy")):
         if d:
             md.append(f"| {name} | {d.get('result', '')}{' (' + d['error'][:80] + ')' if d.get('error') else ''} "

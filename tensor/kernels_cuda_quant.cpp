@@ -2,10 +2,10 @@
 // ops::linear_quant's, registered beside them. The front end has checked the block counts and
 // allocated out; the dispatcher has made the blocks contiguous on out's device.
 //
-// linear_quant dequantizes W into a scratch weight of T and runs the table's CUDA Linear entry
-// (cuBLASLt; kiln's GEMV for one bf16 row): correct for every row count, at bf16's speed, not at
-// a quantized GEMV's (which reads 2-4x fewer bytes). The scratch is W in T, declared below so
-// the dry run charges it.
+// linear_quant: up to kQuantGemvMaxRows rows of x (decode, small serving batches) run the
+// quantized GEMV on the blocks in place (cuda::gemv_quant: no scratch, each row's result
+// independent of the others); more rows dequantize W into a scratch weight of T and run the
+// table's CUDA Linear entry (cuBLASLt). The scratch is declared below so the dry run charges it.
 #include "kernels/cuda/quant.h"
 #include "tensor/kernels_cuda_glue.h"
 #include "tensor/op_args.h"
@@ -35,7 +35,12 @@ struct LinearQuantCuda {
 #if defined(KILN_CUDA)
 template <class T>
 void LinearQuantCuda<T>::run(LinearQuantArgs& a) {
-  const std::int64_t n = a.out.size(-1), k = a.x.size(-1);
+  const std::int64_t n = a.out.size(-1), k = a.x.size(-1), rows = a.out.numel() / n;
+  if (rows <= cuda::kQuantGemvMaxRows) {  // x and out are dense (the dispatcher's default)
+    cuda::gemv_quant<T>(a.type, rows, n, k, a.x.data<T>(), k, a.blocks.data<std::uint8_t>(),
+                        a.bias.defined() ? a.bias.data<T>() : nullptr, a.out.data<T>(), n, nullptr);
+    return;
+  }
   Tensor w;
   {
     MemoryScope scratch(MemCategory::Temporaries);
@@ -51,7 +56,9 @@ void LinearQuantCuda<T>::run(LinearQuantArgs& a) {
 #endif
 
 ScratchList linear_quant_scratch(const LinearQuantArgs& a, DType d) {
-  return {a.out.size(-1) * a.x.size(-1) * static_cast<std::int64_t>(dtype_size(d))};
+  const std::int64_t n = a.out.size(-1);
+  if (n == 0 || a.out.numel() / n <= cuda::kQuantGemvMaxRows) return {};  // the GEMV
+  return {n * a.x.size(-1) * static_cast<std::int64_t>(dtype_size(d))};
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Dequantization (formats and math in kernels/common/quant.h). blocks: (n / block_size) x
-// block_bytes; out: (n) T. Thread i decodes weight i from its block's scales and its own bits.
+// Dequantization and the quantized GEMV (formats and math in kernels/common/quant.h; the
+// kernels' shapes in quant.h). dequantize: thread i decodes weight i from its block's scales and
+// its own bits; gemv_quant: a warp per weight row, decoding as dequantize does.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant.h"
 
@@ -18,7 +19,77 @@ __global__ void dequantize_kernel(quant::QuantType type, std::int64_t n, std::in
                                           static_cast<int>(i % block_size)));
 }
 
+// One warp per weight row n (blockIdx.x * warps + warp); acc[m] for the M rows of x.
+template <typename T, int M>
+__global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
+    gemv_quant_kernel(quant::QuantType type, std::int64_t N, std::int64_t K,
+                      std::int64_t block_size, std::int64_t block_bytes, const T* x,
+                      std::int64_t ldx, const std::uint8_t* w, const T* bias, T* y,
+                      std::int64_t ldy) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t n =
+      static_cast<std::int64_t>(blockIdx.x) * kQuantGemvWarpsPerBlock + threadIdx.x / 32;
+  if (n >= N) return;  // whole warps
+  const std::uint8_t* row = w + n * (K / block_size) * block_bytes;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  for (std::int64_t k = lane; k < K; k += 32) {
+    const float wk = quant::block_weight(type, row + (k / block_size) * block_bytes,
+                                         static_cast<int>(k % block_size));
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = fmaf(wk, load(x[m * ldx + k]), acc[m]);
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float s = warp_sum(acc[m]);
+    if (lane == 0) y[m * ldy + n] = store<T>(bias ? s + load(bias[n]) : s);
+  }
+}
+
+template <typename T, int M>
+void launch_gemv_quant(quant::QuantType type, std::int64_t N, std::int64_t K,
+                       const quant::QuantInfo& q, const T* x, std::int64_t ldx,
+                       const std::uint8_t* w, const T* bias, T* y, std::int64_t ldy,
+                       StreamHandle stream) {
+  const std::int64_t blocks = (N + kQuantGemvWarpsPerBlock - 1) / kQuantGemvWarpsPerBlock;
+  KILN_CHECK(blocks <= 0x7fffffffLL, "[linear_quant] {} weight rows exceed the grid", N);
+  gemv_quant_kernel<T, M>
+      <<<static_cast<unsigned>(blocks), 32 * kQuantGemvWarpsPerBlock, 0, stream>>>(
+          type, N, K, q.block_size, q.block_bytes, x, ldx, w, bias, y, ldy);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
+
+template <typename T>
+void gemv_quant(quant::QuantType type, std::int64_t M, std::int64_t N, std::int64_t K, const T* x,
+                std::int64_t ldx, const std::uint8_t* w, const T* bias, T* y, std::int64_t ldy,
+                StreamHandle stream) {
+  const quant::QuantInfo& q = quant::quant_info(type);
+  KILN_CHECK(M >= 1 && M <= kQuantGemvMaxRows && N >= 0 && K >= 0 && K % q.block_size == 0,
+             "[linear_quant] the quantized GEMV takes 1 to {} rows of whole {} blocks, got {} x {}",
+             kQuantGemvMaxRows, q.name, M, K);
+  if (N == 0) return;
+  switch (M) {  // the row count is a template argument: acc[] stays in registers
+    case 1:
+      return launch_gemv_quant<T, 1>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+    case 2:
+      return launch_gemv_quant<T, 2>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+    case 3:
+      return launch_gemv_quant<T, 3>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+    case 4:
+      return launch_gemv_quant<T, 4>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+    case 5:
+      return launch_gemv_quant<T, 5>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+    case 6:
+      return launch_gemv_quant<T, 6>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+    case 7:
+      return launch_gemv_quant<T, 7>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+    default:
+      return launch_gemv_quant<T, 8>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+  }
+}
 
 template <typename T>
 void dequantize(quant::QuantType type, std::int64_t n, const std::uint8_t* blocks, T* out,
@@ -38,5 +109,14 @@ template void dequantize<bf16>(quant::QuantType, std::int64_t, const std::uint8_
                                StreamHandle);
 template void dequantize<f16>(quant::QuantType, std::int64_t, const std::uint8_t*, f16*,
                               StreamHandle);
+
+#define KILN_INSTANTIATE_GEMV(T)                                                          \
+  template void gemv_quant<T>(quant::QuantType, std::int64_t, std::int64_t, std::int64_t, \
+                              const T*, std::int64_t, const std::uint8_t*, const T*, T*,  \
+                              std::int64_t, StreamHandle);
+KILN_INSTANTIATE_GEMV(float)
+KILN_INSTANTIATE_GEMV(bf16)
+KILN_INSTANTIATE_GEMV(f16)
+#undef KILN_INSTANTIATE_GEMV
 
 }  // namespace kiln::cuda

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "kernels/common/quant.h"
+#include "kernels/cuda/runtime.h"
+#include "tensor/memory.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tests/kernels/quant_ref.h"
@@ -262,12 +264,61 @@ TEST(LinearQuant, MetaChargesWhatTheCpuRunAllocates) {
     EXPECT_GT(cpu_scratch, 0) << "rows " << rows;
     EXPECT_EQ(mt.stats().peak[kTemps] - meta_before, cpu_scratch) << "rows " << rows;
   }
+  // CUDA: up to 8 rows its GEMV reads the blocks in place (no scratch); more dequantize W.
   MetaSimulatesScope scope(DeviceType::CUDA);
-  mt.reset_peaks();
-  const std::int64_t before = mt.stats().current[kTemps];
-  ops::linear_quant(ops::zeros({1, 64}, DType::BF16, Device::meta()), meta_blocks, QuantType::Q8_0,
-                    4);
-  EXPECT_GE(mt.stats().peak[kTemps] - before, 4 * 64 * 2);  // W dequantized to bf16
+  for (std::int64_t rows : {1, 8, 9}) {
+    const Tensor x = ops::zeros({rows, 64}, DType::BF16, Device::meta());
+    mt.reset_peaks();
+    const std::int64_t before = mt.stats().current[kTemps];
+    const Tensor y = ops::linear_quant(x, meta_blocks, QuantType::Q8_0, 4);
+    // The output (rows x 4 bf16, one 512-byte block of the CUDA allocator, charged to the
+    // default category here), and above 8 rows W dequantized to bf16 (4 x 64 x 2: one block).
+    EXPECT_EQ(mt.stats().peak[kTemps] - before, rows <= 8 ? 512 : 1024) << "rows " << rows;
+  }
+}
+
+// The CUDA GEMV (1 to 8 rows of x, the blocks read in place): each output within f32
+// accumulation of the float64 product of x and the dequantized weights (plus one rounding to
+// the output dtype), and every row bit-identical whether it runs alone or among the others.
+TEST(CudaLinearQuant, GemvRowsMatchFloat64AndEachOther) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the quantized GEMV not run";
+  const Device gpu = Device::cuda(0);
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      const auto& q = quant::quant_info(t);
+      const std::int64_t N = 37, K = 2 * q.block_size;  // 37: a partial block of 4 warps
+      const Tensor blocks = t == QuantType::Q8_0 ? quantize_q8_0(weights(N * K, 51))
+                                                 : kquant_blocks(t, N * 2, 52 + int(t));
+      const std::vector<double> w = ops::dequantize(blocks, t, {N, K}).to_double_vector();
+      Generator g(53);
+      const Tensor x = ops::randn({8, K}, g).to(dt), bias = ops::randn({N}, g).to(dt);
+      const std::vector<double> xs = x.to_double_vector(), bs = bias.to_double_vector();
+      const Tensor bg = blocks.to(gpu), xg = x.to(gpu), biasg = bias.to(gpu);
+      const double out_rel = dt == DType::BF16 ? 1.0 / 256 : 0.0;  // one rounding to bf16
+      for (std::int64_t rows : {1, 3, 8}) {
+        const std::vector<double> got = ops::linear_quant(xg.narrow(0, 0, rows), bg, t, N, biasg)
+                                            .to(Device::cpu())
+                                            .to_double_vector();
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::vector<double> alone = ops::linear_quant(xg.narrow(0, r, 1), bg, t, N, biasg)
+                                                .to(Device::cpu())
+                                                .to_double_vector();
+          for (std::int64_t n = 0; n < N; ++n) {
+            double want = bs[n], mag = std::fabs(bs[n]);
+            for (std::int64_t k = 0; k < K; ++k) {
+              want += w[n * K + k] * xs[r * K + k];
+              mag += std::fabs(w[n * K + k] * xs[r * K + k]);
+            }
+            const double tol = K * std::ldexp(1.0, -23) * mag + out_rel * std::fabs(want) + 1e-30;
+            ASSERT_NEAR(got[r * N + n], want, tol) << q.name << " " << dtype_name(dt) << " rows "
+                                                   << rows << " (" << r << ", " << n << ")";
+            ASSERT_EQ(got[r * N + n], alone[n])
+                << q.name << " " << dtype_name(dt) << ": row " << r << " of " << rows
+                << " differs from the row alone at " << n;
+          }
+        }
+      }
+    }
 }
 
 // Rows of a quantized table: exactly ops::embedding's rows of the dequantized table, in the asked
