@@ -187,9 +187,9 @@ LoadedModel load_model(const ModelSource& src) {
       // GGUF (llama.cpp): f32/f16/bf16 weights converted; Q8_0/Q4_K/Q6_K Linear weights kept
       // quantized (or dequantized into --dtype). The tokenizer: --tokenizer, else the file's
       // own (tokenizer.ggml.*), else Qwen's tokenizer files beside it.
-      const io::GgufFile gguf(src.model);
+      const auto gguf = std::make_shared<const io::GgufFile>(src.model);
       out.model = load_gguf_model(gguf, src.dtype, src.device, src.keep_quantized);
-      if (src.tokenizer.empty()) out.tokenizer = io::gguf_tokenizer(gguf);
+      if (src.tokenizer.empty()) out.tokenizer = io::gguf_tokenizer(*gguf);
       out.model->eval();
       fs::path gdir = fs::path(src.model).parent_path();
       if (gdir.empty()) gdir = ".";

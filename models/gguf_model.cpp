@@ -148,11 +148,14 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
 
 std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device,
                                               bool keep_quantized) {
-  return load_gguf_model(io::GgufFile(path), dtype, device, keep_quantized);
+  return load_gguf_model(std::make_shared<const io::GgufFile>(path), dtype, device,
+                         keep_quantized);
 }
 
-std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype, Device device,
-                                              bool keep_quantized) {
+std::unique_ptr<DecoderModel> load_gguf_model(std::shared_ptr<const io::GgufFile> file,
+                                              DType dtype, Device device, bool keep_quantized) {
+  KILN_CHECK(file != nullptr, "[gguf] no file to load");
+  const io::GgufFile& f = *file;
   const std::string& path = f.path();
   const ModelConfig cfg = gguf_model_config(f);
   // Names and shapes first, on the meta device: a file that does not match is refused before
@@ -233,7 +236,17 @@ std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype
     const bool embed = name == "model.embed_tokens.weight";
     const bool keep = keep_quantized && (linear != linears.end() || embed);
     Tensor blocks;
-    {
+    if (keep && device.is_cpu()) {
+      // In place: the file's bytes, read-only (the kernels only read blocks), counted as mapped.
+      auto impl = std::make_shared<TensorImpl>();
+      impl->storage =
+          std::make_shared<Storage>(f.data(t), t.nbytes, MemCategory::Weights, file);
+      impl->shape = {static_cast<std::int64_t>(t.nbytes)};
+      impl->strides = {1};
+      impl->dtype = DType::Bool;
+      blocks = Tensor(impl);
+      (void)io::prefault_mapping(f.data(t), t.nbytes);  // best effort: faults now, not in use
+    } else {
       MemoryScope cat(keep ? MemCategory::Weights : MemCategory::Temporaries);
       blocks = tensor_from_bytes("U8", {static_cast<std::int64_t>(t.nbytes)}, f.data(t), t.nbytes,
                                  source)

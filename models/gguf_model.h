@@ -37,12 +37,14 @@ namespace kiln::models {
 ModelConfig gguf_model_config(const io::GgufFile& f);
 
 // Reads `path` into a new model of `dtype` on `device`. Every parameter must be in the file with
-// its shape, and the file must hold no other tensor; otherwise one error names them.
+// its shape, and the file must hold no other tensor; otherwise one error names them. On the CPU
+// the GGML blocks the model keeps quantized are used in place from the file's mapping (no copy:
+// the tracker counts them as mapped Weights, and the tensors keep the mapping alive).
 std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device,
                                               bool keep_quantized = true);
 // The same from an open file (its metadata parsed once, e.g. for the tokenizer too).
-std::unique_ptr<DecoderModel> load_gguf_model(const io::GgufFile& f, DType dtype, Device device,
-                                              bool keep_quantized = true);
+std::unique_ptr<DecoderModel> load_gguf_model(std::shared_ptr<const io::GgufFile> f, DType dtype,
+                                              Device device, bool keep_quantized = true);
 
 // kiln's parameter name for a llama.cpp tensor name; empty when there is none.
 std::string kiln_name_of_gguf_tensor(const std::string& gguf_name);

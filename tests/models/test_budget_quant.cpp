@@ -61,11 +61,19 @@ TEST(BudgetQuant, WeightsRowIsWhatLoadingTheFileHolds) {
       save_gguf_model(m, path, w);
       for (DType dt : {DType::F32, DType::BF16}) {
         SCOPED_TRACE(fmt::format("{} {} tied {}", gguf_scheme_name(w), dtype_name(dt), tied));
+        // What the process holds: allocated Weights, and the blocks used in place from the
+        // file's mapping (counted as mapped, apart from allocations).
         auto& tracker = MemoryTracker::get(DeviceType::CPU);
-        const std::int64_t before = tracker.stats().current[static_cast<int>(MemCategory::Weights)];
+        constexpr auto kW = static_cast<std::size_t>(MemCategory::Weights);
+        auto weights_held = [&] {
+          const MemStats st = tracker.stats();
+          return st.current[kW] + st.mapped[kW];
+        };
+        const std::int64_t before = weights_held();
         std::unique_ptr<DecoderModel> loaded = load_gguf_model(path, dt, Device::cpu());
-        const std::int64_t held =
-            tracker.stats().current[static_cast<int>(MemCategory::Weights)] - before;
+        const std::int64_t held = weights_held() - before;
+        // The quantized blocks are the file's bytes in place: mapped, not allocated.
+        EXPECT_GT(tracker.stats().mapped[kW], 0);
         EXPECT_EQ(held, stored_weight_bytes(c, w, dt, DeviceType::CPU));
         BudgetSpec s = infer_spec(c, w, dt, 1);
         EXPECT_EQ(analytic_budget(s).at_peak[idx(BudgetRow::Weights)], held);
