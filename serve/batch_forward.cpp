@@ -5,6 +5,8 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "kernels/cpu/gemv_quant.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/quant.h"
 #include "tensor/kernel_table.h"
 #include "tensor/ops.h"
 
@@ -31,11 +33,12 @@ std::vector<Segment> segments_of(const BatchRows& r) {
   return out;
 }
 
-// How a weight's rows are tiled (see batch_forward.h). The CPU's GEMV kernels compute every row
-// of x on its own, in the same order whatever the row count up to their limit (the int8 GEMV for
-// GGML weights: kQuantGemvMaxRows; the bf16 GEMV: kBf16GemvRows), so they take exactly the rows
-// there are. Anything else (f32 GEMMs, cuBLASLt, whose blocking may depend on M) always gets
-// kRowTile rows, the last tile padded with zeros.
+// How a weight's rows are tiled (see batch_forward.h). The GEMV kernels compute every row of x on
+// its own, in the same order whatever the row count up to their limit (on the CPU the int8 GEMV
+// for GGML weights: kQuantGemvMaxRows, and the bf16 GEMV: kBf16GemvRows; on CUDA the quantized
+// GEMV, cuda::kQuantGemvMaxRows, and the bf16 GEMV for a Linear without bias while it is on,
+// cuda::kGemvMaxRows), so they take exactly the rows there are. Anything else (f32 GEMMs,
+// cuBLASLt, whose blocking may depend on M) always gets kRowTile rows, the last tile padded.
 struct TilePlan {
   std::int64_t rows;
   bool pad;
@@ -43,11 +46,15 @@ struct TilePlan {
 
 // (The backend the kernels come from: the meta device of a dry run tiles as the device it
 // simulates, so the budget's dry run charges the tiles a real run allocates.)
-TilePlan tile_plan(bool quantized, DType weight, const Tensor& x) {
+TilePlan tile_plan(bool quantized, DType weight, const Tensor& x, bool bias = false) {
   const bool cpu_kernels = ops::kernel_device(x.device()) == DeviceType::CPU;
   if (cpu_kernels && quantized) return {cpu::kQuantGemvMaxRows, false};
   if (cpu_kernels && weight == DType::BF16 && x.dtype() == DType::BF16)
     return {kBf16GemvRows, false};
+  if (!cpu_kernels && quantized) return {cuda::kQuantGemvMaxRows, false};
+  if (!cpu_kernels && weight == DType::BF16 && x.dtype() == DType::BF16 && !bias &&
+      x.size(1) % 8 == 0 && cuda::gemv_enabled())
+    return {cuda::kGemvMaxRows, false};
   return {kRowTile, true};
 }
 
@@ -72,7 +79,7 @@ Tensor by_tiles(const Tensor& x, TilePlan plan, F&& f) {
 }
 
 Tensor linear_rows(const nn::Linear& l, const Tensor& x) {
-  return by_tiles(x, tile_plan(l.weight_quant.has_value(), l.weight.dtype(), x),
+  return by_tiles(x, tile_plan(l.weight_quant.has_value(), l.weight.dtype(), x, l.bias.defined()),
                   [&](const Tensor& t) { return l.forward(t); });
 }
 

@@ -236,11 +236,14 @@ void linear(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
       zero(out);
     return;
   }
-  // One bf16 row (decode at batch 1) without a bias: kiln's bandwidth-bound GEMV (gemv.h).
-  if (rows == 1 && type == GemmType::BF16 && !b.defined() && cuda::gemv_enabled() &&
-      w.is_contiguous() && x.stride(-1) == 1 &&
+  // Up to kGemvMaxRows bf16 rows (decode, small serving batches) without a bias: kiln's
+  // bandwidth-bound GEMV (gemv.h), each row's result the same as alone; rows of a contiguous x.
+  if (rows <= cuda::kGemvMaxRows && type == GemmType::BF16 && !b.defined() &&
+      cuda::gemv_enabled() && w.is_contiguous() && x.stride(-1) == 1 &&
+      (rows == 1 || x.is_contiguous()) &&
       cuda::gemv_supported(N, K, w.raw_data(), x.raw_data(), out.raw_data())) {
-    cuda::gemv_bf16(N, K, w.data<bf16>(), x.data<bf16>(), out.data<bf16>(), nullptr);
+    cuda::gemv_bf16(static_cast<int>(rows), N, K, w.data<bf16>(), x.data<bf16>(), K,
+                    out.data<bf16>(), N, nullptr);
     return;
   }
   const Operand ox = rows_operand(x, rows, K), ow = operand(w, true);

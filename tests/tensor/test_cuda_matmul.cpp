@@ -687,6 +687,40 @@ TEST_F(CudaMatmul, DecodeGemvMatchesFloat64AndCublasLt) {
   }
 }
 
+// Up to kGemvMaxRows rows of x (kiln serve's batches on CUDA): each row within the same bound of
+// its float64 product, and bitwise the row computed alone (the GEMV is batch-invariant).
+TEST_F(CudaMatmul, DecodeGemvRowsEqualTheirSoloRuns) {
+  ASSERT_TRUE(cuda::gemv_enabled()) << "KILN_CUDA_GEMV=0 in the environment";
+  for (auto [N, K] :
+       {std::pair<std::int64_t, std::int64_t>{7, 64}, {1003, 1032}, {4096, 4096}, {12289, 136}}) {
+    const Tensor w = rand_cpu({N, K}, 30 + N, DType::BF16);
+    const Tensor x = rand_cpu({cuda::kGemvMaxRows, K}, 40 + K, DType::BF16);
+    const V xv = x.to_double_vector(), wv = w.to_double_vector();
+    const Tensor wg = gpu(w), xg = gpu(x);
+    std::vector<V> alone;
+    for (std::int64_t m = 0; m < cuda::kGemvMaxRows; ++m)
+      alone.push_back(ops::linear(xg.narrow(0, m, 1), wg, Tensor()).to_double_vector());
+    const double u = std::ldexp(1.0, -24), half_ulp = std::ldexp(1.0, -8);
+    for (std::int64_t M = 2; M <= cuda::kGemvMaxRows; ++M) {
+      SCOPED_TRACE("N " + std::to_string(N) + " K " + std::to_string(K) + " M " +
+                   std::to_string(M));
+      const V got = ops::linear(xg.narrow(0, 0, M), wg, Tensor()).to_double_vector();
+      ASSERT_EQ(got.size(), static_cast<std::size_t>(M * N));
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < N; ++n) {
+          double want = 0, mag = 0;
+          for (std::int64_t k = 0; k < K; ++k) {
+            want += wv[n * K + k] * xv[m * K + k];
+            mag += std::fabs(wv[n * K + k] * xv[m * K + k]);
+          }
+          const double bound = static_cast<double>(K) * u * mag + half_ulp * std::fabs(want);
+          ASSERT_LE(std::fabs(got[m * N + n] - want), bound) << "row " << m << " col " << n;
+          ASSERT_EQ(got[m * N + n], alone[m][n]) << "row " << m << " col " << n;
+        }
+    }
+  }
+}
+
 #else
 
 TEST(CudaMatmul, Skipped) { GTEST_SKIP() << "kiln was built without CUDA: no cuBLASLt GEMM"; }
