@@ -29,7 +29,7 @@ GPU_CHECK_STAGES_WINDOW="smoke cuda-tests bench decode memcheck-apps"
 # estimates), for the dry run's plan: the limits bound a hang, these what a good run takes.
 # shellcheck disable=SC2034  # read by gpu_check.sh's dry run
 declare -A GPU_CHECK_EXPECTED_S=([setup]=10 [smoke]=5 [cuda-tests]=30 [sanitizer]=100 [bench]=110
-  [profile]=60 [decode]=110 [memcheck-apps]=15)
+  [profile]=60 [decode]=190 [memcheck-apps]=15)
 
 # gpu_check_stages "LIST": the stages named in LIST (spaces or commas), in the order above;
 # "all" means GPU_CHECK_STAGES_ALL, "window" GPU_CHECK_STAGES_WINDOW. Fails (status 64, message
