@@ -17,6 +17,7 @@
 #include "models/generation_config.h"
 #include "models/gguf_model.h"
 #include "models/io/qwen_tokenizer.h"
+#include "models/io/safetensors.h"
 
 namespace kiln::apps {
 namespace {
@@ -28,6 +29,16 @@ struct QuantizeCmd {
   bool random_weights = false, force = false;
   std::uint64_t weights_seed = 0;
 };
+
+// Whether every tensor of a Hugging Face folder's safetensors is stored in bf16.
+bool all_bf16(const std::string& dir) {
+  const io::SafetensorsIndex index = io::SafetensorsIndex::open_dir(dir);
+  for (const std::string& name : index.names()) {
+    const auto found = index.find(name);
+    if (!found || found->entry->dtype != "BF16") return false;
+  }
+  return true;
+}
 
 int run_quantize(const QuantizeCmd& o) {
   KILN_CHECK(o.random_weights != !o.model.empty(),
@@ -42,7 +53,12 @@ int run_quantize(const QuantizeCmd& o) {
   src.random_weights = o.random_weights;
   src.weights_seed = o.weights_seed;
   if (o.random_weights) src.tokenizer = "byte";  // none to embed
-  src.dtype = DType::F32;
+  // A folder whose weights are all bf16 loads in bf16, used in place from the file mapping: each
+  // tensor is widened to f32 (exactly) only while it is quantized, so an 8B model needs its
+  // quantized bytes in memory, not a 32 GB f32 copy (which was killed for memory on a 23 GB
+  // machine). Anything else loads in f32, so nothing is rounded before quantizing.
+  src.dtype =
+      !o.model.empty() && fs::is_directory(o.model) && all_bf16(o.model) ? DType::BF16 : DType::F32;
   src.keep_quantized = false;  // a .gguf input is read back as f32 (requantized or f32 out)
   auto t0 = std::chrono::steady_clock::now();
   models::LoadedModel m = models::load_model(src);

@@ -10,6 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cuda/runtime.h"
+#include "models/generation_config.h"
+#include "models/gguf_model.h"
+#include "models/param_count.h"
+#include "models/weights.h"
 #include "tests/run_kiln.h"
 
 namespace fs = std::filesystem;
@@ -254,6 +258,37 @@ fs::path tiny_qwen3(const std::string& name) {
 }
 
 }  // namespace
+
+// kiln quantize on a folder of bf16 weights loads them in bf16 (in place, not a float copy of
+// the model) and widens each tensor only while quantizing it: the file is byte for byte the one
+// quantized from the same weights loaded in f32.
+TEST(Cli, QuantizeOfABf16FolderEqualsQuantizingItsF32Load) {
+  fs::path d = tiny_qwen3("quantize_bf16");
+  {
+    kiln::models::DecoderModel m(kiln::models::resolve_model_config((d / "config.json").string()),
+                                 5);
+    kiln::models::save_safetensors(m, (d / "model.safetensors").string(), kiln::DType::BF16);
+  }
+  for (const char* type : {"q8_0", "q4_k_m"}) {
+    SCOPED_TRACE(type);
+    const fs::path got = d / (std::string(type) + "_cli.gguf");
+    KilnRun q =
+        run_kiln("quantize --model " + d.string() + " --type " + type + " --out " + got.string());
+    ASSERT_EQ(q.exit_code, 0) << q.output;
+    kiln::models::ModelSource src;
+    src.model = d.string();
+    src.dtype = kiln::DType::F32;
+    src.tokenizer = "byte";
+    const kiln::models::LoadedModel f32 = kiln::models::load_model(src);
+    const fs::path want = d / (std::string(type) + "_f32.gguf");
+    kiln::models::save_gguf_model(*f32.model, want.string(), kiln::models::parse_gguf_scheme(type));
+    auto bytes = [](const fs::path& p) {
+      std::ifstream f(p, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    EXPECT_EQ(bytes(got), bytes(want));
+  }
+}
 
 TEST(Cli, GenerateWithRandomWeightsPrintsSpeedsAndMemory) {
   fs::path d = tiny_qwen3("gen_ok");
