@@ -1,7 +1,8 @@
 // libFuzzer target: an HTTP request body as kiln serve reads it (serve/openai.h): the bounded JSON
 // parser, then the chat messages, the template switch, the sampling fields and the stop strings
-// of both endpoints, and the text stream over the body's bytes with its stop strings. Every
-// refusal must be an HttpError (400) or a kiln::Error, never a crash or another exception.
+// of both endpoints, and the text and reasoning streams over the body's bytes (their outputs must
+// add up: the text sent, the whole reply's reasoning split). Every refusal must be an HttpError
+// (400) or a kiln::Error, never a crash or another exception.
 #include "fuzz/fuzz_util.h"
 #include "models/io/json_limits.h"
 #include "serve/openai.h"
@@ -23,11 +24,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           (void)kiln::serve::qwen3_chat_prompt(messages, kiln::serve::enable_thinking(body));
         }
         (void)kiln::serve::sampling_from_body(body, chat, 1, 16);
+        // The text stream and the reasoning split over the body's bytes in growing pieces: what
+        // the stream sends is its text, and the streamed split adds up to the whole one.
         kiln::serve::TextStream stream(kiln::serve::stop_strings(body));
-        for (std::size_t n = 0; n <= text.size(); n += 1 + n / 2)
-          (void)stream.update(std::string(text.substr(0, n)));
-        (void)stream.flush();
-        (void)kiln::serve::split_reasoning(std::string(text));
+        kiln::serve::ReasoningStream reasoning;
+        std::string sent;
+        kiln::serve::ReasonedText streamed;
+        for (std::size_t at = 0, n = 1; at < text.size(); at += n, n += 1 + n / 2) {
+          const std::string_view piece = text.substr(at, n);
+          sent += stream.push(piece);
+          const kiln::serve::ReasonedText r = reasoning.push(piece);
+          streamed.reasoning += r.reasoning;
+          streamed.content += r.content;
+        }
+        sent += stream.flush();
+        if (sent != stream.text()) __builtin_trap();
+        const kiln::serve::ReasonedText r = reasoning.flush();
+        streamed.reasoning += r.reasoning;
+        streamed.content += r.content;
+        const kiln::serve::ReasonedText whole = kiln::serve::split_reasoning(std::string(text));
+        if (streamed.reasoning != whole.reasoning || streamed.content != whole.content)
+          __builtin_trap();
       } catch (const kiln::serve::HttpError& e) {
         if (e.status != 400) __builtin_trap();
       }
