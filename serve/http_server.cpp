@@ -269,8 +269,7 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
 
     // Pulls tokens until the end or a stop string; on_delta(text, event) per token.
     struct State {
-      std::vector<std::int32_t> ids;  // generated, stop ids excluded
-      std::int64_t count = 0;         // generated, stop ids included
+      std::int64_t count = 0;  // generated, stop ids included
       std::string finish = "length";
       json logprobs = json::array();
     };
@@ -287,7 +286,6 @@ HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(
         last = now;
         ++st.count;
         const bool is_stop = std::find(stop_ids.begin(), stop_ids.end(), e.id) != stop_ids.end();
-        if (!is_stop) st.ids.push_back(e.id);
         if (r->params.top_logprobs >= 0 && !is_stop) {
           const std::string s = tok.decode(std::vector<std::int32_t>{e.id});
           if (chat) {

@@ -57,10 +57,21 @@ std::int64_t integer_in(const json& body, const char* key, std::int64_t lo, std:
   return x;
 }
 
+// The whitespace trim() removes (and ReasoningStream trims as it streams).
+constexpr std::string_view kSpace = " \t\r\n";
+
 std::string trim(std::string s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
+  const auto b = s.find_first_not_of(kSpace);
   if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+  return s.substr(b, s.find_last_not_of(kSpace) - b + 1);
+}
+
+// The longest proper prefix of `s` that `text` ends with: bytes a stream holds back, since they
+// may grow into `s` (a stop string, a closing tag).
+std::size_t prefix_at_end(std::string_view text, std::string_view s) {
+  for (std::size_t k = std::min(s.size() - 1, text.size()); k > 0; --k)
+    if (text.substr(text.size() - k) == s.substr(0, k)) return k;
+  return 0;
 }
 
 // Bytes at the end of s that start a UTF-8 sequence not yet complete.
@@ -134,7 +145,7 @@ ReasonedText split_reasoning(const std::string& text) {
 
 void ReasoningStream::trimmed(std::string_view s, std::string& out) {
   for (const char c : s) {
-    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {  // trim()'s set
+    if (kSpace.find(c) != std::string_view::npos) {
       if (started_) space_ += c;
       continue;
     }
@@ -166,10 +177,7 @@ ReasonedText ReasoningStream::push(std::string_view piece) {
           started_ = false;
           break;
         }
-        // Hold a tail that may start "</think>".
-        std::size_t keep = 0;
-        for (std::size_t k = std::min(kClose.size() - 1, held_.size()); k > 0 && !keep; --k)
-          if (std::string_view(held_).substr(held_.size() - k) == kClose.substr(0, k)) keep = k;
+        const std::size_t keep = prefix_at_end(held_, kClose);  // may start "</think>"
         trimmed(std::string_view(held_).substr(0, held_.size() - keep), out.reasoning);
         held_.erase(0, held_.size() - keep);
         return out;
@@ -283,11 +291,7 @@ std::string TextStream::push(std::string_view bytes) {
   std::size_t safe = pending_.size() - incomplete_utf8_tail(pending_);
   // Hold back a tail that may grow into a stop string.
   for (const std::string& s : stops_)
-    for (std::size_t k = std::min(s.size() - 1, pending_.size()); k > 0; --k)
-      if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
-        safe = std::min(safe, pending_.size() - k);
-        break;
-      }
+    safe = std::min(safe, pending_.size() - prefix_at_end(pending_, s));
   std::string out = pending_.substr(0, safe);
   pending_.erase(0, safe);
   text_ += out;
