@@ -110,10 +110,11 @@ Run add_budget_command(CLI::App &app) {
   app.add_option("--svg", o->svg, "Write two charts (by category; training-step timeline) to FILE");
   return [o, batch, weights] {
     // A GGUF file's weights are budgeted as it stores them unless --weights says otherwise.
-    if (weights->count() == 0 && o->model.ends_with(".gguf"))
-      o->weights =
-          std::string(models::gguf_scheme_name(models::gguf_file_scheme(io::GgufFile(o->model))));
-    if (o->weights == "f32") o->weights = "float";
+    const models::GgufScheme scheme = weights->count() == 0 && o->model.ends_with(".gguf")
+                                          ? models::gguf_file_scheme(io::GgufFile(o->model))
+                                      : o->weights == "float"
+                                          ? models::GgufScheme::F32
+                                          : models::parse_gguf_scheme(o->weights);
     // Measuring needs the device; without --measure, --device cuda only picks the simulated
     // allocator, which needs no GPU.
     const Device device = o->measure ? resolve_device(o->device, "budget") : [&] {
@@ -140,8 +141,7 @@ Run add_budget_command(CLI::App &app) {
       serve::ServeBudgetSpec ss;
       ss.cfg = models::resolve_model_config(o->model);
       ss.dtype = o->dtype == "bf16" ? DType::BF16 : DType::F32;
-      ss.weights =
-          o->weights == "float" ? models::GgufScheme::F32 : models::parse_gguf_scheme(o->weights);
+      ss.weights = scheme;
       ss.seqs = o->seqs;
       ss.context = o->context;
       ss.block_size = o->block_size;
@@ -175,8 +175,6 @@ Run add_budget_command(CLI::App &app) {
                         ? DeviceType::CUDA
                         : DeviceType::CPU;
     std::int64_t limit = o->gpu_mem.empty() ? 0 : models::parse_bytes(o->gpu_mem);
-    const models::GgufScheme scheme =
-        o->weights == "float" ? models::GgufScheme::F32 : models::parse_gguf_scheme(o->weights);
 
     std::vector<models::BudgetReport> reports;
     std::vector<MemEvent> timeline;

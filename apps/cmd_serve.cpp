@@ -29,20 +29,6 @@ namespace kiln::apps {
 
 namespace {
 
-// The GGUF scheme whose types a loaded model's quantized Linear weights have: none kept
-// quantized, float; all Q8_0, q8_0; any K-quant, q4_k_m.
-models::GgufScheme stored_scheme_of(const models::DecoderModel& m) {
-  bool any = false, k_quant = false;
-  for (const auto& [name, linear] : m.linears())
-    if (linear->weight_quant) {
-      any = true;
-      k_quant = k_quant || *linear->weight_quant != quant::QuantType::Q8_0;
-    }
-  return !any      ? models::GgufScheme::F32
-         : k_quant ? models::GgufScheme::Q4_K_M
-                   : models::GgufScheme::Q8_0;
-}
-
 struct ServeCmd {
   std::string model, config, tokenizer, host = "127.0.0.1", dtype = "auto", device = "cpu";
   std::string name;
@@ -170,7 +156,7 @@ int run_serve(const ServeCmd& o) {
   // A GGUF model that kept its weights quantized: the budget takes the scheme its Linear weights
   // follow (kiln's rule for it; a file from another converter may hold a few tensors in other
   // types, which the "held now" column shows).
-  if (!early) ss.weights = stored_scheme_of(*m.model);
+  if (!early) ss.weights = models::kept_scheme(*m.model);
   if (!early) {
     analytic = serve::serve_budget_analytic(ss);
     dry = serve::serve_budget_run(ss, Device::meta());

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -15,6 +16,23 @@
 namespace kiln::models {
 
 namespace {
+
+// GGML's type name -> kiln's QuantType; nullopt for a float type or one kiln does not read.
+std::optional<quant::QuantType> quant_type_named(std::string_view name) {
+  for (const quant::QuantInfo& q : quant::kQuantTypes)
+    if (q.name == name) return q.type;
+  return std::nullopt;
+}
+
+// The scheme a set of quantized weight types follows: none, F32; all Q8_0, Q8_0; any K-quant,
+// Q4_K_M.
+GgufScheme scheme_of(const std::vector<quant::QuantType>& types) {
+  if (types.empty()) return GgufScheme::F32;
+  return std::all_of(types.begin(), types.end(),
+                     [](quant::QuantType t) { return t == quant::QuantType::Q8_0; })
+             ? GgufScheme::Q8_0
+             : GgufScheme::Q4_K_M;
+}
 
 // Metadata that would change the model if ignored, refused unless it has its neutral value.
 void refuse_unimplemented(const io::GgufFile& f, const std::string& arch) {
@@ -148,12 +166,11 @@ ModelConfig gguf_model_config(const io::GgufFile& f) {
 
 std::unique_ptr<DecoderModel> load_gguf_model(const std::string& path, DType dtype, Device device,
                                               bool keep_quantized) {
-  return load_gguf_model(std::make_shared<const io::GgufFile>(path), dtype, device,
-                         keep_quantized);
+  return load_gguf_model(std::make_shared<const io::GgufFile>(path), dtype, device, keep_quantized);
 }
 
-std::unique_ptr<DecoderModel> load_gguf_model(std::shared_ptr<const io::GgufFile> file,
-                                              DType dtype, Device device, bool keep_quantized) {
+std::unique_ptr<DecoderModel> load_gguf_model(std::shared_ptr<const io::GgufFile> file, DType dtype,
+                                              Device device, bool keep_quantized) {
   KILN_CHECK(file != nullptr, "[gguf] no file to load");
   const io::GgufFile& f = *file;
   const std::string& path = f.path();
@@ -221,16 +238,11 @@ std::unique_ptr<DecoderModel> load_gguf_model(std::shared_ptr<const io::GgufFile
       nn::assign_data(p, w);
       continue;
     }
-    quant::QuantType q;
-    if (info.name == "q8_0")
-      q = quant::QuantType::Q8_0;
-    else if (info.name == "q4_k")
-      q = quant::QuantType::Q4_K;
-    else if (info.name == "q6_k")
-      q = quant::QuantType::Q6_K;
-    else
+    const std::optional<quant::QuantType> qt = quant_type_named(info.name);
+    if (!qt)
       fail("[gguf] {}: tensor {} is {}; kiln reads f32, f16, bf16, q8_0, q4_k and q6_k", path,
            t.name, info.name);
+    const quant::QuantType q = *qt;
     // Blocks that stay are Weights; blocks dequantized below are Temporaries.
     auto linear = linears.find(name);
     const bool embed = name == "model.embed_tokens.weight";
@@ -239,8 +251,7 @@ std::unique_ptr<DecoderModel> load_gguf_model(std::shared_ptr<const io::GgufFile
     if (keep && device.is_cpu()) {
       // In place: the file's bytes, read-only (the kernels only read blocks), counted as mapped.
       auto impl = std::make_shared<TensorImpl>();
-      impl->storage =
-          std::make_shared<Storage>(f.data(t), t.nbytes, MemCategory::Weights, file);
+      impl->storage = std::make_shared<Storage>(f.data(t), t.nbytes, MemCategory::Weights, file);
       impl->shape = {static_cast<std::int64_t>(t.nbytes)};
       impl->strides = {1};
       impl->dtype = DType::Bool;
@@ -275,15 +286,18 @@ std::unique_ptr<DecoderModel> load_gguf_model(std::shared_ptr<const io::GgufFile
 }
 
 GgufScheme gguf_file_scheme(const io::GgufFile& f) {
-  bool any = false, k_quant = false;
-  for (const io::GgufTensor& t : f.tensors()) {
-    const std::string name = kiln_name_of_gguf_tensor(t.name);
-    if (name.empty() || t.dims.size() != 2) continue;
-    const std::string type(io::ggml_type_info(t.type)->name);
-    if (type == "q8_0") any = true;
-    if (type == "q4_k" || type == "q6_k") any = k_quant = true;
-  }
-  return !any ? GgufScheme::F32 : k_quant ? GgufScheme::Q4_K_M : GgufScheme::Q8_0;
+  std::vector<quant::QuantType> types;
+  for (const io::GgufTensor& t : f.tensors())
+    if (!kiln_name_of_gguf_tensor(t.name).empty() && t.dims.size() == 2)
+      if (const auto q = quant_type_named(io::ggml_type_info(t.type)->name)) types.push_back(*q);
+  return scheme_of(types);
+}
+
+GgufScheme kept_scheme(const DecoderModel& m) {
+  std::vector<quant::QuantType> types;
+  for (const auto& [name, linear] : m.linears())
+    if (linear->weight_quant) types.push_back(*linear->weight_quant);
+  return scheme_of(types);
 }
 
 std::int64_t quantized_bytes(quant::QuantType t, std::int64_t rows, std::int64_t k) {

@@ -70,6 +70,9 @@ std::optional<quant::QuantType> gguf_tensor_type(GgufScheme scheme, const std::s
 // them: none quantized, F32; every one Q8_0, Q8_0; any K-quant, Q4_K_M (kiln's rule for the mix;
 // a file from another converter may type a few tensors otherwise).
 GgufScheme gguf_file_scheme(const io::GgufFile& f);
+// The same rule over the types a loaded model's Linear weights kept (F32 when none stayed
+// quantized: a float file, or --dequantize).
+GgufScheme kept_scheme(const DecoderModel& m);
 
 // A model of config c laid out in memory as load_gguf_model lays out a file that save_gguf_model
 // wrote with `scheme` (keep_quantized): the Linear weights and the token embedding that the scheme
