@@ -120,6 +120,13 @@ struct BudgetFigures {
 std::int64_t stored_weight_bytes(const ModelConfig& c, GgufScheme scheme, DType dtype,
                                  DeviceType simulate);
 
+// The model an inference budget runs: seeded random float weights in dtype, or (weights other
+// than F32) the layout load_gguf_model gives a file of that scheme (zero_model_as_stored). On
+// the meta device the quantized model's float skeleton leaves no trace in the peaks or the
+// simulated cache.
+std::unique_ptr<DecoderModel> inference_model(const ModelConfig& c, GgufScheme weights, DType dtype,
+                                              Device device);
+
 // Closed-form model of the dry run (see docs/memory.md). Weights, master
 // weights, gradients, optimizer state, KV cache, inputs and runtime are exact
 // (per-tensor allocator rounding included); activations, temporaries and

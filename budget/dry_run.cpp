@@ -296,18 +296,7 @@ void TrainStep::run() {
 // the values never change an allocation).
 void infer_run(const BudgetSpec& s, Device device) {
   NoGradGuard no_grad;
-  std::unique_ptr<DecoderModel> built =
-      s.weights == GgufScheme::F32 ? std::make_unique<DecoderModel>(s.cfg, 1234, s.dtype, device)
-                                   : zero_model_as_stored(s.cfg, s.weights, s.dtype, device);
-  // zero_model_as_stored builds a float skeleton on meta and replaces every parameter: on the
-  // meta device (the dry run) those float tensors come and go in the tracker being read, a
-  // moment no loader has (load_gguf_model's skeleton is on meta, its weights on the CPU or GPU).
-  // The peaks restart from the model as stored, and the simulated cache (CUDA's allocator keeps
-  // freed blocks) forgets the skeleton's blocks.
-  if (device.is_meta() && s.weights != GgufScheme::F32) {
-    empty_meta_cuda_cache();
-    MemoryTracker::get(device.type).reset_peaks();
-  }
+  const std::unique_ptr<DecoderModel> built = inference_model(s.cfg, s.weights, s.dtype, device);
   DecoderModel& model = *built;
   model.eval();
   KVCache cache(s.cfg, s.batch, s.kv_capacity(), s.dtype, device);
@@ -334,6 +323,22 @@ void infer_run(const BudgetSpec& s, Device device) {
 }
 
 }  // namespace
+
+std::unique_ptr<DecoderModel> inference_model(const ModelConfig& c, GgufScheme weights, DType dtype,
+                                              Device device) {
+  if (weights == GgufScheme::F32) return std::make_unique<DecoderModel>(c, 1234, dtype, device);
+  std::unique_ptr<DecoderModel> m = zero_model_as_stored(c, weights, dtype, device);
+  // zero_model_as_stored builds a float skeleton on meta and replaces every parameter: on the
+  // meta device (the dry run) those float tensors come and go in the tracker being read, a
+  // moment no loader has (load_gguf_model's skeleton is on meta, its weights on the CPU or GPU).
+  // The peaks restart from the model as stored, and the simulated cache (CUDA's allocator keeps
+  // freed blocks) forgets the skeleton's blocks.
+  if (device.is_meta()) {
+    empty_meta_cuda_cache();
+    MemoryTracker::get(device.type).reset_peaks();
+  }
+  return m;
+}
 
 bool simulates_native_dtype(const BudgetSpec& s) {
   // Every kernel the simulated backend runs in f32 and that some backend takes in s.dtype

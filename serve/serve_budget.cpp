@@ -70,12 +70,8 @@ ServeBudget serve_budget_run(const ServeBudgetSpec& spec, Device device) {
   };
   ServeBudget b;
   {
-    // Quantized: the model as load_gguf_model holds a file of that scheme (its float skeleton on
-    // meta comes and goes before `held` below, which reads current bytes, not peaks).
-    std::unique_ptr<models::DecoderModel> built =
-        s.weights == models::GgufScheme::F32
-            ? std::make_unique<models::DecoderModel>(s.cfg, 1234, s.dtype, device)
-            : models::zero_model_as_stored(s.cfg, s.weights, s.dtype, device);
+    const std::unique_ptr<models::DecoderModel> built =
+        models::inference_model(s.cfg, s.weights, s.dtype, device);
     const models::DecoderModel& model = *built;
     KvPool pool(s.cfg, s.num_blocks, s.block_size, s.dtype, device);
     const MemStats held = tracker.stats();
