@@ -77,13 +77,16 @@ bool attention_accepts(int slot, const Tensor& t) {
   return t.is_contiguous();
 }
 
+// The backward's shape: training's (Tq == Tk, q_offset 0, dense k/v).
+cuda::AttentionShape backward_shape(const AttentionBackwardArgs& a) {
+  return cuda::training_attention_shape(a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2),
+                                        a.q.size(3));
+}
+
 // kiln's backward allocates Di (B, Hq, T) f32 and, on the bf16 tensor-core path, an f32 dQ
 // accumulator (B, T, Hq, D): the plan says how much, on any build.
 ScratchList attention_backward_scratch(const AttentionBackwardArgs& a, DType dt) {
-  const auto plan = cuda::plan_attention_backward(
-      cuda::training_attention_shape(a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2),
-                                     a.q.size(3)),
-      dt == DType::BF16, true);
+  const auto plan = cuda::plan_attention_backward(backward_shape(a), dt == DType::BF16, true);
   return {plan.scratch_floats * 4};
 }
 
@@ -116,19 +119,11 @@ struct AttentionBackwardAuto {
   static void run(AttentionBackwardArgs& a);
 };
 
-cuda::AttentionShape backward_shape(const AttentionBackwardArgs& a) {
-  return cuda::training_attention_shape(a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2),
-                                        a.q.size(3));
-}
-
 // cuDNN's backward scratch beside its workspace: softmax_sum (B, Hq, T) and the f32 dQ
 // accumulator (B, Hq, T, D), each 256-byte aligned.
-ScratchList attention_backward_scratch_cudnn(const AttentionBackwardArgs& a, DType) {
-  const cuda::AttentionShape s = backward_shape(a);
-  sdpa::SdpaKey key;
-  key.backward = true;
-  key.B = s.B, key.Tq = s.Tq, key.Tk = s.Tk, key.Hq = s.Hq, key.Hkv = s.Hkv, key.D = s.D;
-  return {static_cast<std::int64_t>(sdpa::scratch_bytes(key))};
+ScratchList attention_backward_scratch_cudnn(const AttentionBackwardArgs& a, DType dt) {
+  return {static_cast<std::int64_t>(
+      sdpa::scratch_bytes(sdpa_key(backward_shape(a), true, dt, a.scale, a.q.device())))};
 }
 
 ScratchList attention_backward_scratch_auto(const AttentionBackwardArgs& a, DType dt) {
@@ -196,8 +191,7 @@ void AttentionCuda<T>::run(AttentionArgs& a) {
 template <class T>
 void AttentionBackwardCuda<T>::run(AttentionBackwardArgs& a) {
   check_current_device(a.q, "attention_backward");
-  const cuda::AttentionShape s = cuda::training_attention_shape(
-      a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2), a.q.size(3));
+  const cuda::AttentionShape s = backward_shape(a);
   bool aligned = true;
   for (const Tensor* t : {&a.q, &a.k, &a.v, &a.out, &a.dout, &a.dq, &a.dk, &a.dv})
     aligned = aligned && aligned16(*t);
@@ -223,10 +217,7 @@ void AttentionCudnn<T>::run(AttentionArgs& a) {
 
 template <class T>
 void AttentionBackwardCudnn<T>::run(AttentionBackwardArgs& a) {
-  const sdpa::SdpaKey key =
-      sdpa_key(cuda::training_attention_shape(a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2),
-                                              a.q.size(3)),
-               true, dtype_of<T>(), a.scale, a.q.device());
+  const sdpa::SdpaKey key = sdpa_key(backward_shape(a), true, dtype_of<T>(), a.scale, a.q.device());
   DeviceScope device(key.device);
   const std::size_t ws_bytes = sdpa::workspace_bytes(key);
   Tensor ws = scratch_tensor(static_cast<std::int64_t>(ws_bytes), DType::Bool, a.q.device());

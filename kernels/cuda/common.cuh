@@ -21,6 +21,8 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/common/half.h"
 #include "kernels/cuda/runtime.h"
@@ -105,6 +107,17 @@ inline unsigned grid_for(int64_t n, int threads) {
   if (blocks > 65535LL * 8)
     blocks = 65535LL * 8;
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+// Calls f(std::integral_constant<int, m>{}) for a run-time row count m in [1, Max] (Max for
+// anything above): the count as a template argument, so that per-row accumulators stay in
+// registers (the GEMVs of gemv.cu and quant.cu).
+template <int Max, int M = 1, class F> void with_rows(int m, F &&f) {
+  if constexpr (M < Max) {
+    if (m != M)
+      return with_rows<Max, M + 1>(m, std::forward<F>(f));
+  }
+  f(std::integral_constant<int, M>{});
 }
 
 } // namespace kiln::cuda

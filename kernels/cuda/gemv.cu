@@ -134,16 +134,9 @@ void gemv_bf16(int M, std::int64_t N, std::int64_t K, const bf16* w, const bf16*
   auto* yv = reinterpret_cast<__nv_bfloat16*>(y);
   const int chunks = static_cast<int>(K / 8);
   const std::int64_t ldxc = ldx / 8;
-  switch (M) {  // the row count is a template argument: the accumulators stay in registers
-    case 1:
-      return launch_gemv<1>(N, chunks, wv, xv, ldxc, yv, ldy, stream);
-    case 2:
-      return launch_gemv<2>(N, chunks, wv, xv, ldxc, yv, ldy, stream);
-    case 3:
-      return launch_gemv<3>(N, chunks, wv, xv, ldxc, yv, ldy, stream);
-    default:
-      return launch_gemv<4>(N, chunks, wv, xv, ldxc, yv, ldy, stream);
-  }
+  with_rows<kGemvMaxRows>(M, [&](auto rows) {
+    launch_gemv<decltype(rows)::value>(N, chunks, wv, xv, ldxc, yv, ldy, stream);
+  });
 }
 
 }  // namespace kiln::cuda

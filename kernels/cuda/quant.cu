@@ -71,24 +71,9 @@ void gemv_quant(quant::QuantType type, std::int64_t M, std::int64_t N, std::int6
              "[linear_quant] the quantized GEMV takes 1 to {} rows of whole {} blocks, got {} x {}",
              kQuantGemvMaxRows, q.name, M, K);
   if (N == 0) return;
-  switch (M) {  // the row count is a template argument: acc[] stays in registers
-    case 1:
-      return launch_gemv_quant<T, 1>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
-    case 2:
-      return launch_gemv_quant<T, 2>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
-    case 3:
-      return launch_gemv_quant<T, 3>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
-    case 4:
-      return launch_gemv_quant<T, 4>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
-    case 5:
-      return launch_gemv_quant<T, 5>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
-    case 6:
-      return launch_gemv_quant<T, 6>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
-    case 7:
-      return launch_gemv_quant<T, 7>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
-    default:
-      return launch_gemv_quant<T, 8>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
-  }
+  with_rows<static_cast<int>(kQuantGemvMaxRows)>(static_cast<int>(M), [&](auto rows) {
+    launch_gemv_quant<T, decltype(rows)::value>(type, N, K, q, x, ldx, w, bias, y, ldy, stream);
+  });
 }
 
 template <typename T>
