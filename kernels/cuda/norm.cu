@@ -116,6 +116,87 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// The register path (norm_register_packs): one warp per chunk, K accesses of V elements per lane
+// at columns lane*V + k*32*V. Same sums in the same order as rmsnorm_bwd_kernel: each lane's dot
+// over its columns in column order then the warp sum, and each column's partial over the chunk's
+// rows in row order (held in acc, stored once).
+template <typename T, int V, int K>
+__global__ void __launch_bounds__(128)
+    rmsnorm_bwd_reg_kernel(std::int64_t rows, std::int64_t dim, std::int64_t nchunks,
+                           std::int64_t per, const T* x, std::int64_t xs, const T* w,
+                           const float* rstd, const T* dy, std::int64_t dys, T* dx, float* part) {
+  const Group g = make_group<true>();
+  if (g.index >= nchunks) return;
+  const std::int64_t r0 = g.index * per;
+  const std::int64_t r1 = r0 + per < rows ? r0 + per : rows;
+  const float inv_dim = 1.0f / static_cast<float>(dim);
+  bool live[K];
+  float wv[K][V], acc[K][V];
+  Pack<T, V> xn[K], dn[K];  // the next row's x and dy, loaded a row ahead
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const std::int64_t c = static_cast<std::int64_t>(g.lane) * V + k * 32 * V;
+    live[k] = c < dim;
+    if (live[k]) {
+      const Pack<T, V> wp = ldp<T, V>(w + c);
+#pragma unroll
+      for (int e = 0; e < V; ++e) wv[k][e] = load(wp.v[e]);
+      xn[k] = ldp<T, V>(x + r0 * xs + c);
+      dn[k] = ldp<T, V>(dy + r0 * dys + c);
+    }
+  }
+  float rs_next = rstd[r0];
+  for (std::int64_t r = r0; r < r1; ++r) {
+    Pack<T, V> xc[K], dc[K];
+    const float rs = rs_next;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      xc[k] = xn[k];
+      dc[k] = dn[k];
+    }
+    if (r + 1 < r1) {
+      rs_next = rstd[r + 1];
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const std::int64_t c = static_cast<std::int64_t>(g.lane) * V + k * 32 * V;
+        if (live[k]) {
+          xn[k] = ldp<T, V>(x + (r + 1) * xs + c);
+          dn[k] = ldp<T, V>(dy + (r + 1) * dys + c);
+        }
+      }
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (live[k])
+#pragma unroll
+        for (int e = 0; e < V; ++e) dot += wv[k][e] * load(dc[k].v[e]) * load(xc[k].v[e]);
+    dot = warp_sum(dot);
+    const float coef = rs * rs * rs * dot * inv_dim;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!live[k]) continue;
+      const std::int64_t c = static_cast<std::int64_t>(g.lane) * V + k * 32 * V;
+      Pack<T, V> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xj = load(xc[k].v[e]), dyj = load(dc[k].v[e]);
+        const float contrib = dyj * xj * rs;
+        acc[k][e] = r == r0 ? contrib : acc[k][e] + contrib;
+        o.v[e] = store<T>(rs * wv[k][e] * dyj - xj * coef);
+      }
+      stp<T, V>(dx + r * dim + c, o);
+    }
+  }
+  if (!part) return;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!live[k]) continue;
+    const std::int64_t c = static_cast<std::int64_t>(g.lane) * V + k * 32 * V;
+    accumulate_partial<V>(part + g.index * dim + c, acc[k], true);
+  }
+}
+
 // ---- LayerNorm --------------------------------------------------------------------------------
 
 template <typename T, bool kWarp, int V>
@@ -290,6 +371,25 @@ void rmsnorm_backward(std::int64_t rows, std::int64_t dim, const T* x, std::int6
   const NormChunks ch = norm_chunks(rows);
   const int vec = row_vec_width(sizeof(T), dim, {x, w, dy, dx, dw_partial}, {x_stride, dy_stride});
   const RowLaunch l = row_launch(ch.count, dim, vec);
+  if (const int packs = norm_register_packs(dim, vec); packs > 0 && l.warp_per_row) {
+    with_shape<T>(l, vec, [&](auto, auto v) {
+      constexpr int V = decltype(v)::value;
+      auto launch = [&](auto kc) {
+        rmsnorm_bwd_reg_kernel<T, V, decltype(kc)::value>
+            <<<static_cast<unsigned>(l.blocks), l.threads, 0, stream>>>(
+                rows, dim, ch.count, ch.rows_per, x, x_stride, w, rstd, dy, dy_stride, dx,
+                dw_partial);
+        KILN_CUDA_CHECK_LAUNCH();
+      };
+      if (packs == 1)
+        launch(std::integral_constant<int, 1>{});
+      else if (packs == 2)
+        launch(std::integral_constant<int, 2>{});
+      else
+        launch(std::integral_constant<int, 4>{});
+    });
+    return;
+  }
   with_shape<T>(l, vec, [&](auto warp, auto v) {
     rmsnorm_bwd_kernel<T, decltype(warp)::value, decltype(v)::value>
         <<<static_cast<unsigned>(l.blocks), l.threads, 0, stream>>>(

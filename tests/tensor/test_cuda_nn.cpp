@@ -104,6 +104,21 @@ TEST(CudaNnHost, NormChunksFollowTheCpuRule) {
   EXPECT_EQ(cuda::qk_norm_rope_scratch_floats(2, 3, 5, 64), 30 * 64);
 }
 
+// The RMSNorm backward's register path: accesses per lane rounded up to 1, 2 or 4, else 0.
+TEST(CudaNnHost, NormRegisterPacks) {
+  EXPECT_EQ(cuda::norm_register_packs(1, 1), 1);
+  EXPECT_EQ(cuda::norm_register_packs(64, 8), 1);     // bf16: 8 lanes busy
+  EXPECT_EQ(cuda::norm_register_packs(288, 8), 2);    // stories15M: 36 accesses
+  EXPECT_EQ(cuda::norm_register_packs(512, 8), 2);    // stories42M bf16
+  EXPECT_EQ(cuda::norm_register_packs(512, 4), 4);    // stories42M f32
+  EXPECT_EQ(cuda::norm_register_packs(768, 8), 4);    // 3 accesses, one pack idle
+  EXPECT_EQ(cuda::norm_register_packs(1024, 8), 4);
+  EXPECT_EQ(cuda::norm_register_packs(1024, 4), 0);   // 8 per lane
+  EXPECT_EQ(cuda::norm_register_packs(129, 1), 0);    // 5 per lane
+  EXPECT_EQ(cuda::norm_register_packs(2048, 8), 0);   // block mode
+  EXPECT_EQ(cuda::norm_register_packs(64, 0), 0);
+}
+
 // rope_apply's grid: every pair of every token gets exactly one thread, blocks are whole warps of
 // at most 256 threads, and a grid the device cannot take is refused by name.
 TEST(CudaNnHost, RopeLaunchCoversEveryPairOnce) {
@@ -351,6 +366,35 @@ TEST(CudaNn, RmsNorm) {
         EXPECT_TRUE(test::norm_dx_within_bound(
             ops::rmsnorm_backward(x.to(kCuda), w.to(kCuda), rstdc, dy.to(kCuda), nullptr), dx,
             dx_mag, dt));
+      }
+    }
+  }
+}
+
+// The shapes of the register path (norm_register_packs 1, 2 and 4; 768 leaves a pack idle) and
+// one past it, with chunks of one and of several rows.
+TEST(CudaNn, RmsNormBackwardRegisterPath) {
+  KILN_REQUIRE_GPU();
+  for (DType dt : kDtypes) {
+    for (std::int64_t rows : {3, 2500}) {
+      for (std::int64_t dim : {32, 288, 512, 768, 1024}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" +
+                     std::to_string(dim));
+        const Tensor x = randt({rows, dim}, 30 + dim, dt);
+        const Tensor w = randt({dim}, 31, dt, 0.5, 1.5);
+        const Tensor dy = randt({rows, dim}, 32, dt);
+        auto [y, rstd] = ops::rmsnorm(x, w, 1e-5);
+        Tensor dw = ops::zeros({dim}, DType::F32);
+        const Tensor dx = ops::rmsnorm_backward(x, w, rstd, dy, &dw);
+        const std::vector<double> dx_mag = test::rmsnorm_dx_magnitude(x, w, rstd, dy);
+        Tensor dw1 = ops::zeros({dim}, DType::F32, kCuda), dw2 = dw1.clone();
+        const Tensor rstdc = rstd.to(kCuda);
+        const Tensor dxc =
+            ops::rmsnorm_backward(x.to(kCuda), w.to(kCuda), rstdc, dy.to(kCuda), &dw1);
+        (void)ops::rmsnorm_backward(x.to(kCuda), w.to(kCuda), rstdc, dy.to(kCuda), &dw2);
+        EXPECT_TRUE(test::norm_dx_within_bound(dxc, dx, dx_mag, dt));
+        EXPECT_TRUE(close(dw1, dw, tol_for(dt)));
+        EXPECT_TRUE(bit_equal(dw1, dw2)) << "rmsnorm dw is not deterministic";
       }
     }
   }
