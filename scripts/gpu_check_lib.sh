@@ -197,6 +197,8 @@ gpu_check_plan() {
       echo "decode_kiln|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_dir --prompt-ids $ids --max-new-tokens 128 --temperature 0"
       # The same with cuBLASLt for every product (kiln's GEMV off): the GEMV's own A/B.
       echo "decode_kiln_cublaslt|bench|120|run|$te KILN_CUDA_GEMV=0|@kiln generate --device cuda --dtype bf16 --model %decode_dir --prompt-ids $ids --max-new-tokens 128 --temperature 0"
+      # The same with the generic attention kernel for decode (the decode kernel off): its A/B.
+      echo "decode_kiln_generic_attention|bench|120|run|$te KILN_CUDA_DECODE_ATTENTION=0|@kiln generate --device cuda --dtype bf16 --model %decode_dir --prompt-ids $ids --max-new-tokens 128 --temperature 0"
       echo "decode_hf|bench|240|run|$te PYTHONUNBUFFERED=1|%python ^bench/hf_decode_peer.py --model %decode_dir --prompt-len 64 --new-tokens 128 --copy-gib 2 --copies 10"
       # kiln serve on the same folder: throughput at 1, 8 and 32 streams (continuous batching
       # over the paged KV pool), 64-token prompts, 64 new tokens each.

@@ -223,7 +223,7 @@ def decode_report(work, steps, card, commit):
     """decode_8b.json's content (None before any decode step ran): kiln's Qwen3-8B decode, HF
     transformers' static-cache decode of the same folder, the copy roofline and the ratios."""
     if not any(n in steps for n in ("decode_write", "decode_kiln", "decode_kiln_cublaslt",
-                                    "decode_hf")):
+                                    "decode_kiln_generic_attention", "decode_hf")):
         return None
     info = read_env(f"{work}/decode.txt")  # dir=, reused=, paused_s= (the last one counts)
     w = steps.get("decode_write", {})
@@ -233,9 +233,11 @@ def decode_report(work, steps, card, commit):
            "folder": {"dir": info.get("dir"), "reused": info.get("reused") == "1",
                       "write_result": w.get("result"), "write_s": w.get("seconds"),
                       "write_paused_s": int(info.get("paused_s", 0))},
-           "kiln": None, "kiln_cublaslt": None, "kiln_q8_0": None, "hf": None, "copy_gbs": None,
+           "kiln": None, "kiln_cublaslt": None, "kiln_generic_attention": None, "kiln_q8_0": None,
+           "hf": None, "copy_gbs": None,
            "ratios": {}}
     for key, step in (("kiln", "decode_kiln"), ("kiln_cublaslt", "decode_kiln_cublaslt"),
+                      ("kiln_generic_attention", "decode_kiln_generic_attention"),
                       ("kiln_q8_0", "decode_kiln_q8_0")):
         k = steps.get(step)
         if k:
@@ -263,6 +265,8 @@ def decode_report(work, steps, card, commit):
         "hf_decode_gbs_over_copy": ratio(hd.get("decode_gbs"), rep["copy_gbs"]),
         "decode_tok_s_kiln_gemv_over_cublaslt": ratio(kd.get("decode_tok_s"),
                                                       (rep["kiln_cublaslt"] or {}).get("decode_tok_s")),
+        "decode_tok_s_kiln_decode_attention_over_generic": ratio(
+            kd.get("decode_tok_s"), (rep["kiln_generic_attention"] or {}).get("decode_tok_s")),
         "decode_tok_s_kiln_q8_0_over_bf16": ratio((rep["kiln_q8_0"] or {}).get("decode_tok_s"),
                                                   kd.get("decode_tok_s")),
         "kiln_q8_0_decode_gbs_over_copy": ratio((rep["kiln_q8_0"] or {}).get("decode_gbs"),
@@ -286,6 +290,8 @@ def decode_markdown(rep):
     for name, d, key in (("kiln", kd, "kiln_decode_gbs_over_copy"),
                          ("kiln, cuBLASLt GEMVs (KILN_CUDA_GEMV=0)", rep.get("kiln_cublaslt") or {},
                           None),
+                         ("kiln, generic attention for decode (KILN_CUDA_DECODE_ATTENTION=0)",
+                          rep.get("kiln_generic_attention") or {}, None),
                          ("kiln, Q8_0 weights (quantized GEMV)", rep.get("kiln_q8_0") or {},
                           "kiln_q8_0_decode_gbs_over_copy"),
                          ("HF transformers, static cache", hd, "hf_decode_gbs_over_copy")):

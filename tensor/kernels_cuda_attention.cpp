@@ -180,8 +180,8 @@ void AttentionCuda<T>::run(AttentionArgs& a) {
   const cuda::AttentionShape s = attention_shape(a.q, a.k, a.v, a.q_offset);
   const bool aligned = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) &&
                        s.kv_batch_stride % 8 == 0;
-  const cuda::AttentionPlan plan =
-      cuda::plan_attention_forward(s, std::is_same_v<T, bf16>, aligned, num_sms());
+  const cuda::AttentionPlan plan = cuda::plan_attention_forward(
+      s, std::is_same_v<T, bf16>, aligned, num_sms(), cuda::decode_attention_enabled());
   Tensor scratch = scratch_tensor(plan.scratch_floats, DType::F32, a.q.device());
   cuda::attention_forward<T>(plan, s, static_cast<float>(a.scale), a.q.data<T>(), a.k.data<T>(),
                              a.v.data<T>(), a.out.data<T>(), a.lse.data<float>(),

@@ -25,7 +25,14 @@
 //       share of dQ into an f32 scratch with atomics (dQ is therefore not
 //       bitwise deterministic: the order of the f32 additions varies run to
 //       run, which moves the last bits); a last kernel rounds dQ to bf16.
-//   Generic (any dtype, any D <= kGenericMaxD, and decode): SIMT kernels in
+//   Decode (Tq == 1, D in {32, 64, 128}, or 256 in bf16; 16-byte aligned): one CTA per
+//     (split of the keys, query head, batch); each lane holds D / 32 values of q, of its output
+//     and of every K/V row it reads, each warp takes every 4th key of the split with 4 keys in
+//     flight and its own online softmax, and the CTA merges its 4 warps (then
+//     combine_splits_kernel merges the splits). A key costs one coalesced row load and a warp
+//     sum, so a short cache is a few memory latencies: the generic kernel took 44 us per layer
+//     of Qwen3-8B at about 70 keys (ncu, H200, 2026-11-27), 20% of a decode step.
+//   Generic (any dtype, any D <= kGenericMaxD, and short prefills): SIMT kernels in
 //   f32, one warp per
 //     (query, head) item at a time, K/V tiles of 32 keys in shared memory
 //     shared by the G heads of a kv head. The forward splits the keys over
@@ -86,7 +93,7 @@ inline bool auto_attention_uses_cudnn(const AttentionShape &s) {
          s.B * s.Tk * s.Hkv * s.D <= kMax;
 }
 
-enum class AttentionPath { Flash, Generic };
+enum class AttentionPath { Flash, Generic, Decode };
 
 struct AttentionPlan {
   AttentionPath path = AttentionPath::Generic;
@@ -112,6 +119,12 @@ inline constexpr int kGenericTile = 32;  // generic: keys (or queries) per share
 // 32 spreads even a 64-key context over twice the CTAs, merged by combine_splits_kernel.
 inline constexpr int kMinKeysPerSplit = 32;
 inline constexpr int kMaxSplits = 64;
+// Decode (one query row per head): a CTA of kDecodeThreads per (split, query head, batch), each
+// warp taking every 4th key of the split, 4 keys in flight per warp. Splits of at least
+// kDecodeMinKeys keys, aiming at kDecodeCtasPerSm CTAs per SM.
+inline constexpr int kDecodeThreads = 128;
+inline constexpr int kDecodeMinKeys = 16;
+inline constexpr int kDecodeCtasPerSm = 4;
 
 inline size_t generic_smem_bytes(int64_t D) {
   // q (and dout) rows of the items, K and V (or Q and dO) tiles padded to D + 1
@@ -155,8 +168,10 @@ inline void check_attention_shape(const AttentionShape &s, const char *op) {
 // Forward plan. tensor_cores: the dtype is bf16. aligned16: q, k, v, out start
 // on 16-byte boundaries and kv_batch_stride is a multiple of 8 elements.
 // num_sms: the device's SM count.
+// decode_kernel: false keeps Tq == 1 on the generic kernel (decode_attention_enabled()).
 inline AttentionPlan plan_attention_forward(const AttentionShape &s, bool tensor_cores,
-                                            bool aligned16, int num_sms) {
+                                            bool aligned16, int num_sms,
+                                            bool decode_kernel = true) {
   detail::check_attention_shape(s, "attention");
   AttentionPlan p;
   if (num_sms < 1) num_sms = 1;
@@ -173,6 +188,31 @@ inline AttentionPlan plan_attention_forward(const AttentionShape &s, bool tensor
     p.grid[1] = s.Hq;
     p.grid[2] = s.B;
     p.smem_bytes = flash_fwd_smem_bytes(p.block_q, s.D);
+    return p;
+  }
+  // Decode: D / 32 values per lane in one load of at most 16 bytes (D 256 only in bf16).
+  if (decode_kernel && s.Tq == 1 && aligned16 &&
+      (s.D == 32 || s.D == 64 || s.D == 128 || (s.D == 256 && tensor_cores))) {
+    p.path = AttentionPath::Decode;
+    p.threads = kDecodeThreads;
+    p.block_q = 1;
+    const int64_t keys = s.q_offset + 1;
+    const int64_t ctas = s.Hq * s.B;
+    int64_t want = (int64_t{kDecodeCtasPerSm} * num_sms + ctas - 1) / ctas;
+    const int64_t by_keys = (keys + kDecodeMinKeys - 1) / kDecodeMinKeys;
+    if (want > by_keys) want = by_keys;
+    if (want > kMaxSplits) want = kMaxSplits;
+    if (want < 1) want = 1;
+    p.keys_per_split = (keys + want - 1) / want;
+    p.splits = (keys + p.keys_per_split - 1) / p.keys_per_split;  // none empty
+    p.block_k = static_cast<int>(p.keys_per_split);
+    p.scratch_floats = p.splits > 1 ? p.splits * s.B * s.Hq * (s.D + 2) : 0;
+    p.grid[0] = p.splits;
+    p.grid[1] = s.Hq;
+    p.grid[2] = s.B;
+    KILN_CHECK(s.Hq <= 65535 && s.B <= 65535, "[attention] {} heads x {} batch exceed the grid",
+               s.Hq, s.B);
+    p.smem_bytes = 0;
     return p;
   }
   KILN_CHECK(s.D <= kGenericMaxD,
@@ -261,6 +301,17 @@ inline AttentionPlan plan_attention_backward(const AttentionShape &s, bool tenso
   p.scratch_floats = di_floats;
   return p;
 }
+
+// Whether the front end plans Tq == 1 onto the decode kernel: KILN_CUDA_DECODE_ATTENTION=0 at
+// start-up keeps it on the generic kernel (the A/B of the GPU check); set_... overrides.
+#if defined(KILN_CUDA)
+bool decode_attention_enabled();
+void set_decode_attention_enabled(bool on);
+#else
+// Without CUDA no kernel runs; a dry run simulating CUDA plans as a GPU does by default.
+inline bool decode_attention_enabled() { return true; }
+inline void set_decode_attention_enabled(bool) {}
+#endif
 
 // ---- launchers
 // ---------------------------------------------------------------------------------

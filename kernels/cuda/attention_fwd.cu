@@ -24,8 +24,12 @@
 // combine_splits_kernel merges (flash-decoding).
 #include <cuda_bf16.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
+#include "kernels/cuda/activation.h"  // Pack
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_ptx.cuh"
@@ -436,6 +440,121 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const GenericFwdPar
   }
 }
 
+// ---- decode forward (Tq == 1; the path and its splits in attention.h) --------------------------
+
+// grid (splits, Hq, B), kDecodeThreads threads. Lane `lane` holds columns [lane * DL, lane * DL +
+// DL) of q (pre-scaled), of each K/V row and of its output. Warp w takes keys k_lo + w,
+// k_lo + w + 4, ... in rounds of kDecodeKeysInFlight, each round one max and one rescale.
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kDecodeKeysInFlight = 4;
+
+template <typename T, int DL>
+__global__ void __launch_bounds__(kDecodeThreads) decode_fwd_kernel(const GenericFwdParams<T> p) {
+  __shared__ float s_o[kDecodeWarps][32 * DL];
+  __shared__ float s_m[kDecodeWarps], s_l[kDecodeWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / p.G;
+  const int D = 32 * DL;
+  const int k_lo = split * p.keys_per_split;
+  const int k_hi = min(p.q_offset + 1, k_lo + p.keys_per_split);
+
+  float qv[DL];
+  {
+    const Pack<T, DL> qp = *reinterpret_cast<const Pack<T, DL> *>(
+        p.q + (static_cast<int64_t>(b) * p.Hq + h) * D + lane * DL);
+#pragma unroll
+    for (int e = 0; e < DL; ++e) qv[e] = load(qp.v[e]) * p.scale;
+  }
+  float m = -INFINITY, l = 0.f, o[DL];
+#pragma unroll
+  for (int e = 0; e < DL; ++e) o[e] = 0.f;
+  const int64_t key_stride = static_cast<int64_t>(p.Hkv) * D;
+  const T *kb = p.k + b * p.kv_bs + static_cast<int64_t>(hk) * D + lane * DL;
+  const T *vb = p.v + b * p.kv_bs + static_cast<int64_t>(hk) * D + lane * DL;
+
+  for (int j0 = k_lo + warp; j0 < k_hi; j0 += kDecodeWarps * kDecodeKeysInFlight) {
+    Pack<T, DL> kp[kDecodeKeysInFlight], vp[kDecodeKeysInFlight];
+#pragma unroll
+    for (int u = 0; u < kDecodeKeysInFlight; ++u) {
+      const int j = j0 + u * kDecodeWarps;
+      if (j < k_hi) {  // warp-uniform
+        kp[u] = *reinterpret_cast<const Pack<T, DL> *>(kb + j * key_stride);
+        vp[u] = *reinterpret_cast<const Pack<T, DL> *>(vb + j * key_stride);
+      }
+    }
+    float sc[kDecodeKeysInFlight];
+#pragma unroll
+    for (int u = 0; u < kDecodeKeysInFlight; ++u) {
+      float a = 0.f;
+#pragma unroll
+      for (int e = 0; e < DL; ++e) a = fmaf(qv[e], load(kp[u].v[e]), a);
+      sc[u] = a;
+    }
+#pragma unroll
+    for (int u = 0; u < kDecodeKeysInFlight; ++u) sc[u] = warp_sum(sc[u]);
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < kDecodeKeysInFlight; ++u)
+      if (j0 + u * kDecodeWarps < k_hi) mx = fmaxf(mx, sc[u]);
+    const float corr = expf(m - mx);  // 0 on the warp's first round (m = -inf)
+    l *= corr;
+#pragma unroll
+    for (int e = 0; e < DL; ++e) o[e] *= corr;
+#pragma unroll
+    for (int u = 0; u < kDecodeKeysInFlight; ++u) {
+      if (j0 + u * kDecodeWarps >= k_hi) continue;
+      const float pr = expf(sc[u] - mx);
+      l += pr;
+#pragma unroll
+      for (int e = 0; e < DL; ++e) o[e] = fmaf(pr, load(vp[u].v[e]), o[e]);
+    }
+    m = mx;
+  }
+
+  // Merge the warps (a warp without keys has m = -inf, l = 0; warp 0 always has k_lo).
+#pragma unroll
+  for (int e = 0; e < DL; ++e) s_o[warp][lane * DL + e] = o[e];
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+  __syncthreads();
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, s_m[w]);
+  float f[kDecodeWarps], L = 0.f;
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) {
+    f[w] = expf(s_m[w] - M);
+    L += s_l[w] * f[w];
+  }
+  const int64_t row = static_cast<int64_t>(b) * p.Hq + h;  // Tq == 1
+  if (p.splits == 1) {
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    T *orow = p.out + row * D;
+    for (int d = threadIdx.x; d < D; d += kDecodeThreads) {
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) acc += s_o[w][d] * f[w];
+      orow[d] = store<T>(acc * inv);
+    }
+    if (threadIdx.x == 0) p.lse[row] = M + logf(L);
+  } else {
+    float *po = p.part + (static_cast<int64_t>(split) * p.rows + row) * (D + 2);
+    for (int d = threadIdx.x; d < D; d += kDecodeThreads) {
+      float acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) acc += s_o[w][d] * f[w];
+      po[d] = acc;
+    }
+    if (threadIdx.x == 0) {
+      po[D] = M;
+      po[D + 1] = L;
+    }
+  }
+}
+
 template <typename T>
 void launch_generic_fwd(const AttentionPlan &plan, const AttentionShape &s, float scale, const T *q,
                         const T *k, const T *v, T *out, float *lse, float *scratch,
@@ -473,7 +592,78 @@ void launch_generic_fwd(const AttentionPlan &plan, const AttentionShape &s, floa
   }
 }
 
+template <typename T>
+void launch_decode_fwd(const AttentionPlan &plan, const AttentionShape &s, float scale, const T *q,
+                       const T *k, const T *v, T *out, float *lse, float *scratch,
+                       StreamHandle stream) {
+  KILN_CHECK(s.Tq == 1 && plan.threads == kDecodeThreads && plan.grid[0] == plan.splits &&
+                 plan.keys_per_split * plan.splits >= s.q_offset + 1,
+             "[attention] plan and decode kernel disagree");
+  KILN_CHECK(plan.splits == 1 || scratch != nullptr, "[attention] split-K needs scratch");
+  GenericFwdParams<T> p{};
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.lse = lse;
+  p.part = scratch;
+  p.kv_bs = s.kv_batch_stride;
+  p.rows = s.B * s.Hq;
+  p.Tq = 1;
+  p.Tk = static_cast<int>(s.Tk);
+  p.Hq = static_cast<int>(s.Hq);
+  p.Hkv = static_cast<int>(s.Hkv);
+  p.G = static_cast<int>(s.Hq / s.Hkv);
+  p.D = static_cast<int>(s.D);
+  p.q_offset = static_cast<int>(s.q_offset);
+  p.splits = static_cast<int>(plan.splits);
+  p.keys_per_split = static_cast<int>(plan.keys_per_split);
+  p.scale = scale;
+  auto launch = [&](auto dl) {
+    constexpr int DL = decltype(dl)::value;
+    decode_fwd_kernel<T, DL><<<attn::plan_grid(plan), kDecodeThreads, 0, stream>>>(p);
+    KILN_CUDA_CHECK_LAUNCH();
+  };
+  switch (s.D) {
+    case 32:
+      launch(std::integral_constant<int, 1>{});
+      break;
+    case 64:
+      launch(std::integral_constant<int, 2>{});
+      break;
+    case 128:
+      launch(std::integral_constant<int, 4>{});
+      break;
+    case 256:
+      if constexpr (sizeof(T) == 2)
+        launch(std::integral_constant<int, 8>{});
+      else
+        fail("[attention] no decode kernel for D 256 in f32");
+      break;
+    default:
+      fail("[attention] no decode kernel for D {}", s.D);
+  }
+  if (plan.splits > 1) {
+    combine_splits_kernel<T><<<grid_for(p.rows * 32, 128), 128, 0, stream>>>(p);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+}
+
+std::atomic<int> g_decode_enabled{-1};  // -1: not read from the environment yet
+
 }  // namespace
+
+bool decode_attention_enabled() {
+  int v = g_decode_enabled.load();
+  if (v < 0) {
+    const char *e = std::getenv("KILN_CUDA_DECODE_ATTENTION");
+    v = e && std::strcmp(e, "0") == 0 ? 0 : 1;
+    g_decode_enabled.store(v);
+  }
+  return v == 1;
+}
+
+void set_decode_attention_enabled(bool on) { g_decode_enabled.store(on ? 1 : 0); }
 
 template <typename T>
 void attention_forward(const AttentionPlan &plan, const AttentionShape &s, float scale, const T *q,
@@ -481,6 +671,10 @@ void attention_forward(const AttentionPlan &plan, const AttentionShape &s, float
                        StreamHandle stream) {
   if (plan.path == AttentionPath::Generic) {
     launch_generic_fwd<T>(plan, s, scale, q, k, v, out, lse, scratch, stream);
+    return;
+  }
+  if (plan.path == AttentionPath::Decode) {
+    launch_decode_fwd<T>(plan, s, scale, q, k, v, out, lse, scratch, stream);
     return;
   }
   if constexpr (!std::is_same_v<T, bf16>) {

@@ -191,9 +191,9 @@ check "every planned limit under 8 minutes" bash -c "! grep -v '^#' <<<'$plan' |
 plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=window "$repo/scripts/gpu_check.sh" "$tmp/dry")
 check "window: the plan, in order ($(steps_of <<<"$plan"))" [ "$(steps_of <<<"$plan")" = "smoke_probe smoke_runtime \
 smoke_train smoke_generate smoke_serve kernels.CudaProbe kernels.CudaDevice tensor.CudaProbe tensor.CudaDevice bench_gpu_vs_torch \
-decode_write decode_kiln decode_kiln_cublaslt decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate " ]
+decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate " ]
 check "window: timing steps asynchronous" \
-  [ "$(grep -E '^(bench|decode_kiln|decode_hf|serve_8b|decode_ncu)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 7 ]
+  [ "$(grep -E '^(bench|decode_kiln|decode_hf|serve_8b|decode_ncu)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 8 ]
 check "window: Qwen3-8B decode, 64 ids, 128 new, greedy" grep -q \
   '^decode_kiln|bench|.*--model %decode_dir --prompt-ids 1,2,.*,64 --max-new-tokens 128 --temperature 0' <<<"$plan"
 check "window: the HF peer on the same folder" grep -q \
@@ -245,7 +245,7 @@ run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=window KILN_PYTHON="$tmp/bin/fak
 rc=$?
 check "window: exit 0 ($rc)" [ "$rc" = 0 ]
 check "window: steps in order" [ "$(json "$o" '" ".join(n for n in r["steps"] if not n.startswith(("kernels.", "tensor.")))')" = \
-  "smoke_probe smoke_runtime smoke_train smoke_generate smoke_serve bench_gpu_vs_torch decode_write decode_kiln decode_kiln_cublaslt decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate" ]
+  "smoke_probe smoke_runtime smoke_train smoke_generate smoke_serve bench_gpu_vs_torch decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate" ]
 check "window: bench and decode asynchronous" [ "$(json "$o" 'sorted(set(r["timing_env"].values()))')" = "['0']" ]
 check "window: the benchmarks saw asynchronous launches" [ "$(python3 -c 'import json, sys
 print(sorted({x["result"].get("clb") for x in json.load(open(sys.argv[1]))["runs"]}))' "$o/gpu_bench.json")" = "['0']" ]
@@ -284,7 +284,7 @@ secs=$(($(date +%s) - t))
 check "slow writer: exit 4 ($rc)" [ "$rc" = 4 ]
 echo "slow writer: the call took $secs s (deadline 35 s; the writer alone sleeps 120 s)"
 check "slow writer: decode steps not run" \
-  [ "$(json "$o" '" ".join(sorted(set(r["not_run"])))')" = "decode_hf decode_kiln decode_kiln_cublaslt decode_kiln_q8_0 decode_ncu decode_quantize decode_write serve_8b" ]
+  [ "$(json "$o" '" ".join(sorted(set(r["not_run"])))')" = "decode_hf decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_kiln_q8_0 decode_ncu decode_quantize decode_write serve_8b" ]
 
 # A CUDA skip without the marker on a GPU machine is a failure.
 o=$tmp/skip

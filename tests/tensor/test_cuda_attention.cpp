@@ -105,34 +105,67 @@ TEST(CudaAttentionPlan, GenericForF32OddHeadDimsMisalignedAndDecode) {
 }
 
 TEST(CudaAttentionPlan, DecodeSplitsTheKeys) {
-  // One token against 4096 cached keys, 32 query heads on 8 kv heads: 8 CTAs without splitting.
+  // One token against 4096 cached keys, 32 query heads on 8 kv heads: 32 CTAs without splitting.
   const AttentionShape s = shape(1, 1, 4096, 32, 8, 128, 4095, 8192 * 8 * 128);
   const AttentionPlan p = cuda::plan_attention_forward(s, true, true, 132);
-  EXPECT_EQ(p.path, AttentionPath::Generic);
-  // min(ceil(264 / 8) = 33, 4096 / 32 = 128) = 33 splits of ceil(4096 / 33) = 125 -> 128 keys
-  // (whole 32-key tiles), recounted: 4096 / 128 = 32 splits.
-  EXPECT_EQ(p.splits, 32);
-  EXPECT_EQ(p.keys_per_split, 128);
-  EXPECT_EQ(p.grid[0], 32);
-  EXPECT_EQ(p.grid[1], 8);
+  EXPECT_EQ(p.path, AttentionPath::Decode);
+  EXPECT_EQ(p.threads, 128);
+  // min(ceil(4 x 132 / 32) = 17, ceil(4096 / 16) = 256) = 17 splits of ceil(4096 / 17) = 241.
+  EXPECT_EQ(p.splits, 17);
+  EXPECT_EQ(p.keys_per_split, 241);
+  EXPECT_GE(p.splits * p.keys_per_split, 4096);
+  EXPECT_LT((p.splits - 1) * p.keys_per_split, 4096);  // the last split is not empty
+  EXPECT_EQ(p.grid[0], 17);
+  EXPECT_EQ(p.grid[1], 32);
   EXPECT_EQ(p.grid[2], 1);
-  EXPECT_EQ(p.scratch_floats, 32 * 32 * 130);
-  // Keys that do not divide evenly: 1000 keys, 4 CTAs unsplit: min(ceil(264 / 4) = 66,
-  // 1000 / 32 = 31) = 31 splits of ceil(1000 / 31) = 33 -> 64 keys, recounted: 16 splits.
+  EXPECT_EQ(p.smem_bytes, 0u);
+  EXPECT_EQ(p.scratch_floats, 17 * 32 * 130);
+  // Uneven: 1000 keys, 4 heads: min(132, 63) = 63 splits of 16, recounted: 63 (62 x 16 < 1000).
   const AttentionPlan q =
       cuda::plan_attention_forward(shape(1, 1, 1000, 4, 4, 64, 999), false, true, 132);
-  EXPECT_EQ(q.splits, 16);
-  EXPECT_EQ(q.keys_per_split, 64);  // 16 x 64 = 1024 >= 1000, 15 x 64 = 960 < 1000
-  EXPECT_EQ(q.scratch_floats, 16 * 4 * 66);
-  // Short decode contexts (Qwen3-8B): 128 cached keys in 4 splits of one tile, 67 in 2.
-  EXPECT_EQ(cuda::plan_attention_forward(shape(1, 1, 128, 32, 8, 128, 127), true, true, 132).splits,
-            4);
-  EXPECT_EQ(cuda::plan_attention_forward(shape(1, 1, 67, 32, 8, 128, 66), true, true, 132).splits,
-            2);
+  EXPECT_EQ(q.path, AttentionPath::Decode);
+  EXPECT_EQ(q.splits, 63);
+  EXPECT_EQ(q.keys_per_split, 16);
+  EXPECT_EQ(q.scratch_floats, 63 * 4 * 66);
+  // Short decode contexts (Qwen3-8B): 70 cached keys in 5 splits of 14, 16 keys in one.
+  const AttentionPlan r =
+      cuda::plan_attention_forward(shape(1, 1, 70, 32, 8, 128, 69), true, true, 132);
+  EXPECT_EQ(r.splits, 5);
+  EXPECT_EQ(r.keys_per_split, 14);
+  const AttentionPlan one =
+      cuda::plan_attention_forward(shape(1, 1, 16, 32, 8, 128, 15), true, true, 132);
+  EXPECT_EQ(one.splits, 1);
+  EXPECT_EQ(one.keys_per_split, 16);
+  EXPECT_EQ(one.scratch_floats, 0);
   // A big batch fills the GPU without splitting.
   EXPECT_EQ(
       cuda::plan_attention_forward(shape(64, 1, 4096, 32, 8, 128, 4095), true, true, 132).splits,
       1);
+  // Not the decode kernel: two query rows, odd or f32-256 head dims, misaligned rows, or off.
+  EXPECT_EQ(cuda::plan_attention_forward(shape(1, 2, 70, 32, 8, 128, 68), true, true, 132).path,
+            AttentionPath::Generic);
+  EXPECT_EQ(cuda::plan_attention_forward(shape(1, 1, 70, 4, 2, 96, 69), true, true, 132).path,
+            AttentionPath::Generic);
+  EXPECT_EQ(cuda::plan_attention_forward(shape(1, 1, 70, 4, 2, 256, 69), false, true, 132).path,
+            AttentionPath::Generic);
+  EXPECT_EQ(cuda::plan_attention_forward(shape(1, 1, 70, 4, 2, 256, 69), true, true, 132).path,
+            AttentionPath::Decode);
+  EXPECT_EQ(cuda::plan_attention_forward(shape(1, 1, 70, 32, 8, 128, 69), true, false, 132).path,
+            AttentionPath::Generic);
+  const AttentionPlan g =
+      cuda::plan_attention_forward(shape(1, 1, 4096, 32, 8, 128, 4095), true, true, 132, false);
+  EXPECT_EQ(g.path, AttentionPath::Generic);
+  // The generic kernel's own split rule (with the decode kernel off): min(ceil(264 / 8) = 33,
+  // 4096 / 32 = 128) = 33 splits of ceil(4096 / 33) = 125 -> 128 keys (whole 32-key tiles),
+  // recounted: 32 splits.
+  EXPECT_EQ(g.splits, 32);
+  EXPECT_EQ(g.keys_per_split, 128);
+  EXPECT_EQ(g.grid[0], 32);
+  EXPECT_EQ(g.grid[1], 8);
+  EXPECT_EQ(g.scratch_floats, 32 * 32 * 130);
+  EXPECT_EQ(
+      cuda::plan_attention_forward(shape(1, 1, 67, 32, 8, 128, 66), true, true, 132, false).splits,
+      2);
 }
 
 TEST(CudaAttentionPlan, Backward) {
@@ -645,7 +678,8 @@ TEST(CudaAttentionReplay, GenericSplitKForwardMatchesCpu) {
   for (const AttentionShape s :
        {shape(1, 1, 4096, 8, 2, 32, 4095), shape(2, 3, 1000, 4, 4, 16, 997),
         shape(1, 5, 2000, 6, 2, 24, 1995)}) {
-    const AttentionPlan p = cuda::plan_attention_forward(s, false, true, 132);
+    // Tq == 1 goes to the decode kernel (test_cuda_attention_decode.cpp) unless it is off.
+    const AttentionPlan p = cuda::plan_attention_forward(s, false, true, 132, false);
     ASSERT_EQ(p.path, AttentionPath::Generic);
     ASSERT_GT(p.splits, 1);
     const float scale = 0.3f;

@@ -1,7 +1,8 @@
 // kiln's CUDA flash attention on a GPU (skips without a device): CUDA vs CPU through
 // ops::attention / attention_backward, f32 and bf16, D in {16, 64, 128}, T in {1, 17, 64, 200},
 // GQA 1, 2, 4, KV-cache views with q_offset > 0 and a batch stride larger than T * H * D, long
-// decodes that split the keys, the flash and generic kernels against each other, and
+// decodes that split the keys, the decode kernel against the generic one, the flash and generic
+// kernels against each other, and
 // deterministic dK/dV. The plans, fragments and CPU replays that these thresholds come from are
 // test_cuda_attention.cpp's.
 #include <gtest/gtest.h>
@@ -148,6 +149,41 @@ TEST(CudaAttentionGpu, LongDecodeSplitsKeys) {
       EXPECT_LE(nmse_t(out_g, out_c), f32 ? kF32Limit : kBf16OutLimit);
       EXPECT_LE(nmse_t(lse_g, lse_c), f32 ? kF32Limit : kLseLimit);
     }
+}
+
+// The decode kernel (Tq == 1) against the CPU and against the generic kernel it replaced, over
+// key counts that leave warps or whole rounds empty, one split and many, and D 32..256.
+TEST(CudaAttentionGpu, DecodeKernelMatchesTheCpuAndTheGenericKernel) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the decode attention kernel not run";
+  const Device dev = Device::cuda(0);
+  const int sms = cuda::device_info(cuda::current_device()).multiprocessors;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int64_t D : {32, 64, 128, 256})
+      for (int64_t Tk : {1, 2, 5, 17, 70, 129, 1000}) {
+        if (D == 256 && dt == DType::F32) continue;  // the generic kernel's
+        const int64_t B = 2, Tmax = 1024, Hkv = 2, Hq = 8;
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " D " + std::to_string(D) + " Tk " +
+                     std::to_string(Tk));
+        const AttentionShape s = shape(B, 1, Tk, Hq, Hkv, D, Tk - 1, Tmax * Hkv * D);
+        ASSERT_EQ(cuda::plan_attention_forward(s, dt == DType::BF16, true, sms).path,
+                  AttentionPath::Decode);
+        Tensor kc = rand_input({B, Tmax, Hkv, D}, 51, dt),
+               vc = rand_input({B, Tmax, Hkv, D}, 52, dt);
+        Tensor q = rand_input({B, 1, Hq, D}, 53, dt);
+        const double scale = 1.0 / std::sqrt(double(D));
+        auto [out_c, lse_c] =
+            ops::attention(q, kc.narrow(1, 0, Tk), vc.narrow(1, 0, Tk), scale, Tk - 1);
+        Tensor kg = kc.to(dev).narrow(1, 0, Tk), vg = vc.to(dev).narrow(1, 0, Tk), qg = q.to(dev);
+        auto [out_d, lse_d] = ops::attention(qg, kg, vg, scale, Tk - 1);
+        cuda::set_decode_attention_enabled(false);
+        auto [out_g, lse_g] = ops::attention(qg, kg, vg, scale, Tk - 1);
+        cuda::set_decode_attention_enabled(true);
+        const bool f32 = dt == DType::F32;
+        EXPECT_LE(nmse_t(out_d, out_c), f32 ? kF32Limit : kBf16OutLimit);
+        EXPECT_LE(nmse_t(lse_d, lse_c), f32 ? kF32Limit : kLseLimit);
+        EXPECT_LE(nmse_t(out_d, out_g), f32 ? kF32Limit : kBf16OutLimit);
+        EXPECT_LE(nmse_t(lse_d, lse_g), f32 ? kF32Limit : kLseLimit);
+      }
 }
 
 // Runs the launchers with a given plan (the front end always picks the fast one).
