@@ -286,7 +286,8 @@ TEST(CudaLinearQuant, GemvRowsMatchFloat64AndEachOther) {
   for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K})
     for (DType dt : {DType::F32, DType::BF16}) {
       const auto& q = quant::quant_info(t);
-      const std::int64_t N = 37, K = 2 * q.block_size;  // 37: a partial block of 4 warps
+      // 37: a partial block of 4 warps; Q8_0's 40 blocks per row give lanes 0-7 two blocks each.
+      const std::int64_t N = 37, K = (t == QuantType::Q8_0 ? 40 : 2) * q.block_size;
       const Tensor blocks = t == QuantType::Q8_0 ? quantize_q8_0(weights(N * K, 51))
                                                  : kquant_blocks(t, N * 2, 52 + int(t));
       const std::vector<double> w = ops::dequantize(blocks, t, {N, K}).to_double_vector();
