@@ -9,7 +9,9 @@
 // qk_norm_rope_*: one warp per head vector (b, t, h); lane l holds pairs l, l + 32, ... in
 // registers (D/2 <= 256, so at most 8 pairs per lane).
 #include <cmath>
+#include <type_traits>
 
+#include "kernels/cuda/activation.h"  // Pack
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rope.h"
 
@@ -65,6 +67,76 @@ __global__ void rope_kernel(bool interleaved, float sign, std::int64_t T_, int h
   const float va = load(x[xo + ia * xs.s[3]]), vb = load(x[xo + ib * xs.s[3]]);
   y[yo + ia * ys.s[3]] = store<T>(va * c - vb * s);
   y[yo + ib * ys.s[3]] = store<T>(va * s + vb * c);
+}
+
+// The packed path (rope_vec_pairs): flat thread g over tokens x (H * half / V) packs; the pack
+// j of a token is head h = j / (half / V), pairs [i, i + V) with i = (j % (half / V)) * V.
+template <typename T, bool kInterleaved, int V>
+__device__ __forceinline__ void rope_vec_one(std::int64_t g, float sign, std::int64_t T_, int half,
+                                             int packs, const float* cos, const float* sin,
+                                             std::int64_t pos_offset, const T* x,
+                                             const Strides4& xs, T* y, const Strides4& ys) {
+  const std::int64_t token = g / packs;
+  const int j = static_cast<int>(g - token * packs);
+  const std::int64_t b = token / T_, t = token - b * T_;
+  const int per_head = half / V;
+  const int h = j / per_head, i = (j - h * per_head) * V;
+  const std::int64_t p = pos_offset + t;
+  float c[V], sn[V];
+  const float* cr = cos + p * half + i;
+  const float* sr = sin + p * half + i;
+  if constexpr (V % 4 == 0) {  // 16-byte table loads (i and half are multiples of V)
+#pragma unroll
+    for (int q = 0; q < V; q += 4) {
+      const float4 c4 = *reinterpret_cast<const float4*>(cr + q);
+      const float4 s4 = *reinterpret_cast<const float4*>(sr + q);
+      c[q] = c4.x, c[q + 1] = c4.y, c[q + 2] = c4.z, c[q + 3] = c4.w;
+      sn[q] = sign * s4.x, sn[q + 1] = sign * s4.y, sn[q + 2] = sign * s4.z;
+      sn[q + 3] = sign * s4.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      c[e] = cr[e];
+      sn[e] = sign * sr[e];
+    }
+  }
+  const std::int64_t xo = b * xs.s[0] + t * xs.s[1] + h * xs.s[2];
+  const std::int64_t yo = b * ys.s[0] + t * ys.s[1] + h * ys.s[2];
+  if constexpr (kInterleaved) {
+    const Pack<T, 2 * V> in = *reinterpret_cast<const Pack<T, 2 * V>*>(x + xo + 2 * i);
+    Pack<T, 2 * V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float va = load(in.v[2 * e]), vb = load(in.v[2 * e + 1]);
+      out.v[2 * e] = store<T>(va * c[e] - vb * sn[e]);
+      out.v[2 * e + 1] = store<T>(va * sn[e] + vb * c[e]);
+    }
+    *reinterpret_cast<Pack<T, 2 * V>*>(y + yo + 2 * i) = out;
+  } else {
+    const Pack<T, V> a = *reinterpret_cast<const Pack<T, V>*>(x + xo + i);
+    const Pack<T, V> bv = *reinterpret_cast<const Pack<T, V>*>(x + xo + i + half);
+    Pack<T, V> oa, ob;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float va = load(a.v[e]), vb = load(bv.v[e]);
+      oa.v[e] = store<T>(va * c[e] - vb * sn[e]);
+      ob.v[e] = store<T>(va * sn[e] + vb * c[e]);
+    }
+    *reinterpret_cast<Pack<T, V>*>(y + yo + i) = oa;
+    *reinterpret_cast<Pack<T, V>*>(y + yo + i + half) = ob;
+  }
+}
+
+template <typename T, bool kInterleaved, int V>
+__global__ void __launch_bounds__(kThreads)
+    rope_vec_kernel(float sign, std::int64_t T_, int half, int packs, std::int64_t n,
+                    const float* cos, const float* sin, std::int64_t pos_offset, const T* x,
+                    Strides4 xs, T* y, Strides4 ys) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < n;
+       g += stride)
+    rope_vec_one<T, kInterleaved, V>(g, sign, T_, half, packs, cos, sin, pos_offset, x, xs, y, ys);
 }
 
 // One warp per head vector `row` = (b * T + t) * H + h.
@@ -224,6 +296,27 @@ void rope_apply(RopeStyle style, bool backward, std::int64_t B, std::int64_t T_,
   check_alias("rope", x, x_strides, y, y_strides);
   const RopeLaunch l = rope_launch(B, T_, H, D);
   if (l.tokens == 0 || l.pairs == 0) return;
+  const bool interleaved = style == RopeStyle::Interleaved;
+  const int V = rope_vec_pairs(style, sizeof(T), D, x, x_strides, y, y_strides);
+  const bool tables16 = reinterpret_cast<std::uintptr_t>(cos) % 16 == 0 &&
+                        reinterpret_cast<std::uintptr_t>(sin) % 16 == 0;  // float4 table loads
+  if (V > 0 && tables16) {
+    const int packs = static_cast<int>(l.pairs / V);
+    const std::int64_t n = l.tokens * packs;
+    auto go = [&](auto inter, auto vc) {
+      rope_vec_kernel<T, decltype(inter)::value, decltype(vc)::value>
+          <<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+              backward ? -1.0f : 1.0f, T_, static_cast<int>(D / 2), packs, n, cos, sin, pos_offset,
+              x, x_strides, y, y_strides);
+      KILN_CUDA_CHECK_LAUNCH();
+    };
+    constexpr int P = static_cast<int>(16 / sizeof(T));  // elements per 16-byte load
+    if (interleaved)
+      go(std::true_type{}, std::integral_constant<int, P / 2>{});
+    else
+      go(std::false_type{}, std::integral_constant<int, P>{});
+    return;
+  }
   rope_kernel<T><<<dim3(static_cast<unsigned>(l.tokens), static_cast<unsigned>(l.blocks_y)),
                    l.threads, 0, stream>>>(style == RopeStyle::Interleaved, backward ? -1.0f : 1.0f,
                                            T_, static_cast<int>(D / 2), static_cast<int>(l.pairs),

@@ -107,16 +107,47 @@ TEST(CudaNnHost, NormChunksFollowTheCpuRule) {
 // The RMSNorm backward's register path: accesses per lane rounded up to 1, 2 or 4, else 0.
 TEST(CudaNnHost, NormRegisterPacks) {
   EXPECT_EQ(cuda::norm_register_packs(1, 1), 1);
-  EXPECT_EQ(cuda::norm_register_packs(64, 8), 1);     // bf16: 8 lanes busy
-  EXPECT_EQ(cuda::norm_register_packs(288, 8), 2);    // stories15M: 36 accesses
-  EXPECT_EQ(cuda::norm_register_packs(512, 8), 2);    // stories42M bf16
-  EXPECT_EQ(cuda::norm_register_packs(512, 4), 4);    // stories42M f32
-  EXPECT_EQ(cuda::norm_register_packs(768, 8), 4);    // 3 accesses, one pack idle
+  EXPECT_EQ(cuda::norm_register_packs(64, 8), 1);   // bf16: 8 lanes busy
+  EXPECT_EQ(cuda::norm_register_packs(288, 8), 2);  // stories15M: 36 accesses
+  EXPECT_EQ(cuda::norm_register_packs(512, 8), 2);  // stories42M bf16
+  EXPECT_EQ(cuda::norm_register_packs(512, 4), 4);  // stories42M f32
+  EXPECT_EQ(cuda::norm_register_packs(768, 8), 4);  // 3 accesses, one pack idle
   EXPECT_EQ(cuda::norm_register_packs(1024, 8), 4);
-  EXPECT_EQ(cuda::norm_register_packs(1024, 4), 0);   // 8 per lane
-  EXPECT_EQ(cuda::norm_register_packs(129, 1), 0);    // 5 per lane
-  EXPECT_EQ(cuda::norm_register_packs(2048, 8), 0);   // block mode
+  EXPECT_EQ(cuda::norm_register_packs(1024, 4), 0);  // 8 per lane
+  EXPECT_EQ(cuda::norm_register_packs(129, 1), 0);   // 5 per lane
+  EXPECT_EQ(cuda::norm_register_packs(2048, 8), 0);  // block mode
   EXPECT_EQ(cuda::norm_register_packs(64, 0), 0);
+}
+
+// rope_apply's packed path: V pairs per 16-byte access, only for dense, aligned rows.
+TEST(CudaNnHost, RopeVecPairs) {
+  using cuda::RopeStyle;
+  alignas(16) static char buf[64];
+  const void* a = buf;
+  const void* off = buf + 2;
+  const cuda::Strides4 dense{{7 * 4 * 64, 4 * 64, 64, 1}};       // (B, 7, 4, 64)
+  const cuda::Strides4 qkv{{7 * 12 * 64, 12 * 64, 64, 1}};       // q of a fused (.., 12, 64)
+  const cuda::Strides4 transposed{{4 * 7 * 64, 64, 7 * 64, 1}};  // (B, H, T, D) viewed as BTHD
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 2, 64, a, dense, a, dense), 4);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::RotateHalf, 2, 64, a, dense, a, dense), 8);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 4, 64, a, dense, a, dense), 2);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::RotateHalf, 4, 64, a, dense, a, dense), 4);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::RotateHalf, 2, 64, a, qkv, a, dense), 8);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 2, 64, a, transposed, a, dense), 4);
+  // stories15M: D 48, 24 pairs: 4 (interleaved bf16) and 8 (rotate-half bf16) divide it.
+  const cuda::Strides4 d48{{7 * 6 * 48, 6 * 48, 48, 1}};
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 2, 48, a, d48, a, d48), 4);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::RotateHalf, 2, 48, a, d48, a, d48), 8);
+  // The scalar kernel: pairs that do not fill a pack, a strided D, a misaligned base or row.
+  const cuda::Strides4 d4{{7 * 4 * 4, 4 * 4, 4, 1}};
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::RotateHalf, 2, 4, a, d4, a, d4), 0);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 2, 2, a, d4, a, d4), 0);
+  const cuda::Strides4 strided_d{{7 * 4 * 128, 4 * 128, 128, 2}};
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 2, 64, a, strided_d, a, dense), 0);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 2, 64, off, dense, a, dense), 0);
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 2, 64, a, dense, off, dense), 0);
+  const cuda::Strides4 odd_row{{7 * 4 * 66, 4 * 66, 66, 1}};  // rows 132 bytes apart
+  EXPECT_EQ(cuda::rope_vec_pairs(RopeStyle::Interleaved, 2, 64, a, odd_row, a, dense), 0);
 }
 
 // rope_apply's grid: every pair of every token gets exactly one thread, blocks are whole warps of
@@ -475,7 +506,8 @@ TEST(CudaNn, Rope) {
   KILN_REQUIRE_GPU();
   for (DType dt : kDtypes) {
     for (auto style : {ops::RopeStyle::Interleaved, ops::RopeStyle::RotateHalf}) {
-      for (std::int64_t D : {2, 64, 128}) {
+      // D 48 (stories15M) and up take the packed kernel (rope_vec_pairs), D 2 the scalar one.
+      for (std::int64_t D : {2, 48, 64, 128}) {
         SCOPED_TRACE(std::string(dtype_name(dt)) + " D " + std::to_string(D) +
                      (style == ops::RopeStyle::Interleaved ? " interleaved" : " rotate-half"));
         auto [c, s] = ops::rope_tables(300, D, 10000.0, DType::F32);
