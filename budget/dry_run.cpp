@@ -18,6 +18,7 @@
 #include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
 #include "models/param_count.h"
+#include "models/train_step.h"
 #include "nn/optim.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/op_args.h"
@@ -160,10 +161,11 @@ std::string gather_unit(const std::string& name) {
   return name.substr(0, name.find('.', at + 7) + 1);
 }
 
-// One steady-state training step of rank s.rank of s.nproc under ZeRO stage s.zero, as
-// models/trainer.cpp runs it, on its local batch. Under ZeRO-3 no rank holds the full weights:
-// the model is built before the measured window (the constructor) and run() points every
-// parameter at one gathered unit instead, restoring them at the end.
+// One steady-state training step of rank s.rank of s.nproc under ZeRO stage s.zero, on its
+// local batch: run_train_step (models/train_step.h), the step Trainer::step() runs, with the
+// rank's optimizer and gradients set up as ZeRO stage s.zero keeps them. Under ZeRO-3 no rank holds
+// the full weights: the model is built before the measured window (the constructor) and run()
+// points every parameter at one gathered unit instead, restoring them at the end.
 class TrainStep {
  public:
   TrainStep(const BudgetSpec& s, Device device) : s_(s), device_(device) {
@@ -269,22 +271,20 @@ void TrainStep::run() {
   }
   Tensor x = token_ids(s.local_batch(), s.seq, device),
          y = token_ids(s.local_batch(), s.seq, device);
-  Tensor loss;
-  {
-    MemoryScope scope(MemCategory::Activations);
-    PhaseScope phase(Phase::Forward);
-    loss = model.loss(x, y);
-  }
-  if (!device.is_meta()) (void)loss.item();
-  backward(loss);
-  loss = Tensor();
-  // Clipping reads the gradients a rank holds (from ZeRO-2 on, its shards; the trainer sums
-  // their squares across ranks).
+  // The trainer's step (models/train_step.h), with this rank's optimizer. Clipping reads the
+  // gradients a rank holds (from ZeRO-2 on, its shards; the trainer sums their squares across
+  // ranks).
   std::vector<Tensor> clipped;
   for (const auto& [name, t] : updated) clipped.push_back(t);
-  nn::clip_grad_norm(s.zero >= 2 ? clipped : model.parameters(), 1.0);
-  opt->step();
-  opt->zero_grad();
+  models::TrainStepParts parts;
+  parts.clip = [&] { return nn::clip_grad_norm(s.zero >= 2 ? clipped : model.parameters(), 1.0); };
+  parts.update = [&] { opt->step(); };
+  parts.zero_grad = [&] { opt->zero_grad(); };
+  const models::TrainStepResult r = models::run_train_step(model, x, y, parts);
+  KILN_CHECK(!r.skipped,
+             "[budget] the measured step's loss ({}) or gradient norm ({}) is not "
+             "finite: it made no update, so its figures would miss the optimizer's",
+             r.loss, r.norm);
   for (auto& [name, p] : named) p.set_grad(Tensor());
   for (std::size_t i = 0; i < full.size(); ++i) nn::assign_data(named[i].second, full[i]);
   if (outside_rope) model.rope = std::move(outside_rope);

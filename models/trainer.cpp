@@ -20,6 +20,7 @@
 #include "models/io/mapped_file.h"
 #include "models/io/tokenizer.h"
 #include "models/mfu.h"
+#include "models/train_step.h"
 #include "tensor/device_info.h"
 
 namespace kiln::models {
@@ -309,45 +310,25 @@ StepStats Trainer::step() {
     x = x.to(device_);
     y = y.to(device_);
   }
-  Tensor loss;
-  {
-    MemoryScope scope(MemCategory::Activations);
-    PhaseScope phase(Phase::Forward);
-    loss = model_->loss(x, y);
-  }
+  // Every rank sees the same loss (the global batch's: the mean of the ranks' equal shares) and
+  // norm, so all skip a non-finite step together (run() stops after max_nonfinite_steps).
+  const bool zero1 = o_.zero == 1;
+  TrainStepParts parts;
   if (dp_) {
     // Each bucket's all-reduce (or reduce-scatter) starts as soon as its gradients are final.
-    GradReadyHookScope hook(dp_->grad_ready_hook());
-    backward(loss);
-  } else {
-    backward(loss);
+    parts.grad_ready = dp_->grad_ready_hook();
+    parts.after_backward = [&] { s.comm_wait_ms = dp_->finish_backward().wait_ms; };
   }
-  if (dp_) s.comm_wait_ms = dp_->finish_backward().wait_ms;
-  // Read after backward, so that on a GPU the host queues the backward pass while the
-  // forward still runs (item() waits for the device). The global batch's loss is the mean of
-  // the ranks' (equal shares).
-  s.loss = comm_->all_reduce_scalar(loss.item(), dist::ReduceOp::Avg);
-  loss = Tensor();
-  // The non-finite guard: a NaN/inf loss or gradient norm would poison the weights and the AdamW
-  // moments for good. Such a step makes no update (run() stops after max_nonfinite_steps). Every
-  // rank sees the same loss and norm, so all skip together.
-  const bool zero1 = o_.zero == 1;
-  if (std::isfinite(s.loss))
-    s.norm =
-        zero1 ? dp_->clip_grad_norm(o_.clip) : nn::clip_grad_norm(model_->parameters(), o_.clip);
-  else
-    s.norm = NAN;
-  s.skipped = !std::isfinite(s.loss) || !std::isfinite(s.norm);
-  if (!s.skipped) {
-    if (zero1)
-      dp_->step();
-    else
-      opt_->step();
-  }
-  if (zero1)
-    dp_->zero_grad();
-  else
-    opt_->zero_grad();
+  parts.reduce_loss = [&](double l) { return comm_->all_reduce_scalar(l, dist::ReduceOp::Avg); };
+  parts.clip = [&] {
+    return zero1 ? dp_->clip_grad_norm(o_.clip) : nn::clip_grad_norm(model_->parameters(), o_.clip);
+  };
+  parts.update = [&] { zero1 ? dp_->step() : opt_->step(); };
+  parts.zero_grad = [&] { zero1 ? dp_->zero_grad() : opt_->zero_grad(); };
+  const TrainStepResult r = run_train_step(*model_, x, y, parts);
+  s.loss = r.loss;
+  s.norm = r.norm;
+  s.skipped = r.skipped;
   synchronize(device_);
   st_.step++;
   st_.data_position = sampler_->position();
