@@ -25,7 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct QuantizeCmd {
-  std::string model, config, type = "q8_0", out;
+  std::string model, config, type = "q8_0", out, tokenizer;
   bool random_weights = false, force = false;
   std::uint64_t weights_seed = 0;
 };
@@ -53,6 +53,7 @@ int run_quantize(const QuantizeCmd& o) {
   src.random_weights = o.random_weights;
   src.weights_seed = o.weights_seed;
   if (o.random_weights) src.tokenizer = "byte";  // none to embed
+  if (!o.tokenizer.empty()) src.tokenizer = o.tokenizer;
   // A folder whose weights are all bf16 loads in bf16, used in place from the file mapping: each
   // tensor is widened to f32 (exactly) only while it is quantized, so an 8B model needs its
   // quantized bytes in memory, not a 32 GB f32 copy (which was killed for memory on a 23 GB
@@ -66,23 +67,29 @@ int run_quantize(const QuantizeCmd& o) {
              m.model->num_parameters(),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   t0 = std::chrono::steady_clock::now();
-  const auto* qwen = dynamic_cast<const io::QwenTokenizer*>(m.tokenizer.get());
-  if (!o.model.empty() && !qwen)
-    fmt::print(stderr, "[quantize] {} has no Qwen tokenizer files: the file gets no tokenizer\n",
+  // A Qwen (byte-level BPE) or llama2.c (SentencePiece) tokenizer goes into the file.
+  const io::Tokenizer* tok = m.tokenizer.get();
+  const bool embeds = dynamic_cast<const io::QwenTokenizer*>(tok) != nullptr ||
+                      dynamic_cast<const io::Llama2cTokenizer*>(tok) != nullptr;
+  if (!o.model.empty() && !embeds)
+    fmt::print(stderr,
+               "[quantize] {} has no Qwen or llama2.c tokenizer: the file gets no tokenizer\n",
                o.model);
   // A progress bar on a terminal (quantizing a large model to q4_k_m takes minutes).
   const bool bar = isatty(STDERR_FILENO) != 0;
   const auto start = std::chrono::steady_clock::now();
-  models::save_gguf_model(*m.model, o.out, scheme, qwen, [&](std::size_t done, std::size_t all) {
-    if (!bar) return;
-    const int width = 30, filled = static_cast<int>(width * done / std::max<std::size_t>(all, 1));
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    fmt::print(stderr, "\r[{}{}] {}/{} tensors {:.0f}s ", std::string(filled, '#'),
-               std::string(width - filled, '.'), done, all, secs);
-    if (done == all) fmt::print(stderr, "\r{}\r", std::string(60, ' '));
-    std::fflush(stderr);
-  });
+  models::save_gguf_model(
+      *m.model, o.out, scheme, embeds ? tok : nullptr, [&](std::size_t done, std::size_t all) {
+        if (!bar) return;
+        const int width = 30,
+                  filled = static_cast<int>(width * done / std::max<std::size_t>(all, 1));
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        fmt::print(stderr, "\r[{}{}] {}/{} tensors {:.0f}s ", std::string(filled, '#'),
+                   std::string(width - filled, '.'), done, all, secs);
+        if (done == all) fmt::print(stderr, "\r{}\r", std::string(60, ' '));
+        std::fflush(stderr);
+      });
   fmt::print(stderr, "[quantize] wrote {} ({:.1f} MB, {}) in {:.1f} s\n", o.out,
              static_cast<double>(fs::file_size(o.out)) / 1e6, o.type,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -108,8 +115,13 @@ int run_quantize(const QuantizeCmd& o) {
 Run add_quantize_command(CLI::App& app) {
   auto o = std::make_shared<QuantizeCmd>();
   app.add_option("--model", o->model,
-                 "Hugging Face Qwen3/Qwen2 folder (safetensors), or a .gguf file (its weights "
-                 "dequantized to f32 first: --type f32 writes kiln's dequantized values)");
+                 "Hugging Face Qwen3/Qwen2/LLaMA folder (safetensors), a llama2.c .bin model, "
+                 "or a .gguf file (its weights dequantized to f32 first: --type f32 writes "
+                 "kiln's dequantized values)");
+  app.add_option("--tokenizer", o->tokenizer,
+                 "Tokenizer to embed instead of the model's own: llama2c:PATH (a llama2.c "
+                 "tokenizer.bin, written as SentencePiece 'llama'), byte, char. A folder's Qwen "
+                 "tokenizer and a GGUF file's are embedded without it");
   app.add_option("--config", o->config, "config.json (HF names) for --random-weights");
   app.add_flag("--random-weights", o->random_weights,
                "Seeded random weights for --config instead of a folder");

@@ -414,7 +414,7 @@ std::optional<quant::QuantType> gguf_tensor_type(GgufScheme scheme, const std::s
 }
 
 void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme scheme,
-                     const io::QwenTokenizer* tokenizer,
+                     const io::Tokenizer* tokenizer,
                      const std::function<void(std::size_t, std::size_t)>& progress) {
   io::GgufMetadata md = gguf_metadata_of(m.cfg);
   // llama.cpp's general.file_type: 0 all f32, 7 mostly q8_0, 15 mostly q4_k_m.

@@ -86,11 +86,12 @@ std::unique_ptr<DecoderModel> zero_model_as_stored(const ModelConfig& c, GgufSch
 std::int64_t quantized_bytes(quant::QuantType t, std::int64_t rows, std::int64_t k);
 
 // Writes m (float weights) as GGUF v3 with llama.cpp's names and metadata, its weights stored as
-// `scheme` says (kernels/cpu/quantize.h: Q8_0 byte for byte llama.cpp's). With a tokenizer, its
-// tokenizer.ggml.* keys are written too (models/io/gguf_tokenizer.h). Atomic (GgufWriter).
+// `scheme` says (kernels/cpu/quantize.h: Q8_0 byte for byte llama.cpp's). With a Qwen (gpt2) or
+// llama2.c (SentencePiece, "llama") tokenizer, its tokenizer.ggml.* keys are written too
+// (models/io/gguf_tokenizer.h; other tokenizers write none). Atomic (GgufWriter).
 // `progress`, when given, is called after each tensor with (tensors done, tensors in all).
 void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme scheme,
-                     const io::QwenTokenizer* tokenizer = nullptr,
+                     const io::Tokenizer* tokenizer = nullptr,
                      const std::function<void(std::size_t, std::size_t)>& progress = {});
 
 }  // namespace kiln::models

@@ -2,13 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+#include <string_view>
+
 #include "kernels/common/error.h"
 
 namespace kiln::io {
 
 namespace {
 
-constexpr int kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5;
+constexpr int kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
 
 // The array at key, checked for its element type.
 const nlohmann::json& array_of(const GgufFile& f, const std::string& key, GgufType elem) {
@@ -21,15 +24,76 @@ const nlohmann::json& array_of(const GgufFile& f, const std::string& key, GgufTy
   return it->second.value;
 }
 
+// The file's tokenizer.ggml.model, checked to be one kiln reads ("gpt2" or "llama").
+std::optional<std::string> tokenizer_model(const GgufFile& f) {
+  const auto model = f.get_string("tokenizer.ggml.model");
+  if (!model) return std::nullopt;
+  KILN_CHECK(*model == "gpt2" || *model == "llama",
+             "[gguf] {}: tokenizer.ggml.model = {} is not supported (kiln reads gpt2, Qwen's "
+             "byte-level BPE, and llama, SentencePiece); give --tokenizer",
+             f.path(), gguf_printable(*model));
+  return model;
+}
+
+// Every `from` in s replaced by `to` ("▁", SentencePiece's space, and " ").
+std::string replace_all(std::string s, std::string_view from, std::string_view to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+constexpr std::string_view kSpmSpace = "\xe2\x96\x81";  // U+2581
+
 }  // namespace
 
-std::unique_ptr<QwenTokenizer> gguf_tokenizer(const GgufFile& f) {
-  const auto model = f.get_string("tokenizer.ggml.model");
+std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
+  const auto model = tokenizer_model(f);
   if (!model) return nullptr;
-  KILN_CHECK(*model == "gpt2",
-             "[gguf] {}: tokenizer.ggml.model = {} is not supported (kiln reads gpt2, Qwen's "
-             "byte-level BPE); give --tokenizer",
-             f.path(), gguf_printable(*model));
+  if (*model == "llama") return gguf_spm_tokenizer(f);
+  return gguf_bpe_tokenizer(f);
+}
+
+std::unique_ptr<Llama2cTokenizer> gguf_spm_tokenizer(const GgufFile& f) {
+  const auto model = tokenizer_model(f);
+  KILN_CHECK(model && *model == "llama", "[gguf] {}: tokenizer.ggml.model is {}, not llama",
+             f.path(), model ? gguf_printable(*model) : std::string("missing"));
+  const nlohmann::json& tokens = array_of(f, "tokenizer.ggml.tokens", GgufType::String);
+  const nlohmann::json& scores = array_of(f, "tokenizer.ggml.scores", GgufType::Float32);
+  const nlohmann::json& types = array_of(f, "tokenizer.ggml.token_type", GgufType::Int32);
+  KILN_CHECK(scores.size() == tokens.size() && types.size() == tokens.size(),
+             "[gguf] {}: {} scores and {} token types for {} tokens", f.path(), scores.size(),
+             types.size(), tokens.size());
+  // kiln's SentencePiece encoder (llama2.c's run.c) has these ids built in.
+  for (const auto& [key, want] : {std::pair<const char*, std::int64_t>{"bos_token_id", 1},
+                                  {"eos_token_id", 2},
+                                  {"unknown_token_id", 0}}) {
+    const auto v = f.get_int(std::string("tokenizer.ggml.") + key);
+    KILN_CHECK(!v || *v == want,
+               "[gguf] {}: tokenizer.ggml.{} is {}; kiln's SentencePiece tokenizer takes {}",
+               f.path(), key, v ? *v : 0, want);
+  }
+  std::vector<std::string> pieces;
+  std::vector<float> sc;
+  pieces.reserve(tokens.size());
+  sc.reserve(tokens.size());
+  for (std::size_t id = 0; id < tokens.size(); ++id) {
+    const std::string& tok = tokens[id].get_ref<const std::string&>();
+    const std::int64_t type = types[id].get<std::int64_t>();
+    KILN_CHECK(type >= kNormal && type <= kByte,
+               "[gguf] {}: token {} ({}) has type {}; kiln reads 1 to 6", f.path(), id,
+               gguf_printable(tok), type);
+    // Control tokens as llama2.c's exporter spells them: no text merges into "\n<s>\n".
+    pieces.push_back(type == kControl ? "\n" + tok + "\n" : replace_all(tok, kSpmSpace, " "));
+    sc.push_back(scores[id].get<float>());
+  }
+  return Llama2cTokenizer::from_pieces(std::move(pieces), std::move(sc),
+                                       f.path() + " (tokenizer.ggml.*)");
+}
+
+std::unique_ptr<QwenTokenizer> gguf_bpe_tokenizer(const GgufFile& f) {
+  const auto model = tokenizer_model(f);
+  KILN_CHECK(model && *model == "gpt2", "[gguf] {}: tokenizer.ggml.model is {}, not gpt2", f.path(),
+             model ? gguf_printable(*model) : std::string("missing"));
+
   const auto pre = f.get_string("tokenizer.ggml.pre");
   KILN_CHECK(pre && *pre == "qwen2",
              "[gguf] {}: tokenizer.ggml.pre = {} is not supported (kiln implements Qwen's "
@@ -104,6 +168,56 @@ void add_gguf_tokenizer_metadata(const QwenTokenizer& t, std::int64_t vocab_size
   md["tokenizer.ggml.merges"] = {GgufType::Array, GgufType::String, std::move(merges)};
   if (t.eos_id() >= 0)
     md["tokenizer.ggml.eos_token_id"] = {GgufType::Uint32, GgufType::Uint8, t.eos_id()};
+}
+
+}  // namespace kiln::io
+
+namespace kiln::io {
+
+void add_gguf_tokenizer_metadata(const Llama2cTokenizer& t, std::int64_t vocab_size,
+                                 GgufMetadata& md) {
+  KILN_CHECK(vocab_size == t.vocab_size(),
+             "[gguf] the SentencePiece tokenizer has {} ids, the model's vocab_size is {}",
+             t.vocab_size(), vocab_size);
+  nlohmann::json tokens = nlohmann::json::array(), scores = nlohmann::json::array(),
+                 types = nlohmann::json::array();
+  for (std::int32_t id = 0; id < t.vocab_size(); ++id) {
+    std::string piece = t.piece(id);
+    int type = kNormal;
+    if (id == 0) {
+      type = kUnknown;
+    } else if (id == t.bos_id() || id == t.eos_id()) {
+      type = kControl;  // llama2.c spells them "\n<s>\n": back to SentencePiece's "<s>"
+      if (piece.size() >= 2 && piece.front() == '\n' && piece.back() == '\n')
+        piece = piece.substr(1, piece.size() - 2);
+    } else if (id >= 3 && id < 259) {
+      type = kByte;
+    } else {
+      piece = replace_all(piece, " ", kSpmSpace);
+    }
+    tokens.push_back(piece);
+    scores.push_back(t.score(id));
+    types.push_back(type);
+  }
+  md["tokenizer.ggml.model"] = {GgufType::String, GgufType::Uint8, "llama"};
+  md["tokenizer.ggml.tokens"] = {GgufType::Array, GgufType::String, std::move(tokens)};
+  md["tokenizer.ggml.scores"] = {GgufType::Array, GgufType::Float32, std::move(scores)};
+  md["tokenizer.ggml.token_type"] = {GgufType::Array, GgufType::Int32, std::move(types)};
+  md["tokenizer.ggml.bos_token_id"] = {GgufType::Uint32, GgufType::Uint8, 1};
+  md["tokenizer.ggml.eos_token_id"] = {GgufType::Uint32, GgufType::Uint8, 2};
+  md["tokenizer.ggml.unknown_token_id"] = {GgufType::Uint32, GgufType::Uint8, 0};
+}
+
+bool add_gguf_tokenizer_metadata(const Tokenizer& t, std::int64_t vocab_size, GgufMetadata& md) {
+  if (const auto* q = dynamic_cast<const QwenTokenizer*>(&t)) {
+    add_gguf_tokenizer_metadata(*q, vocab_size, md);
+    return true;
+  }
+  if (const auto* l = dynamic_cast<const Llama2cTokenizer*>(&t)) {
+    add_gguf_tokenizer_metadata(*l, vocab_size, md);
+    return true;
+  }
+  return false;
 }
 
 }  // namespace kiln::io

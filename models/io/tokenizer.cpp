@@ -159,6 +159,35 @@ Llama2cTokenizer::Llama2cTokenizer(const std::string& path, int32_t expected_voc
   }
   KILN_CHECK(off == n, "[llama2c_tokenizer] {}: {} trailing bytes after {} tokens", path, n - off,
              pieces_.size());
+  index_pieces();
+}
+
+std::unique_ptr<Llama2cTokenizer> Llama2cTokenizer::from_pieces(std::vector<std::string> pieces,
+                                                                std::vector<float> scores,
+                                                                const std::string& source) {
+  KILN_CHECK(pieces.size() == scores.size(), "[llama2c_tokenizer] {}: {} pieces but {} scores",
+             source, pieces.size(), scores.size());
+  KILN_CHECK(pieces.size() <= static_cast<size_t>(kMaxVocab),
+             "[llama2c_tokenizer] {}: more than {} tokens", source, kMaxVocab);
+  std::unique_ptr<Llama2cTokenizer> t(new Llama2cTokenizer());
+  t->path_ = source;
+  t->max_token_length_ = 1;
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    KILN_CHECK(std::isfinite(scores[id]), "[llama2c_tokenizer] {}: token {} has non-finite score",
+               source, id);
+    KILN_CHECK(pieces[id].size() <= static_cast<size_t>(kMaxTokenLen),
+               "[llama2c_tokenizer] {}: token {} is {} bytes, more than {}", source, id,
+               pieces[id].size(), kMaxTokenLen);
+    t->max_token_length_ = std::max(t->max_token_length_, static_cast<int32_t>(pieces[id].size()));
+  }
+  t->pieces_ = std::move(pieces);
+  t->scores_ = std::move(scores);
+  t->index_pieces();
+  return t;
+}
+
+void Llama2cTokenizer::index_pieces() {
+  const std::string& path = path_;
   // Ids 0..2 are <unk>, <s>, </s>; 3..258 the byte pieces that encode() falls back to.
   KILN_CHECK(pieces_.size() >= 259, "[llama2c_tokenizer] {}: {} tokens, need at least 259", path,
              pieces_.size());

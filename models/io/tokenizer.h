@@ -78,6 +78,12 @@ class Llama2cTokenizer final : public Tokenizer {
   using Tokenizer::decode;
   // expected_vocab > 0 requires exactly that many tokens; otherwise all tokens to EOF are read.
   explicit Llama2cTokenizer(const std::string& path, int32_t expected_vocab = -1);
+  // The same tokenizer from its pieces and scores, as a GGUF file's "llama" (SentencePiece)
+  // tokenizer carries them (models/io/gguf_tokenizer.h). `source` names it in error messages.
+  // The same checks as a file's: ids 3..258 are the byte pieces, " " is a piece.
+  static std::unique_ptr<Llama2cTokenizer> from_pieces(std::vector<std::string> pieces,
+                                                       std::vector<float> scores,
+                                                       const std::string& source);
 
   // run.c encode(): [BOS] + dummy-prefix " " (if text is non-empty) + one token per UTF-8
   // codepoint (byte fallback id = byte + 3 when the codepoint has no token), then
@@ -100,6 +106,9 @@ class Llama2cTokenizer final : public Tokenizer {
   int32_t lookup(std::string_view piece) const;  // -1 when absent
 
  private:
+  Llama2cTokenizer() = default;
+  void index_pieces();  // the checks and tables after pieces_ and scores_ are read
+
   std::string path_;
   int32_t max_token_length_ = 0;
   std::vector<std::string> pieces_;

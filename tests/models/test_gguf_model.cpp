@@ -17,8 +17,10 @@
 #include "kernels/common/quant.h"
 #include "models/generation_config.h"
 #include "models/gguf_model.h"
+#include "models/io/tokenizer.h"
 #include "tests/kernels/quant_ref.h"
 #include "tests/models/tiny_hf.h"
+#include "tests/test_data.h"
 
 namespace fs = std::filesystem;
 
@@ -387,6 +389,29 @@ TEST_F(GgufModelTest, LlamaUsesInterleavedRopeAndBf16Loads) {
   EXPECT_EQ(
       bf->state_dict().at("model.layers.0.mlp.up_proj.weight").to_float_vector(),
       m.state_dict().at("model.layers.0.mlp.up_proj.weight").to(DType::BF16).to_float_vector());
+}
+
+// kiln quantize of a LLaMA model with llama2.c's tokenizer: the file carries it as
+// tokenizer.ggml.model "llama", and load_model (kiln generate) reads it back from the file.
+TEST_F(GgufModelTest, LlamaFileCarriesItsSentencePieceTokenizer) {
+  const io::Llama2cTokenizer tok(test_shared_data() + "/llama2c/tokenizer.bin");
+  models::ModelConfig c = test_hf::tiny_qwen3(false);
+  c.qk_norm = false;
+  c.rope_style = ops::RopeStyle::Interleaved;
+  c.vocab_size = tok.vocab_size();
+  c.dim = 32, c.hidden_dim = 64, c.n_heads = 2, c.n_kv_heads = 2, c.head_dim = 16;
+  models::DecoderModel m(c, 0, DType::F32, Device::cpu());
+  const std::string path = (dir_ / "llama.gguf").string();
+  models::save_gguf_model(m, path, models::GgufScheme::F32, &tok);
+  models::ModelSource src;
+  src.model = path;
+  const models::LoadedModel l = models::load_model(src);
+  const auto* read = dynamic_cast<const io::Llama2cTokenizer*>(l.tokenizer.get());
+  ASSERT_NE(read, nullptr);
+  EXPECT_EQ(read->vocab_size(), tok.vocab_size());
+  const std::string text = "Once upon a time, there was a little girl named Lily.";
+  EXPECT_EQ(read->encode(text, true, false), tok.encode(text, true, false));
+  EXPECT_EQ(read->eos_id(), 2);
 }
 
 TEST_F(GgufModelTest, RefusesWhatKilnDoesNotImplementByName) {

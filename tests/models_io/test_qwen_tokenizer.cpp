@@ -363,7 +363,7 @@ TEST_F(QwenReal, GgufMetadataRoundTripGivesTheSameIds) {
   TempDir dir;
   const std::string path = (dir.path() / "tok.gguf").string();
   GgufWriter().write(path, md);
-  auto t = gguf_tokenizer(GgufFile(path));
+  auto t = gguf_bpe_tokenizer(GgufFile(path));
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->vocab_size(), tok_->vocab_size());
   EXPECT_EQ(t->num_merges(), tok_->num_merges());
@@ -380,7 +380,8 @@ TEST_F(QwenReal, GgufMetadataRoundTripGivesTheSameIds) {
 // fuzz/corpus/gguf/tokenizer): 256 byte tokens, "ab", "abc", <|endoftext|> (control), <think>
 // (user-defined), merges "a b" and "ab c".
 TEST(GgufTokenizer, ReadsAFileTheReferenceWriterMade) {
-  auto t = gguf_tokenizer(GgufFile(std::string(KILN_SOURCE_DIR) + "/fuzz/corpus/gguf/tokenizer"));
+  auto t =
+      gguf_bpe_tokenizer(GgufFile(std::string(KILN_SOURCE_DIR) + "/fuzz/corpus/gguf/tokenizer"));
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->vocab_size(), 260);
   EXPECT_EQ(t->eos_id(), 258);
@@ -398,10 +399,10 @@ TEST(GgufTokenizer, AbsentIsNullAndOtherModelsAreRefusedByName) {
   md["general.architecture"] = str("qwen3");
   GgufWriter().write(path, md);
   EXPECT_EQ(gguf_tokenizer(GgufFile(path)), nullptr);
-  md["tokenizer.ggml.model"] = str("llama");
+  md["tokenizer.ggml.model"] = str("t5");
   GgufWriter().write(path, md);
   expect_error([&] { gguf_tokenizer(GgufFile(path)); },
-               "tokenizer.ggml.model = llama is not supported");
+               "tokenizer.ggml.model = t5 is not supported");
   md["tokenizer.ggml.model"] = str("gpt2");
   md["tokenizer.ggml.pre"] = str("llama-bpe");
   GgufWriter().write(path, md);
