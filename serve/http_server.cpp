@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -71,13 +74,28 @@ struct HttpServer::Impl {
   std::mutex run_mu;                  // listen() against stop()
   bool stopping = false, entered = false;
   std::atomic<bool> done{false};
+  int listen_fd = -1;  // the bound socket (set_socket_options sees it before bind)
 };
+
+// Connections the kernel queues before accept(). Debian's cpp-httplib is a shared library built
+// with its default of 5 (CPPHTTPLIB_LISTEN_BACKLOG), so a burst of clients (32 streams of a
+// bench, an agent's parallel calls) would wait out SYN retransmits: bind() listens again with
+// this backlog (Linux updates the backlog of a listening socket).
+constexpr int kListenBacklog = 512;
 
 HttpServer::HttpServer(ServerOptions o) : impl_(std::make_unique<Impl>()), opt_(std::move(o)) {
   Impl& im = *impl_;
   httplib::Server& svr = im.svr;
   const int threads = opt_.threads;
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // SO_REUSEADDR only (a restart binds over TIME_WAIT connections). httplib's default adds
+  // SO_REUSEPORT, which let a second server bind a port already served and take half its
+  // connections; now that second bind fails.
+  svr.set_socket_options([&im](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    im.listen_fd = sock;
+  });
   svr.set_payload_max_length(opt_.max_body_bytes);
   svr.set_read_timeout(opt_.timeout_s, 0);
   svr.set_write_timeout(opt_.timeout_s, 0);
@@ -462,6 +480,9 @@ int HttpServer::bind() {
                opt_.host, opt_.port);
     port_ = opt_.port;
   }
+  KILN_CHECK(impl_->listen_fd >= 0 && ::listen(impl_->listen_fd, kListenBacklog) == 0,
+             "[serve] listen({}:{}, backlog {}): {}", opt_.host, port_, kListenBacklog,
+             std::strerror(errno));
   return port_;
 }
 

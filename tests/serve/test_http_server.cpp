@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -299,6 +302,84 @@ TEST(ServeHttp, AStalledClientIsDroppedAfterTheReadTimeout) {
   auto h = l.client().Get("/health");
   ASSERT_TRUE(h);
   EXPECT_EQ(h->status, 200);
+}
+
+}  // namespace
+}  // namespace kiln::serve
+
+namespace kiln::serve {
+namespace {
+
+ServerOptions loopback(int port) {
+  ServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.model_name = "tiny";
+  o.threads = 2;
+  return o;
+}
+
+// A second server on a port already served fails to bind (httplib's default SO_REUSEPORT let it
+// bind and take half of the first one's connections).
+TEST(ServeHttpSocket, ASecondServerOnTheSamePortIsRefused) {
+  HttpServer first(loopback(0));
+  const int port = first.bind();
+  ASSERT_GT(port, 0);
+  HttpServer second(loopback(port));
+  try {
+    second.bind();
+    ADD_FAILURE() << "a second server bound port " << port;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[serve] cannot bind 127.0.0.1:" + std::to_string(port)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The listen backlog is kiln's (512), not httplib's compiled-in 5: with nothing accepting, 64
+// clients all complete their handshakes into the queue. (With a backlog of 5 the kernel takes
+// 6 and drops the other SYNs until one is accepted, which never happens here.)
+TEST(ServeHttpSocket, SixtyFourPendingConnectionsFitTheBacklog) {
+  HttpServer server(loopback(0));  // bound, never listening: no accept()
+  const int port = server.bind();
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> pending;
+  int connected = 0;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      ++connected;
+      ::close(fd);
+    } else {
+      ASSERT_EQ(errno, EINPROGRESS) << std::strerror(errno);
+      pending.push_back(fd);
+    }
+  }
+  // Writable once the handshake completed; a dropped SYN stays pending. One poll over all of them,
+  // at most 5 s in all (loopback handshakes take microseconds; the rest is for a loaded machine).
+  std::vector<pollfd> polls;
+  for (int fd : pending) polls.push_back({fd, POLLOUT, 0});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::size_t ready = 0;
+  while (ready < polls.size() && std::chrono::steady_clock::now() < deadline) {
+    for (pollfd& p : polls) p.revents = 0;
+    if (::poll(polls.data(), polls.size(), 100) < 0) break;
+    ready = 0;
+    for (const pollfd& p : polls) ready += (p.revents & POLLOUT) != 0;
+  }
+  for (const pollfd& p : polls) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if ((p.revents & POLLOUT) && ::getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+        err == 0)
+      ++connected;
+    ::close(p.fd);
+  }
+  EXPECT_EQ(connected, 64);
 }
 
 }  // namespace
