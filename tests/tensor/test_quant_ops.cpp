@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/common/quant.h"
+#include "kernels/cpu/gemv_quant.h"  // kQuantGemvMaxRows
 #include "kernels/cuda/runtime.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
@@ -162,7 +163,8 @@ TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
     const Tensor w = ops::dequantize(blocks, t, {N, K});
     Generator g(9);
     const Tensor bias = ops::randn({N}, g);
-    for (std::int64_t rows : {1, 3, 20}) {
+    constexpr std::int64_t kGemvRows = cpu::kQuantGemvMaxRows;  // more take the slices
+    for (std::int64_t rows : {std::int64_t{1}, std::int64_t{3}, kGemvRows, kGemvRows + 4}) {
       const Tensor x = ops::randn({rows, K}, g);
       const std::vector<float> got = ops::linear_quant(x, blocks, t, N, bias).to_float_vector();
       const std::vector<float> want = ops::linear(x, w, bias).to_float_vector();
@@ -175,7 +177,7 @@ TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
             xmax = std::max<double>(xmax, std::fabs(xs[r * K + k]));
             s += std::fabs(ws[n * K + k] * xs[r * K + k]);
           }
-          const double tol = (rows <= 8 ? wabs * xmax / 254.0 : 0.0) + 1e-5 * (s + 1);
+          const double tol = (rows <= kGemvRows ? wabs * xmax / 254.0 : 0.0) + 1e-5 * (s + 1);
           ASSERT_NEAR(got[r * N + n], want[r * N + n], tol)
               << q.name << " rows " << rows << " (" << r << ", " << n << ")";
         }
@@ -186,7 +188,7 @@ TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
 // More W rows than one prefill slice holds (4 MiB of f32 weights: 4096 rows of 256): the slices
 // land in their own columns, with their bias.
 TEST(LinearQuant, PrefillSlicesCoverEveryColumn) {
-  const std::int64_t N = 4100, K = 256, rows = 9;
+  const std::int64_t N = 4100, K = 256, rows = cpu::kQuantGemvMaxRows + 1;  // the slices' path
   const Tensor blocks = quantize_q8_0(weights(N * K, 11));
   const Tensor w = ops::dequantize(blocks, QuantType::Q8_0, {N, K});
   Generator g(12);
