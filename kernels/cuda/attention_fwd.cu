@@ -25,8 +25,6 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/activation.h"  // Pack
@@ -555,13 +553,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_fwd_kernel(const Generi
   }
 }
 
+// The parameters of both SIMT forwards (generic and decode) for shape s and its plan.
 template <typename T>
-void launch_generic_fwd(const AttentionPlan &plan, const AttentionShape &s, float scale, const T *q,
-                        const T *k, const T *v, T *out, float *lse, float *scratch,
-                        StreamHandle stream) {
-  static std::atomic<bool> done[16];
-  KILN_CHECK(plan.smem_bytes == generic_smem_bytes(s.D) && plan.threads == kGenericThreads,
-             "[attention] plan and generic kernel disagree");
+GenericFwdParams<T> fwd_params(const AttentionPlan &plan, const AttentionShape &s, float scale,
+                               const T *q, const T *k, const T *v, T *out, float *lse,
+                               float *scratch) {
   KILN_CHECK(plan.splits == 1 || scratch != nullptr, "[attention] split-K needs scratch");
   GenericFwdParams<T> p{};
   p.q = q;
@@ -582,14 +578,30 @@ void launch_generic_fwd(const AttentionPlan &plan, const AttentionShape &s, floa
   p.splits = static_cast<int>(plan.splits);
   p.keys_per_split = static_cast<int>(plan.keys_per_split);
   p.scale = scale;
+  return p;
+}
+
+// Merges the split-K partials into out and lse (nothing to merge with one split).
+template <typename T>
+void combine_splits(const GenericFwdParams<T> &p, StreamHandle stream) {
+  if (p.splits <= 1) return;
+  combine_splits_kernel<T><<<grid_for(p.rows * 32, 128), 128, 0, stream>>>(p);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_generic_fwd(const AttentionPlan &plan, const AttentionShape &s, float scale, const T *q,
+                        const T *k, const T *v, T *out, float *lse, float *scratch,
+                        StreamHandle stream) {
+  static std::atomic<bool> done[16];
+  KILN_CHECK(plan.smem_bytes == generic_smem_bytes(s.D) && plan.threads == kGenericThreads,
+             "[attention] plan and generic kernel disagree");
+  const GenericFwdParams<T> p = fwd_params(plan, s, scale, q, k, v, out, lse, scratch);
   // One limit for every D: the largest this kernel is ever planned with.
   attn::ensure_smem(generic_fwd_kernel<T>, generic_smem_bytes(kGenericMaxD), done);
   generic_fwd_kernel<T><<<attn::plan_grid(plan), kGenericThreads, plan.smem_bytes, stream>>>(p);
   KILN_CUDA_CHECK_LAUNCH();
-  if (plan.splits > 1) {
-    combine_splits_kernel<T><<<grid_for(p.rows * 32, 128), 128, 0, stream>>>(p);
-    KILN_CUDA_CHECK_LAUNCH();
-  }
+  combine_splits(p, stream);
 }
 
 template <typename T>
@@ -599,26 +611,7 @@ void launch_decode_fwd(const AttentionPlan &plan, const AttentionShape &s, float
   KILN_CHECK(s.Tq == 1 && plan.threads == kDecodeThreads && plan.grid[0] == plan.splits &&
                  plan.keys_per_split * plan.splits >= s.q_offset + 1,
              "[attention] plan and decode kernel disagree");
-  KILN_CHECK(plan.splits == 1 || scratch != nullptr, "[attention] split-K needs scratch");
-  GenericFwdParams<T> p{};
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.out = out;
-  p.lse = lse;
-  p.part = scratch;
-  p.kv_bs = s.kv_batch_stride;
-  p.rows = s.B * s.Hq;
-  p.Tq = 1;
-  p.Tk = static_cast<int>(s.Tk);
-  p.Hq = static_cast<int>(s.Hq);
-  p.Hkv = static_cast<int>(s.Hkv);
-  p.G = static_cast<int>(s.Hq / s.Hkv);
-  p.D = static_cast<int>(s.D);
-  p.q_offset = static_cast<int>(s.q_offset);
-  p.splits = static_cast<int>(plan.splits);
-  p.keys_per_split = static_cast<int>(plan.keys_per_split);
-  p.scale = scale;
+  const GenericFwdParams<T> p = fwd_params(plan, s, scale, q, k, v, out, lse, scratch);
   auto launch = [&](auto dl) {
     constexpr int DL = decltype(dl)::value;
     decode_fwd_kernel<T, DL><<<attn::plan_grid(plan), kDecodeThreads, 0, stream>>>(p);
@@ -643,10 +636,7 @@ void launch_decode_fwd(const AttentionPlan &plan, const AttentionShape &s, float
     default:
       fail("[attention] no decode kernel for D {}", s.D);
   }
-  if (plan.splits > 1) {
-    combine_splits_kernel<T><<<grid_for(p.rows * 32, 128), 128, 0, stream>>>(p);
-    KILN_CUDA_CHECK_LAUNCH();
-  }
+  combine_splits(p, stream);
 }
 
 std::atomic<int> g_decode_enabled{-1};  // -1: not read from the environment yet
@@ -654,13 +644,7 @@ std::atomic<int> g_decode_enabled{-1};  // -1: not read from the environment yet
 }  // namespace
 
 bool decode_attention_enabled() {
-  int v = g_decode_enabled.load();
-  if (v < 0) {
-    const char *e = std::getenv("KILN_CUDA_DECODE_ATTENTION");
-    v = e && std::strcmp(e, "0") == 0 ? 0 : 1;
-    g_decode_enabled.store(v);
-  }
-  return v == 1;
+  return env_switch(g_decode_enabled, "KILN_CUDA_DECODE_ATTENTION");
 }
 
 void set_decode_attention_enabled(bool on) { g_decode_enabled.store(on ? 1 : 0); }
