@@ -19,8 +19,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cfloat>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -107,6 +110,19 @@ inline unsigned grid_for(int64_t n, int threads) {
   if (blocks > 65535LL * 8)
     blocks = 65535LL * 8;
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+// A kernel switch that is on unless the environment sets `var` to "0" when it is first read.
+// `state` (-1: not read yet, 0: off, 1: on) is the caller's, so that its setter overrides the
+// environment (tests, A/B benches): KILN_CUDA_GEMV, KILN_CUDA_DECODE_ATTENTION.
+inline bool env_switch(std::atomic<int> &state, const char *var) {
+  int v = state.load();
+  if (v < 0) {
+    const char *e = std::getenv(var);
+    v = e && std::strcmp(e, "0") == 0 ? 0 : 1;
+    state.store(v);
+  }
+  return v == 1;
 }
 
 // Calls f(std::integral_constant<int, m>{}) for a run-time row count m in [1, Max] (Max for

@@ -2,8 +2,6 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemv.h"
@@ -105,15 +103,7 @@ std::atomic<int> g_gemv_enabled{-1};  // -1: not read from the environment yet
 
 }  // namespace
 
-bool gemv_enabled() {
-  int v = g_gemv_enabled.load();
-  if (v < 0) {
-    const char* e = std::getenv("KILN_CUDA_GEMV");
-    v = e && std::strcmp(e, "0") == 0 ? 0 : 1;
-    g_gemv_enabled.store(v);
-  }
-  return v == 1;
-}
+bool gemv_enabled() { return env_switch(g_gemv_enabled, "KILN_CUDA_GEMV"); }
 
 void set_gemv_enabled(bool on) { g_gemv_enabled.store(on ? 1 : 0); }
 
