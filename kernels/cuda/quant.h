@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "kernels/common/quant.h"
+#include "kernels/cuda/activation.h"  // aligned16
 #include "kernels/cuda/runtime.h"
 
 namespace kiln::cuda {
@@ -36,7 +37,7 @@ inline constexpr int kQuantGemvWarpsPerBlock = 4;
 // Whether gemv_quant runs the Q8_0 kernel: Q8_0, x's base and row pitch on 16-byte boundaries.
 inline bool q8_0_gemv_vectorized(quant::QuantType type, const void* x, std::int64_t ldx,
                                  std::size_t elem_bytes) {
-  return type == quant::QuantType::Q8_0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0 &&
+  return type == quant::QuantType::Q8_0 && aligned16({x}) &&
          (ldx * static_cast<std::int64_t>(elem_bytes)) % 16 == 0;
 }
 

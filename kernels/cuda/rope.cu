@@ -298,9 +298,7 @@ void rope_apply(RopeStyle style, bool backward, std::int64_t B, std::int64_t T_,
   if (l.tokens == 0 || l.pairs == 0) return;
   const bool interleaved = style == RopeStyle::Interleaved;
   const int V = rope_vec_pairs(style, sizeof(T), D, x, x_strides, y, y_strides);
-  const bool tables16 = reinterpret_cast<std::uintptr_t>(cos) % 16 == 0 &&
-                        reinterpret_cast<std::uintptr_t>(sin) % 16 == 0;  // float4 table loads
-  if (V > 0 && tables16) {
+  if (V > 0 && aligned16({cos, sin})) {  // float4 table loads
     const int packs = static_cast<int>(l.pairs / V);
     const std::int64_t n = l.tokens * packs;
     auto go = [&](auto inter, auto vc) {

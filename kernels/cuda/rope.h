@@ -32,7 +32,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/norm.h"  // norm_chunks
+#include "kernels/cuda/activation.h"  // row_vec_width
+#include "kernels/cuda/norm.h"        // norm_chunks
 #include "kernels/cuda/runtime.h"
 
 namespace kiln::cuda {
@@ -87,16 +88,13 @@ inline RopeLaunch rope_launch(std::int64_t B, std::int64_t T, std::int64_t H, st
 // (H200, 2026-11-27: 6-8% of the step's kernel time).
 inline int rope_vec_pairs(RopeStyle style, std::size_t elem_bytes, std::int64_t D, const void* x,
                           const Strides4& xs, const void* y, const Strides4& ys) {
-  if (elem_bytes == 0 || 16 % elem_bytes != 0 || D % 2 != 0) return 0;
-  const std::int64_t pack = 16 / static_cast<std::int64_t>(elem_bytes);  // elements per load
-  const std::int64_t V = style == RopeStyle::Interleaved ? pack / 2 : pack;
-  if (V < 1 || (D / 2) % V != 0 || xs.s[3] != 1 || ys.s[3] != 1) return 0;
-  if (reinterpret_cast<std::uintptr_t>(x) % 16 != 0 ||
-      reinterpret_cast<std::uintptr_t>(y) % 16 != 0)
-    return 0;
-  for (int d = 0; d < 3; ++d)
-    if (xs.s[d] % pack != 0 || ys.s[d] % pack != 0) return 0;
-  return static_cast<int>(V);
+  if (D % 2 != 0 || xs.s[3] != 1 || ys.s[3] != 1) return 0;
+  // Interleaved packs cover whole rows (D), rotate-half packs one half (D/2).
+  const bool interleaved = style == RopeStyle::Interleaved;
+  const int pack = row_vec_width(static_cast<int>(elem_bytes), interleaved ? D : D / 2, {x, y},
+                                 {xs.s[0], xs.s[1], xs.s[2], ys.s[0], ys.s[1], ys.s[2]});
+  if (pack <= 1) return 0;
+  return interleaved ? pack / 2 : pack;
 }
 
 template <typename T>
