@@ -18,14 +18,18 @@
 // integer sums, one f32 product of the two scales per block, and an f32 sum over blocks.
 //
 // Implementations, picked at run time (kernels/cpu/isa.h):
-//   Avx512Bf16 and above, with AVX512-VNNI:  Q8_0 with vpdpbusd (u8 x s8 -> i32) on 32 bytes
+//   Avx512Bf16 and above, with AVX512-VNNI:  Q8_0 with vpdpbusd (u8 x s8 -> i32): W in tiles of
+//                                            16 rows transposed in registers, one lane per W
+//                                            row (gemv_quant.cpp), the last N % 16 rows one at
+//                                            a time on 32 bytes
 //   Avx2 and Avx512:                         vpmaddubsw + vpmaddwd on 32 bytes (|w| as u8,
 //                                            sign(w) moved onto x), 4-bit and 6-bit values
 //                                            unpacked in registers
 //   Scalar:                                  the same integer sums in plain loops
 // (every CPU with AVX512_BF16 shipped so far has AVX512_VNNI; without it the Avx2 path runs.)
 //
-// OpenMP threads take contiguous ranges of W's rows; each row is read once for all M rows of x.
+// OpenMP threads take contiguous ranges of W's rows (or tiles); each is read once for all M rows
+// of x. A row of y does not depend on M: the serving engine's batch invariance rests on it.
 #pragma once
 
 #include <cstdint>

@@ -261,17 +261,55 @@ TEST(GemvQuant, Bf16RowsAndAThreadedShape) {
   }
 }
 
+// The VNNI Q8_0 path's tiles of 16 W rows, with a tail of 5 rows after two tiles, and more x
+// rows than one pass over a tile takes (32), against the reference at every level.
+TEST(GemvQuant, Q8_0TilesOf16WeightRowsAndATail) {
+  for (std::int64_t M : {1, 5, 33}) check_gemv<float>(QuantType::Q8_0, M, 37, 96, true, 100 + M);
+  check_gemv<bf16>(QuantType::Q8_0, 4, 48, 64, false, 110);
+}
+
+// The tiles' arithmetic, as gemv_quant.cpp states it: per output, over blocks in order,
+// acc = fma(float(sum_j w_j q_j), d_w * d_x, acc). Evaluated here in scalar code from the
+// quantized x, it must give the kernel's bits exactly.
+TEST(GemvQuant, Q8_0TilesComputeTheirStatedFormulaBitForBit) {
+  if (!cpu::gemv_quant_uses_vnni())
+    GTEST_SKIP() << "[expected-skip] the 16-row tiles run only with AVX512-VNNI, which this CPU "
+                    "lacks (detected "
+                 << cpu::cpu_isa_name(cpu::cpu_isa_detected()) << ")";
+  const std::int64_t M = 3, N = 32, K = 160, nb = K / 32;
+  const auto w = blocks_of(QuantType::Q8_0, N * nb, 120);
+  const std::vector<float> x = random_x(M * K, 121, 3.0f);
+  std::vector<float> y(M * N);
+  std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(QuantType::Q8_0, M, K));
+  cpu::gemv_quant<float, float>(QuantType::Q8_0, M, N, K, x.data(), K, w.data(), nullptr, y.data(),
+                                N, scratch.data());
+  for (std::int64_t m = 0; m < M; ++m) {
+    std::vector<cpu::BlockQ8> q(nb);
+    cpu::quantize_row_q8(x.data() + m * K, K, q.data());
+    for (std::int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::uint8_t* blk = w.data() + (n * nb + b) * 34;
+        std::int32_t isum = 0;
+        for (int j = 0; j < 32; ++j) isum += static_cast<std::int8_t>(blk[2 + j]) * q[b].q[j];
+        acc = std::fma(static_cast<float>(isum), test::half_at(blk) * q[b].d, acc);
+      }
+      ASSERT_EQ(y[m * N + n], acc) << "row " << m << " col " << n;
+    }
+  }
+}
+
 // Serving's batch invariance rests on this: a row's output is bit-identical whether the GEMV
-// runs it alone or with up to 7 others (the VNNI Q8_0 path takes 4 rows per weight pass), at
-// every level and for every type.
+// runs it alone or with others (the VNNI Q8_0 path takes 16 W rows per tile, 32 x rows per pass
+// over a tile, and 4 x rows per pass over a tail row), at every level and for every type.
 TEST(GemvQuant, EachRowIsBitIdenticalAloneOrWithOthers) {
   for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
-    const std::int64_t N = 9, K = 3 * info(t).block_size;
+    const std::int64_t N = t == QuantType::Q8_0 ? 41 : 9, K = 3 * info(t).block_size;
     const auto w = blocks_of(t, N * K / info(t).block_size, 90);
-    const std::vector<float> x = random_x(8 * K, 91);
+    const std::vector<float> x = random_x(34 * K, 91);
     for (cpu::CpuIsa level : supported_levels()) {
       cpu::ScopedCpuIsa cap(level);
-      for (std::int64_t M : {2, 3, 5, 8}) {
+      for (std::int64_t M : {2, 3, 5, 8, 34}) {
         std::vector<float> y(M * N), one(N);
         std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, M, K));
         cpu::gemv_quant<float, float>(t, M, N, K, x.data(), K, w.data(), nullptr, y.data(), N,
