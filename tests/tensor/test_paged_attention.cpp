@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "tensor/ops.h"
 #include "tests/tensor/backend_ops.h"
 
@@ -142,6 +143,36 @@ TEST(PagedAttention, EachRowIsBitIdenticalAloneOrInABatch) {
       EXPECT_EQ(one.to(DType::F32).to_float_vector(),
                 all.narrow(0, i, 1).to(DType::F32).to_float_vector())
           << dtype_name(dt) << " row " << i;
+    }
+  }
+}
+
+// The CPU kernel's sums are defined lane by lane (kernels/cpu/paged_attention.cpp), so every ISA
+// level gives the scalar level's bits: with D a multiple of 16 and with a tail of 4 dims.
+TEST(PagedAttention, EveryCpuIsaLevelGivesTheScalarBits) {
+  for (std::int64_t D : {32, 20}) {
+    PagedCase c;
+    c.D = D;
+    for (DType dt : {DType::F32, DType::BF16}) {
+      const Tensor q = uniform({c.n(), c.Hq, c.D}, 17, dt);
+      const Tensor k = uniform({c.num_blocks, c.block_size, c.Hkv, c.D}, 18, dt);
+      const Tensor v = uniform({c.num_blocks, c.block_size, c.Hkv, c.D}, 19, dt);
+      auto run = [&] {
+        return ops::paged_attention(q, k, v, c.table_tensor(), ops::from_vector(c.seq, {c.n()}),
+                                    ops::from_vector(c.pos, {c.n()}), 0.25)
+            .to(DType::F32)
+            .to_float_vector();
+      };
+      std::vector<float> scalar;
+      {
+        cpu::ScopedCpuIsa cap(cpu::CpuIsa::Scalar);
+        scalar = run();
+      }
+      for (int l = 1; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
+        cpu::ScopedCpuIsa cap(static_cast<cpu::CpuIsa>(l));
+        EXPECT_EQ(run(), scalar) << dtype_name(dt) << " D " << D << " level "
+                                 << cpu::cpu_isa_name(static_cast<cpu::CpuIsa>(l));
+      }
     }
   }
 }
