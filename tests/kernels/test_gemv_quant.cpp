@@ -160,6 +160,40 @@ TEST(GemvQuant, QuantizersRoundEachValueToTheNearestCode) {
   }
 }
 
+// The Q8 x quantizer gives the same bytes at every level, for f32 and bf16 rows: random blocks,
+// an all-zero block, and a block of exact ties (amax 127, so x * 127 / amax = x: k + 0.5 rounds
+// to even).
+TEST(GemvQuant, Q8QuantizerIsTheSameBytesAtEveryLevel) {
+  std::vector<float> x = random_x(32 * 6, 6, 2.0f);
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
+  for (int j = 0; j < 32; ++j) x[128 + j] = j == 0 ? 127.0f : (j % 2 ? 1 : -1) * (j / 2 + 0.5f);
+  std::vector<bf16> xb(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) xb[i] = cpu::from_compute<bf16>(x[i]);
+  auto bytes = [&](bool half) {
+    std::vector<cpu::BlockQ8> q(x.size() / 32);
+    if (half)
+      cpu::quantize_row_q8(xb.data(), static_cast<std::int64_t>(x.size()), q.data());
+    else
+      cpu::quantize_row_q8(x.data(), static_cast<std::int64_t>(x.size()), q.data());
+    std::vector<std::uint8_t> out(q.size() * sizeof(cpu::BlockQ8));
+    std::memcpy(out.data(), q.data(), out.size());
+    return out;
+  };
+  for (bool half : {false, true}) {
+    std::vector<std::uint8_t> scalar;
+    {
+      cpu::ScopedCpuIsa cap(cpu::CpuIsa::Scalar);
+      scalar = bytes(half);
+    }
+    EXPECT_EQ(scalar[sizeof(cpu::BlockQ8) * 4 + 4 + 1], 0) << "0.5 rounds to even";
+    EXPECT_EQ(scalar[sizeof(cpu::BlockQ8) * 4 + 4 + 3], 2) << "1.5 rounds to even";
+    for (cpu::CpuIsa level : supported_levels()) {
+      cpu::ScopedCpuIsa cap(level);
+      EXPECT_EQ(bytes(half), scalar) << cpu::cpu_isa_name(level) << (half ? " bf16" : " f32");
+    }
+  }
+}
+
 // Each dot product at each level against the reference, for 1..9 blocks.
 TEST(GemvQuant, EveryDotProductAtEveryLevelMatchesTheF64Reference) {
   for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
