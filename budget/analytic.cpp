@@ -72,7 +72,7 @@ std::optional<std::int64_t> stored_row_len(const ModelConfig& c, const std::stri
 
 // The scratch of one Linear on quantized weights (ops::linear_quant) for `rows` rows of x
 // against an n x k weight of type q, as each backend's kernel allocates it: on the CPU the int8
-// GEMV's quantized copy of x up to kQuantGemvMaxRows rows, else a dequantized slice of the
+// GEMV's quantized copy of x up to quant_gemv_max_rows(q) rows, else a dequantized slice of the
 // weights and, when the slice is not all of n, the GEMM's (rows, slice) output (oneDNN's own
 // scratchpad beside them is left out, as for every bf16 GEMM: gemm_scratch_unmodelled); on CUDA
 // nothing up to cuda::kQuantGemvMaxRows rows (its GEMV reads the blocks in place), else the
@@ -81,7 +81,7 @@ std::int64_t linear_quant_scratch(const Bytes& r, DeviceType simulate, quant::Qu
                                   std::int64_t rows, std::int64_t n, std::int64_t k,
                                   std::int64_t e) {
   if (simulate == DeviceType::CUDA) return rows <= cuda::kQuantGemvMaxRows ? 0 : r(n * k, e);
-  if (rows <= cpu::kQuantGemvMaxRows) return r(cpu::gemv_quant_scratch_bytes(q, rows, k), 1);
+  if (rows <= cpu::quant_gemv_max_rows(q)) return r(cpu::gemv_quant_scratch_bytes(q, rows, k), 1);
   const std::int64_t slice = std::clamp<std::int64_t>(cpu::kQuantPrefillSliceBytes / (k * e), 1, n);
   return r(slice * k, e) + (slice < n ? r(rows * slice, e) : 0);
 }

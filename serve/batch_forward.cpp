@@ -35,9 +35,9 @@ std::vector<Segment> segments_of(const BatchRows& r) {
 
 // How a weight's rows are tiled (see batch_forward.h). The GEMV kernels compute every row of x on
 // its own, in the same order whatever the row count up to their limit (on the CPU the int8 GEMV
-// for GGML weights: kQuantGemvMaxRows, and the bf16 GEMV: kBf16GemvRows; on CUDA the quantized
-// GEMV, cuda::kQuantGemvMaxRows, and the bf16 GEMV for a Linear without bias while it is on,
-// cuda::kGemvMaxRows), so they take exactly the rows there are. Anything else (f32 GEMMs,
+// for GGML weights: quant_gemv_max_rows(type), and the bf16 GEMV: kBf16GemvRows; on CUDA the
+// quantized GEMV, cuda::kQuantGemvMaxRows, and the bf16 GEMV for a Linear without bias while it is
+// on, cuda::kGemvMaxRows), so they take exactly the rows there are. Anything else (f32 GEMMs,
 // cuBLASLt, whose blocking may depend on M) always gets kRowTile rows, the last tile padded.
 struct TilePlan {
   std::int64_t rows;
@@ -46,9 +46,11 @@ struct TilePlan {
 
 // (The backend the kernels come from: the meta device of a dry run tiles as the device it
 // simulates, so the budget's dry run charges the tiles a real run allocates.)
-TilePlan tile_plan(bool quantized, DType weight, const Tensor& x, bool bias = false) {
+TilePlan tile_plan(std::optional<quant::QuantType> quant, DType weight, const Tensor& x,
+                   bool bias = false) {
   const bool cpu_kernels = ops::kernel_device(x.device()) == DeviceType::CPU;
-  if (cpu_kernels && quantized) return {cpu::kQuantGemvMaxRows, false};
+  const bool quantized = quant.has_value();
+  if (cpu_kernels && quantized) return {cpu::quant_gemv_max_rows(*quant), false};
   if (cpu_kernels && weight == DType::BF16 && x.dtype() == DType::BF16)
     return {kBf16GemvRows, false};
   if (!cpu_kernels && quantized) return {cuda::kQuantGemvMaxRows, false};
@@ -79,7 +81,7 @@ Tensor by_tiles(const Tensor& x, TilePlan plan, F&& f) {
 }
 
 Tensor linear_rows(const nn::Linear& l, const Tensor& x) {
-  return by_tiles(x, tile_plan(l.weight_quant.has_value(), l.weight.dtype(), x, l.bias.defined()),
+  return by_tiles(x, tile_plan(l.weight_quant, l.weight.dtype(), x, l.bias.defined()),
                   [&](const Tensor& t) { return l.forward(t); });
 }
 
@@ -174,9 +176,9 @@ Tensor forward_rows(const models::DecoderModel& m, KvPool& pool, const BatchRows
   }
   if (m.model->norm) last = m.model->norm->forward(last);
   const auto& embed = *m.model->embed_tokens;
-  const TilePlan head =
-      m.lm_head ? tile_plan(m.lm_head->weight_quant.has_value(), m.lm_head->weight.dtype(), last)
-                : tile_plan(embed.weight_quant.has_value(), embed.weight.dtype(), last);
+  const TilePlan head = m.lm_head
+                            ? tile_plan(m.lm_head->weight_quant, m.lm_head->weight.dtype(), last)
+                            : tile_plan(embed.weight_quant, embed.weight.dtype(), last);
   const Tensor logits =
       by_tiles(last, head, [&](const Tensor& t) { return m.logits(t); }).to(DType::F32);
   return dev.is_meta() ? logits : logits.to(Device::cpu());  // meta: the budget's dry run

@@ -68,7 +68,9 @@ QuantShape quant_shape(const LinearQuantArgs& a, std::int64_t elem_bytes) {
   return s;
 }
 
-bool runs_gemv(const QuantShape& s) { return s.rows <= kiln::cpu::kQuantGemvMaxRows; }
+bool runs_gemv(const LinearQuantArgs& a, const QuantShape& s) {
+  return s.rows <= kiln::cpu::quant_gemv_max_rows(a.type);
+}
 
 Tensor scratch_tensor(const Shape& shape, DType dtype) {
   MemoryScope scratch(MemCategory::Temporaries);
@@ -82,7 +84,7 @@ struct LinearQuantCpu {
     const quant::QuantInfo& q = quant::quant_info(a.type);
     const std::uint8_t* w = a.blocks.template data<std::uint8_t>();
     const T* bias = a.bias.defined() ? a.bias.template data<T>() : nullptr;
-    if (runs_gemv(s)) {
+    if (runs_gemv(a, s)) {
       Tensor xq =
           scratch_tensor({kiln::cpu::gemv_quant_scratch_bytes(a.type, s.rows, s.k)}, DType::Bool);
       kiln::cpu::gemv_quant<T, T>(a.type, s.rows, s.n, s.k, a.x.template data<T>(), s.k, w, bias,
@@ -110,7 +112,7 @@ struct LinearQuantCpu {
 
   static ScratchList scratch(const LinearQuantArgs& a, DType) {
     const QuantShape s = quant_shape(a, sizeof(T));
-    if (runs_gemv(s)) return {kiln::cpu::gemv_quant_scratch_bytes(a.type, s.rows, s.k)};
+    if (runs_gemv(a, s)) return {kiln::cpu::gemv_quant_scratch_bytes(a.type, s.rows, s.k)};
     const std::int64_t elem = static_cast<std::int64_t>(sizeof(T));
     // The bf16 Linear kernel run on each slice takes its GEMM scratch too (oneDNN's scratchpad),
     // alive with the slice: declared here, the largest of a full and the last slice's.

@@ -84,8 +84,8 @@ Tensor dequantize(const Tensor& blocks, quant::QuantType type, const Shape& shap
 // x (..., K) @ W^T + bias -> (..., N), with W (N, K) in GGML's quantized blocks (row after row,
 // as GGUF stores a weight: numel(blocks) = N * K / block_size * block_bytes) and bias (N) or
 // undefined. x is f32, bf16 or f16; out has x's dtype. Inference only (no gradient).
-// On the CPU, up to kiln::cpu::kQuantGemvMaxRows rows run the int8 GEMV (x quantized to 8 bits
-// per value, kernels/cpu/gemv_quant.h); more rows dequantize W (to x's dtype) a slice at a time
+// On the CPU, up to kiln::cpu::quant_gemv_max_rows(type) rows run the int8 GEMV (x quantized to
+// 8 bits per value, kernels/cpu/gemv_quant.h); more rows dequantize W (to x's dtype) a slice at a time
 // and multiply with the float GEMM. On CUDA W is dequantized and multiplied by cuBLASLt.
 Tensor linear_quant(const Tensor& x, const Tensor& blocks, quant::QuantType type, std::int64_t n,
                     const Tensor& bias = Tensor());

@@ -260,6 +260,12 @@ KILN_TARGET_AVX512VNNI void dot_q8_0_vnni_rows(const std::uint8_t* w, const std:
 // That is the whole arithmetic, the same for any M and any thread count (a test evaluates it in
 // scalar code and compares bits).
 
+inline std::int32_t load_i32(const std::int8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
 // Rows 0-7 in the low halves and 8-15 in the high halves of r[0..7] (32 bytes each) become
 // vectors whose dword lane j is dword c of row j: the 8x8 dword transpose of each half.
 KILN_TARGET_AVX512VNNI inline void transpose_rows_16x8(const __m512i r[8], __m512i out[8]) {
@@ -320,13 +326,16 @@ KILN_TARGET_AVX512VNNI void gemv_q8_0_tile16(const std::uint8_t* w, std::int64_t
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(rows, blk, 1)));
     for (std::int64_t m = 0; m < M; ++m) {
       const auto* xb = reinterpret_cast<const BlockQ8*>(x + m * xstride) + b;
-      std::int32_t xd[8];
-      std::memcpy(xd, xb->q, 32);
-      __m512i s = _mm512_set1_epi32(x_corr[m * nb + b]);
-      for (int c = 0; c < 8; ++c) s = _mm512_dpbusd_epi32(s, wv[c], _mm512_set1_epi32(xd[c]));
+      // Two chains of 4 (integer sums: exact in any order), each x dword broadcast from memory.
+      __m512i s0 = _mm512_set1_epi32(x_corr[m * nb + b]), s1 = _mm512_setzero_si512();
+      for (int c = 0; c < 8; c += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, wv[c], _mm512_set1_epi32(load_i32(xb->q + 4 * c)));
+        s1 = _mm512_dpbusd_epi32(s1, wv[c + 1], _mm512_set1_epi32(load_i32(xb->q + 4 * c + 4)));
+      }
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xb->d));
-      _mm512_storeu_ps(acc + 16 * m, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale,
-                                                     _mm512_loadu_ps(acc + 16 * m)));
+      _mm512_storeu_ps(acc + 16 * m,
+                       _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale,
+                                       _mm512_loadu_ps(acc + 16 * m)));
     }
   }
 }
@@ -374,6 +383,11 @@ DotFn pick_dot(QuantType t) {
 }  // namespace
 
 bool gemv_quant_uses_vnni() { return use_vnni(); }
+
+std::int64_t quant_gemv_max_rows(QuantType t) {
+  const bool tiles = t == QuantType::Q8_0 && use_vnni() && !cpu_has(CpuIsa::Amx);
+  return tiles ? kQuantGemvTileMaxRows : kQuantGemvMaxRows;
+}
 
 float dot_q8_0(const std::uint8_t* w, const BlockQ8* x, std::int64_t nb) {
   return pick_dot(QuantType::Q8_0)(w, x, nb);

@@ -49,13 +49,21 @@ struct BlockQ8K {
   std::int16_t bsums[16];  // sum of q over each 16 values
 };
 
-// Up to this many rows of x, Linear on quantized weights runs gemv_quant; above it the weights
-// are dequantized a slice at a time and multiplied by a GEMM (tensor/kernels_cpu_quant.cpp).
-// Measured on Qwen3-0.6B (AMD EPYC, AVX512-VNNI, 2 threads, 2026-11-27; prefill tok/s, GEMV vs
-// slices): 16 rows 92 vs 47 (Q8_0) and 36 vs 20 (Q4_K_M), 32 rows 98 vs 79 and 38 vs 29,
-// 64 rows 100 vs 103 and 48 vs 56. Serving tiles a batch by this count, so up to 32 streams
+// Up to quant_gemv_max_rows(t) rows of x, Linear on quantized weights runs gemv_quant; above it
+// the weights are dequantized a slice at a time and multiplied by a GEMM
+// (tensor/kernels_cpu_quant.cpp). Serving tiles a batch by the same count, so that many streams
 // read each weight once per step.
+//
+// kQuantGemvMaxRows, for the one-row-at-a-time kernels. Measured on Qwen3-0.6B (AMD EPYC,
+// AVX512-VNNI, 2 threads, 2026-11-27; prefill tok/s, GEMV vs slices): 16 rows 92 vs 47 (Q8_0)
+// and 36 vs 20 (Q4_K_M), 32 rows 98 vs 79 and 38 vs 29, 64 rows 100 vs 103 and 48 vs 56.
 inline constexpr std::int64_t kQuantGemvMaxRows = 32;
+// kQuantGemvTileMaxRows, for Q8_0 on the 16-row tiles (AVX512-VNNI). Measured the same way
+// after they landed: 64 rows 490 vs 113, 128 rows 491 vs 131, 256 rows 426 vs 138. On an AMX
+// CPU the slices run on AMX-BF16, which was not measured against the tiles: there the smaller
+// limit stays.
+inline constexpr std::int64_t kQuantGemvTileMaxRows = 256;
+std::int64_t quant_gemv_max_rows(quant::QuantType t);
 // Above it, the weights are dequantized this many bytes (in the compute dtype) at a time, at
 // least one row: the slice, and the GEMM's (rows, slice) output when the slice is not all of N.
 inline constexpr std::int64_t kQuantPrefillSliceBytes = std::int64_t{4} << 20;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/common/quant.h"
-#include "kernels/cpu/gemv_quant.h"  // kQuantGemvMaxRows
+#include "kernels/cpu/gemv_quant.h"  // quant_gemv_max_rows
 #include "kernels/cuda/runtime.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
@@ -163,7 +163,7 @@ TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
     const Tensor w = ops::dequantize(blocks, t, {N, K});
     Generator g(9);
     const Tensor bias = ops::randn({N}, g);
-    constexpr std::int64_t kGemvRows = cpu::kQuantGemvMaxRows;  // more take the slices
+    const std::int64_t kGemvRows = cpu::quant_gemv_max_rows(t);  // more take the slices
     for (std::int64_t rows : {std::int64_t{1}, std::int64_t{3}, kGemvRows, kGemvRows + 4}) {
       const Tensor x = ops::randn({rows, K}, g);
       const std::vector<float> got = ops::linear_quant(x, blocks, t, N, bias).to_float_vector();
@@ -188,7 +188,8 @@ TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
 // More W rows than one prefill slice holds (4 MiB of f32 weights: 4096 rows of 256): the slices
 // land in their own columns, with their bias.
 TEST(LinearQuant, PrefillSlicesCoverEveryColumn) {
-  const std::int64_t N = 4100, K = 256, rows = cpu::kQuantGemvMaxRows + 1;  // the slices' path
+  const std::int64_t N = 4100, K = 256,
+                     rows = cpu::quant_gemv_max_rows(QuantType::Q8_0) + 1;  // the slices' path
   const Tensor blocks = quantize_q8_0(weights(N * K, 11));
   const Tensor w = ops::dequantize(blocks, QuantType::Q8_0, {N, K});
   Generator g(12);
