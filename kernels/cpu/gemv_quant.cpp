@@ -8,6 +8,8 @@
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/bf16_util.h"
+#include "kernels/cpu/gemv_quant_tiles.h"
+#include "kernels/cpu/gemv_quant_tiles.h"
 #include "kernels/cpu/isa.h"
 
 #if KILN_CPU_X86
@@ -242,106 +244,12 @@ KILN_TARGET_AVX512VNNI void dot_q8_0_vnni_rows(const std::uint8_t* w, const std:
   for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]);
 }
 
-// ---- AVX512-VNNI, 16 weight rows at a time --------------------------------------------------
-//
-// The tile: 16 consecutive W rows, one lane of a 512-bit vector per row. Each 32-value block
-// is read as 16 row loads and transposed in registers (8x8 dwords in each 256-bit half), so that
-// vector c holds bytes 4c..4c+3 of every row's block. One vpdpbusd with x's dword c broadcast
-// then adds 4 products to each of the 16 rows' sums: 8 per block, shared by every x row, and one
-// int32 -> f32 conversion and fmadd per block serve 16 rows instead of one. The weights stay in
-// GGUF's layout, in place; the transpose is paid once per block for all M rows of x.
-//
-// vpdpbusd multiplies u8 by s8 and AVX-512 has no byte sign instruction, so the weights are
-// biased to u8 in registers (w + 128, one xor per vector) and each x row's block sum starts at
-// -128 * sum_j q_j (x_corr, computed once per x row and block). Every product and sum is an
-// exact integer (|sum| < 2^21), so the result per row and block is sum_j w_j q_j exactly.
-//
-// Per output, in block order:  acc = fma(float(isum_b), dw_b * dx_b, acc),  acc = 0 at first.
-// That is the whole arithmetic, the same for any M and any thread count (a test evaluates it in
-// scalar code and compares bits).
-
-inline std::int32_t load_i32(const std::int8_t* p) {
-  std::int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// Rows 0-7 in the low halves and 8-15 in the high halves of r[0..7] (32 bytes each) become
-// vectors whose dword lane j is dword c of row j: the 8x8 dword transpose of each half.
-KILN_TARGET_AVX512VNNI inline void transpose_rows_16x8(const __m512i r[8], __m512i out[8]) {
-  __m512i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // Per 128-bit lane, u[c] (c < 4) holds dword c (low lane of the half) or c + 4 (high lane) of
-  // rows 0-3 (from t[0..3]); u[c + 4] of rows 4-7.
-  for (int h = 0; h < 2; ++h) {
-    const __m512i* tt = t + 4 * h;
-    u[4 * h + 0] = _mm512_unpacklo_epi64(tt[0], tt[2]);
-    u[4 * h + 1] = _mm512_unpackhi_epi64(tt[0], tt[2]);
-    u[4 * h + 2] = _mm512_unpacklo_epi64(tt[1], tt[3]);
-    u[4 * h + 3] = _mm512_unpackhi_epi64(tt[1], tt[3]);
-  }
-  // out[c] = rows 0-3 | rows 4-7 | rows 8-11 | rows 12-15 of dword c: the low (c < 4) or high
-  // 128-bit lane of each half, from u[c % 4] (rows 0-3, 8-11) and u[c % 4 + 4] (rows 4-7, 12-15).
-  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-  const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-  for (int c = 0; c < 4; ++c) {
-    out[c] = _mm512_permutex2var_epi64(u[c], lo, u[c + 4]);
-    out[c + 4] = _mm512_permutex2var_epi64(u[c], hi, u[c + 4]);
-  }
-}
-
-// y rows m < M, columns n0..n0+15: acc[m] as above over nb blocks. w points at row n0's first
-// block; x holds M rows of nb BlockQ8 each, xstride bytes apart, and x_corr their M * nb
-// corrections (-128 * sum_j q_j), row by row.
-KILN_TARGET_AVX512VNNI void gemv_q8_0_tile16(const std::uint8_t* w, std::int64_t row_bytes,
-                                             const std::uint8_t* x, std::int64_t xstride,
-                                             const std::int32_t* x_corr, std::int64_t nb,
-                                             std::int64_t M, float* acc) {
-  for (std::int64_t m = 0; m < M; ++m) _mm512_storeu_ps(acc + 16 * m, _mm512_setzero_ps());
-  const __m512i rows =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  // 16 rows at once are 16 read streams, which the hardware prefetchers follow badly (decode ran
-  // at half its bandwidth). The tile after next is 16 * row_bytes contiguous bytes, so it is
-  // fetched into L2 in address order, one 16 * 34-byte share per block: one stream.
-  const std::uint8_t* ahead = w + 32 * row_bytes;
-  const std::int64_t half = 8 * row_bytes;
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const std::uint8_t* blk = w + b * 34;
-    for (int i = 0; i < 16 * 34; i += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + b * 16 * 34 + i), _MM_HINT_T1);
-    __m512i r[8], wv[8];
-    const std::uint8_t* p = blk + 2;
-    for (int i = 0; i < 8; ++i, p += row_bytes) {
-      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + half));
-      r[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), flip);
-    }
-    transpose_rows_16x8(r, wv);
-    // The 16 scales: a dword gathered at each row's block start, whose low half is d (f16).
-    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(rows, blk, 1)));
-    for (std::int64_t m = 0; m < M; ++m) {
-      const auto* xb = reinterpret_cast<const BlockQ8*>(x + m * xstride) + b;
-      // Two chains of 4 (integer sums: exact in any order), each x dword broadcast from memory.
-      __m512i s0 = _mm512_set1_epi32(x_corr[m * nb + b]), s1 = _mm512_setzero_si512();
-      for (int c = 0; c < 8; c += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, wv[c], _mm512_set1_epi32(load_i32(xb->q + 4 * c)));
-        s1 = _mm512_dpbusd_epi32(s1, wv[c + 1], _mm512_set1_epi32(load_i32(xb->q + 4 * c + 4)));
-      }
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xb->d));
-      _mm512_storeu_ps(acc + 16 * m,
-                       _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale,
-                                       _mm512_loadu_ps(acc + 16 * m)));
-    }
-  }
-}
 #endif
 
 bool use_vnni() { return cpu_has(CpuIsa::Avx512Bf16) && avx512_vnni_detected(); }
+
+// Whether type t runs on the 16-row tiles (gemv_quant_tiles.h) at the current level.
+bool uses_tiles(QuantType t) { return use_vnni() && t != QuantType::Q6_K; }
 
 std::int64_t x_block_bytes(QuantType t) {
   return t == QuantType::Q8_0 ? static_cast<std::int64_t>(sizeof(BlockQ8))
@@ -385,8 +293,7 @@ DotFn pick_dot(QuantType t) {
 bool gemv_quant_uses_vnni() { return use_vnni(); }
 
 std::int64_t quant_gemv_max_rows(QuantType t) {
-  const bool tiles = t == QuantType::Q8_0 && use_vnni() && !cpu_has(CpuIsa::Amx);
-  return tiles ? kQuantGemvTileMaxRows : kQuantGemvMaxRows;
+  return uses_tiles(t) && !cpu_has(CpuIsa::Amx) ? kQuantGemvTileMaxRows : kQuantGemvMaxRows;
 }
 
 float dot_q8_0(const std::uint8_t* w, const BlockQ8* x, std::int64_t nb) {
@@ -401,8 +308,9 @@ float dot_q6_k(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
 
 std::int64_t gemv_quant_scratch_bytes(QuantType t, std::int64_t M, std::int64_t K) {
   const std::int64_t blocks = M * (K / x_block_size(t));
-  // Q8_0 adds the 16-row tiles' int32 correction per x block (gemv_q8_0_tile16).
-  return blocks * (x_block_bytes(t) + (t == QuantType::Q8_0 ? 4 : 0));
+  // The 16-row tiles' ints per x block (gemv_quant_tiles.h): Q8_0's correction, Q4_K's 4 pairs.
+  const std::int64_t extra = t == QuantType::Q8_0 ? 4 : t == QuantType::Q4_K ? 16 : 0;
+  return blocks * (x_block_bytes(t) + extra);
 }
 
 #if KILN_CPU_X86
@@ -469,15 +377,20 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
   const DotFn dot = pick_dot(t);
   const bool parallel = N * row_bytes >= kParallelMinBytes;
 #if KILN_CPU_X86
-  // (row offsets within a tile are gathered as int32)
-  if (t == QuantType::Q8_0 && use_vnni() && row_bytes <= (std::int64_t{1} << 26)) {
-    // Columns below N16 in tiles of 16 (gemv_q8_0_tile16); the last N % 16 one at a time, with
-    // up to 4 x rows per pass over a weight row (dot_q8_0_vnni_rows). Which kernel a column
-    // takes depends only on N, so a row's result does not depend on M.
+  if (uses_tiles(t) && row_bytes <= (std::int64_t{1} << 26)) {  // tile row offsets are int32
+    // Columns below N16 in tiles of 16 (gemv_quant_tiles.h); the last N % 16 one at a time (for
+    // Q8_0 up to 4 x rows per pass over a weight row, dot_q8_0_vnni_rows, bit-identical to one
+    // at a time). Which kernel a column takes depends only on N, so a row's result does not
+    // depend on M.
     const std::int64_t N16 = N / 16 * 16;
     for (std::int64_t n = N16; n < N; ++n) {
       const std::uint8_t* wr = w + n * row_bytes;
       const float b = bias != nullptr ? to_compute(bias[n]) : 0.0f;
+      if (t != QuantType::Q8_0) {
+        for (std::int64_t m = 0; m < M; ++m)
+          y[m * ldy + n] = from_compute<Y>(dot(wr, xq + m * xstride, nb) + b);
+        continue;
+      }
       float d[4];
       for (std::int64_t m0 = 0; m0 < M; m0 += 4) {
         const int R = static_cast<int>(std::min<std::int64_t>(4, M - m0));
@@ -486,13 +399,14 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
       }
     }
     if (N16 == 0) return;
-    auto* x_corr = reinterpret_cast<std::int32_t*>(xq + M * xstride);
-    for (std::int64_t i = 0; i < M * nb; ++i) {
-      const BlockQ8& xb = reinterpret_cast<const BlockQ8*>(xq)[i];
-      std::int32_t sum = 0;
-      for (int j = 0; j < 32; ++j) sum += xb.q[j];
-      x_corr[i] = -128 * sum;
-    }
+    // Per x block, the tiles' extra ints (gemv_quant_tiles.h), after x's blocks in the scratch.
+    auto* x_extra = reinterpret_cast<std::int32_t*>(xq + M * xstride);
+    const std::int64_t extra = t == QuantType::Q8_0 ? 1 : 4;
+    if (t == QuantType::Q8_0)
+      tiles::q8_0_x_corr(reinterpret_cast<const BlockQ8*>(xq), M * nb, x_extra);
+    else
+      tiles::q4_k_x_pairs(reinterpret_cast<const BlockQ8K*>(xq), M * nb, x_extra);
+    const auto tile = t == QuantType::Q8_0 ? tiles::gemv_q8_0_tile16 : tiles::gemv_q4_k_tile16;
     const bool tiles_parallel = N16 * row_bytes >= kParallelMinBytes;
 #pragma omp parallel for schedule(static) if (tiles_parallel)
     for (std::int64_t g = 0; g < N16 / 16; ++g) {
@@ -500,8 +414,8 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
       alignas(64) float acc[16 * kTileRows];
       for (std::int64_t m0 = 0; m0 < M; m0 += kTileRows) {
         const std::int64_t rows = std::min(kTileRows, M - m0);
-        gemv_q8_0_tile16(w + n0 * row_bytes, row_bytes, xq + m0 * xstride, xstride,
-                         x_corr + m0 * nb, nb, rows, acc);
+        tile(w + n0 * row_bytes, row_bytes, xq + m0 * xstride, xstride, x_extra + m0 * nb * extra,
+             nb, rows, acc);
         for (std::int64_t m = 0; m < rows; ++m)
           for (int j = 0; j < 16; ++j) {
             const float b = bias != nullptr ? to_compute(bias[n0 + j]) : 0.0f;

@@ -295,50 +295,86 @@ TEST(GemvQuant, Bf16RowsAndAThreadedShape) {
   }
 }
 
-// The VNNI Q8_0 path's tiles of 16 W rows, with a tail of 5 rows after two tiles, and more x
-// rows than one pass over a tile takes (32), against the reference at every level.
-TEST(GemvQuant, Q8_0TilesOf16WeightRowsAndATail) {
-  for (std::int64_t M : {1, 5, 33}) check_gemv<float>(QuantType::Q8_0, M, 37, 96, true, 100 + M);
-  check_gemv<bf16>(QuantType::Q8_0, 4, 48, 64, false, 110);
+// The VNNI path's tiles of 16 W rows (Q8_0 and Q4_K), with a tail of 5 rows after two tiles,
+// and more x rows than one pass over a tile takes (32), against the reference at every level.
+TEST(GemvQuant, TilesOf16WeightRowsAndATail) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K}) {
+    const std::int64_t K = 3 * info(t).block_size;
+    for (std::int64_t M : {1, 5, 33}) check_gemv<float>(t, M, 37, K, true, 100 + M);
+    check_gemv<bf16>(t, 4, 48, 2 * info(t).block_size, false, 110);
+  }
 }
 
-// The tiles' arithmetic, as gemv_quant.cpp states it: per output, over blocks in order,
-// acc = fma(float(sum_j w_j q_j), d_w * d_x, acc). Evaluated here in scalar code from the
-// quantized x, it must give the kernel's bits exactly.
-TEST(GemvQuant, Q8_0TilesComputeTheirStatedFormulaBitForBit) {
+// The tiles' arithmetic, as gemv_quant_tiles.cpp states it, evaluated here in scalar code from
+// the quantized x: it must give the kernel's bits exactly.
+//   Q8_0, per block in order:  acc = fma(float(sum_j w_j q_j), d_w * d_x, acc)
+//   Q4_K, per super-block:     acc = fma(float(sum_s sc_s isum_s), d_w * d_x, acc);
+//                              acc = fma(-float(sum_s m_s xs_s), dmin_w * d_x, acc)
+float tile_formula(QuantType t, const std::uint8_t* wrow, const std::uint8_t* xq, std::int64_t nb) {
+  float acc = 0.0f;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    if (t == QuantType::Q8_0) {
+      const std::uint8_t* blk = wrow + b * 34;
+      const auto& x = reinterpret_cast<const cpu::BlockQ8*>(xq)[b];
+      std::int32_t isum = 0;
+      for (int j = 0; j < 32; ++j) isum += static_cast<std::int8_t>(blk[2 + j]) * x.q[j];
+      acc = std::fma(static_cast<float>(isum), test::half_at(blk) * x.d, acc);
+      continue;
+    }
+    const std::uint8_t* blk = wrow + b * 144;
+    const auto& x = reinterpret_cast<const cpu::BlockQ8K*>(xq)[b];
+    std::int32_t sumi = 0, summ = 0;
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      quant::q4_k_scale_min(blk, s, sc, m);
+      std::int32_t isum = 0;
+      for (int l = 0; l < 32; ++l) {
+        const std::uint8_t byte = blk[16 + 32 * (s / 2) + l];
+        isum += ((s & 1) ? byte >> 4 : byte & 0xF) * x.q[32 * s + l];
+      }
+      sumi += sc * isum;
+      summ += m * (x.bsums[2 * s] + x.bsums[2 * s + 1]);
+    }
+    acc = std::fma(static_cast<float>(sumi), test::half_at(blk) * x.d, acc);
+    acc = std::fma(-static_cast<float>(summ), test::half_at(blk + 2) * x.d, acc);
+  }
+  return acc;
+}
+
+TEST(GemvQuant, TilesComputeTheirStatedFormulaBitForBit) {
   if (!cpu::gemv_quant_uses_vnni())
     GTEST_SKIP() << "[expected-skip] the 16-row tiles run only with AVX512-VNNI, which this CPU "
                     "lacks (detected "
                  << cpu::cpu_isa_name(cpu::cpu_isa_detected()) << ")";
-  const std::int64_t M = 3, N = 32, K = 160, nb = K / 32;
-  const auto w = blocks_of(QuantType::Q8_0, N * nb, 120);
-  const std::vector<float> x = random_x(M * K, 121, 3.0f);
-  std::vector<float> y(M * N);
-  std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(QuantType::Q8_0, M, K));
-  cpu::gemv_quant<float, float>(QuantType::Q8_0, M, N, K, x.data(), K, w.data(), nullptr, y.data(),
-                                N, scratch.data());
-  for (std::int64_t m = 0; m < M; ++m) {
-    std::vector<cpu::BlockQ8> q(nb);
-    cpu::quantize_row_q8(x.data() + m * K, K, q.data());
-    for (std::int64_t n = 0; n < N; ++n) {
-      float acc = 0.0f;
-      for (std::int64_t b = 0; b < nb; ++b) {
-        const std::uint8_t* blk = w.data() + (n * nb + b) * 34;
-        std::int32_t isum = 0;
-        for (int j = 0; j < 32; ++j) isum += static_cast<std::int8_t>(blk[2 + j]) * q[b].q[j];
-        acc = std::fma(static_cast<float>(isum), test::half_at(blk) * q[b].d, acc);
-      }
-      ASSERT_EQ(y[m * N + n], acc) << "row " << m << " col " << n;
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K}) {
+    const std::int64_t M = 3, N = 32, nb = 5, K = nb * info(t).block_size;
+    const auto w = blocks_of(t, N * nb, 120);
+    const std::vector<float> x = random_x(M * K, 121, 3.0f);
+    std::vector<float> y(M * N);
+    std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, M, K));
+    cpu::gemv_quant<float, float>(t, M, N, K, x.data(), K, w.data(), nullptr, y.data(), N,
+                                  scratch.data());
+    const std::int64_t xbytes = t == QuantType::Q8_0 ? sizeof(cpu::BlockQ8) : sizeof(cpu::BlockQ8K);
+    for (std::int64_t m = 0; m < M; ++m) {
+      std::vector<std::uint8_t> xq(nb * xbytes);
+      if (t == QuantType::Q8_0)
+        cpu::quantize_row_q8(x.data() + m * K, K, reinterpret_cast<cpu::BlockQ8*>(xq.data()));
+      else
+        cpu::quantize_row_q8_k(x.data() + m * K, K, reinterpret_cast<cpu::BlockQ8K*>(xq.data()));
+      for (std::int64_t n = 0; n < N; ++n)
+        ASSERT_EQ(y[m * N + n],
+                  tile_formula(t, w.data() + n * nb * info(t).block_bytes, xq.data(), nb))
+            << info(t).name << " row " << m << " col " << n;
     }
   }
 }
 
 // Serving's batch invariance rests on this: a row's output is bit-identical whether the GEMV
-// runs it alone or with others (the VNNI Q8_0 path takes 16 W rows per tile, 32 x rows per pass
-// over a tile, and 4 x rows per pass over a tail row), at every level and for every type.
+// runs it alone or with others (the VNNI path takes 16 W rows per tile and 32 x rows per pass
+// over a tile, and for Q8_0 4 x rows per pass over a tail row), at every level and every type.
 TEST(GemvQuant, EachRowIsBitIdenticalAloneOrWithOthers) {
   for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
-    const std::int64_t N = t == QuantType::Q8_0 ? 41 : 9, K = 3 * info(t).block_size;
+    const std::int64_t N = t == QuantType::Q6_K ? 9 : 41, K = 3 * info(t).block_size;
     const auto w = blocks_of(t, N * K / info(t).block_size, 90);
     const std::vector<float> x = random_x(34 * K, 91);
     for (cpu::CpuIsa level : supported_levels()) {
