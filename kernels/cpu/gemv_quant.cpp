@@ -9,7 +9,6 @@
 #include "kernels/common/error.h"
 #include "kernels/cpu/bf16_util.h"
 #include "kernels/cpu/gemv_quant_tiles.h"
-#include "kernels/cpu/gemv_quant_tiles.h"
 #include "kernels/cpu/isa.h"
 
 #if KILN_CPU_X86
@@ -248,8 +247,14 @@ KILN_TARGET_AVX512VNNI void dot_q8_0_vnni_rows(const std::uint8_t* w, const std:
 
 bool use_vnni() { return cpu_has(CpuIsa::Avx512Bf16) && avx512_vnni_detected(); }
 
+// The ints per x block the tiles take (gemv_quant_tiles.h): Q8_0's correction, Q4_K's four and
+// Q6_K's eight i16 pairs.
+std::int64_t tile_x_ints(QuantType t) {
+  return t == QuantType::Q8_0 ? 1 : t == QuantType::Q4_K ? 4 : 8;
+}
+
 // Whether type t runs on the 16-row tiles (gemv_quant_tiles.h) at the current level.
-bool uses_tiles(QuantType t) { return use_vnni() && t != QuantType::Q6_K; }
+bool uses_tiles(QuantType) { return use_vnni(); }
 
 std::int64_t x_block_bytes(QuantType t) {
   return t == QuantType::Q8_0 ? static_cast<std::int64_t>(sizeof(BlockQ8))
@@ -308,9 +313,8 @@ float dot_q6_k(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
 
 std::int64_t gemv_quant_scratch_bytes(QuantType t, std::int64_t M, std::int64_t K) {
   const std::int64_t blocks = M * (K / x_block_size(t));
-  // The 16-row tiles' ints per x block (gemv_quant_tiles.h): Q8_0's correction, Q4_K's 4 pairs.
-  const std::int64_t extra = t == QuantType::Q8_0 ? 4 : t == QuantType::Q4_K ? 16 : 0;
-  return blocks * (x_block_bytes(t) + extra);
+  // The 16-row tiles' ints per x block (gemv_quant_tiles.h), whether they run or not.
+  return blocks * (x_block_bytes(t) + 4 * tile_x_ints(t));
 }
 
 #if KILN_CPU_X86
@@ -401,12 +405,22 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
     if (N16 == 0) return;
     // Per x block, the tiles' extra ints (gemv_quant_tiles.h), after x's blocks in the scratch.
     auto* x_extra = reinterpret_cast<std::int32_t*>(xq + M * xstride);
-    const std::int64_t extra = t == QuantType::Q8_0 ? 1 : 4;
-    if (t == QuantType::Q8_0)
-      tiles::q8_0_x_corr(reinterpret_cast<const BlockQ8*>(xq), M * nb, x_extra);
-    else
-      tiles::q4_k_x_pairs(reinterpret_cast<const BlockQ8K*>(xq), M * nb, x_extra);
-    const auto tile = t == QuantType::Q8_0 ? tiles::gemv_q8_0_tile16 : tiles::gemv_q4_k_tile16;
+    const std::int64_t extra = tile_x_ints(t);
+    const auto* xk = reinterpret_cast<const BlockQ8K*>(xq);
+    auto tile = tiles::gemv_q8_0_tile16;
+    switch (t) {
+      case QuantType::Q8_0:
+        tiles::q8_0_x_corr(reinterpret_cast<const BlockQ8*>(xq), M * nb, x_extra);
+        break;
+      case QuantType::Q4_K:
+        tiles::q4_k_x_pairs(xk, M * nb, x_extra);
+        tile = tiles::gemv_q4_k_tile16;
+        break;
+      case QuantType::Q6_K:
+        tiles::q6_k_x_pairs(xk, M * nb, x_extra);
+        tile = tiles::gemv_q6_k_tile16;
+        break;
+    }
     const bool tiles_parallel = N16 * row_bytes >= kParallelMinBytes;
 #pragma omp parallel for schedule(static) if (tiles_parallel)
     for (std::int64_t g = 0; g < N16 / 16; ++g) {

@@ -36,6 +36,20 @@ void q4_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs) {
   }
 }
 
+void q6_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs) {
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int j = 0; j < 4; ++j) {
+      const std::int16_t* bs = x[i].bsums + 4 * j;
+      auto pair = [](std::int16_t lo, std::int16_t hi) {
+        return static_cast<std::int32_t>(
+            static_cast<std::uint16_t>(lo) |
+            (static_cast<std::uint32_t>(static_cast<std::uint16_t>(hi)) << 16));
+      };
+      x_pairs[8 * i + 2 * j] = pair(bs[0], bs[2]);
+      x_pairs[8 * i + 2 * j + 1] = pair(bs[1], bs[3]);
+    }
+}
+
 #if KILN_CPU_X86
 namespace {
 
@@ -248,12 +262,116 @@ void gemv_q4_k_tile16(const std::uint8_t* w, std::int64_t row_bytes, const std::
                       std::int64_t M, float* acc) {
   gemv_q4_k_tile16_impl(w, row_bytes, x, xstride, x_pairs, nb, M, acc);
 }
+// ---- Q6_K -----------------------------------------------------------------------------------
+//
+// Per super-block of 256 (kernels/common/quant.h): half h = 0, 1 has 64 bytes of low nibbles
+// (ql) and 32 bytes of high 2-bit pairs (qh); quarter r = 0..3 of the half takes the low (r < 2)
+// or high (r >= 2) nibbles of ql[64 h + 32 (r & 1) + l] and bits 2r, 2r + 1 of qh[32 h + l], so
+// q = nibble | bits << 4 is a u8 in 0..63 and the weight is d * sc_g * (q - 32), g = i / 16 the
+// 16-value sub-block and sc_g a signed byte. With isum_g = sum_j q_j x_j (vpdpbusd, exact) and
+// x's bsums (the sums of each 16 x values), in int32 (exact: |total| < 2^29):
+//   total = sum_g sc_g isum_g - 32 sum_g sc_g bsums_g
+// (vpmulld by each lane's scale; the second sum by vpmaddwd of the scales as i16 pairs with
+// x's bsums, q6_k_x_pairs), and per output, super-blocks in order, from acc = 0:
+//   acc = fma(float(total), d_w * d_x, acc).
+// The 16 rows' scales (16 bytes at 192) and d (at 208) are gathered, four and one dwords a row.
+
+namespace {
+KILN_TARGET_AVX512VNNI void gemv_q6_k_tile16_impl(const std::uint8_t* w, std::int64_t row_bytes,
+                                                  const std::uint8_t* x, std::int64_t xstride,
+                                                  const std::int32_t* x_pairs, std::int64_t nb,
+                                                  std::int64_t M, float* acc) {
+  KILN_CHECK(M <= 32, "[gemv_quant] a Q6_K tile takes at most 32 rows of x, got {}", M);
+  for (std::int64_t m = 0; m < M; ++m) _mm512_storeu_ps(acc + 16 * m, _mm512_setzero_ps());
+  const __m512i rows = row_offsets(row_bytes);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x03);
+  const std::uint8_t* ahead = w + 32 * row_bytes;
+  alignas(64) std::int32_t sumi[32 * 16];
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 210;
+    prefetch_share(ahead + b * 16 * 210, 16 * 210);
+    // sc[g]: each lane's scale g, sign-extended to a dword; sp: the scales as i16 pairs,
+    // sp[2j] = (sc_4j, sc_4j+2) and sp[2j+1] = (sc_4j+1, sc_4j+3), as q6_k_x_pairs pairs x's
+    // bsums.
+    __m512i sc[16], sp[8];
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_i32gather_epi32(rows, blk + 192 + 4 * j, 1);
+      for (int k = 0; k < 4; ++k)
+        sc[4 * j + k] = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * k), 24);
+      sp[2 * j] = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);
+      sp[2 * j + 1] = _mm512_srai_epi16(v, 8);
+    }
+    // d: the high half of the dword at 206 (one at 208 would read past the block).
+    const __m512 dw = _mm512_cvtph_ps(
+        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(rows, blk + 206, 1), 16)));
+    for (std::int64_t m = 0; m < M; ++m) _mm512_store_si512(sumi + 16 * m, _mm512_setzero_si512());
+    for (int h = 0; h < 2; ++h) {
+      __m512i qh[8];
+      load_rows_16x32(blk + 128 + 32 * h, row_bytes, qh);
+      for (int half_ql = 0; half_ql < 2; ++half_ql) {  // ql bytes 64h + 32 half_ql: r = half_ql, +2
+        __m512i ql[8];
+        load_rows_16x32(blk + 64 * h + 32 * half_ql, row_bytes, ql);
+        for (int r = half_ql; r < 4; r += 2) {
+          __m512i q[8];
+          for (int c = 0; c < 8; ++c) {
+            const __m512i nib = r >= 2 ? _mm512_and_si512(_mm512_srli_epi16(ql[c], 4), low4)
+                                       : _mm512_and_si512(ql[c], low4);
+            const __m512i hb = _mm512_and_si512(_mm512_srli_epi16(qh[c], 2 * r), two);
+            q[c] = _mm512_or_si512(nib, _mm512_slli_epi16(hb, 4));
+          }
+          const int g = 8 * h + 2 * r;  // sub-blocks g (l < 16: c < 4) and g + 1
+          for (std::int64_t m = 0; m < M; ++m) {
+            const std::int8_t* xq =
+                reinterpret_cast<const BlockQ8K*>(x + m * xstride)[b].q + 128 * h + 32 * r;
+            __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+            __m512i b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c += 2) {
+              a0 = _mm512_dpbusd_epi32(a0, q[c], _mm512_set1_epi32(load_i32(xq + 4 * c)));
+              a1 = _mm512_dpbusd_epi32(a1, q[c + 1], _mm512_set1_epi32(load_i32(xq + 4 * c + 4)));
+              b0 = _mm512_dpbusd_epi32(b0, q[c + 4], _mm512_set1_epi32(load_i32(xq + 16 + 4 * c)));
+              b1 = _mm512_dpbusd_epi32(b1, q[c + 5],
+                                       _mm512_set1_epi32(load_i32(xq + 16 + 4 * c + 4)));
+            }
+            const __m512i part =
+                _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc[g]),
+                                 _mm512_mullo_epi32(_mm512_add_epi32(b0, b1), sc[g + 1]));
+            _mm512_store_si512(sumi + 16 * m,
+                               _mm512_add_epi32(_mm512_load_si512(sumi + 16 * m), part));
+          }
+        }
+      }
+    }
+    for (std::int64_t m = 0; m < M; ++m) {
+      const auto* xb = reinterpret_cast<const BlockQ8K*>(x + m * xstride) + b;
+      const std::int32_t* pairs = x_pairs + 8 * (m * nb + b);
+      __m512i corr = _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k)
+        corr = _mm512_add_epi32(corr, _mm512_madd_epi16(sp[k], _mm512_set1_epi32(pairs[k])));
+      const __m512i total =
+          _mm512_sub_epi32(_mm512_load_si512(sumi + 16 * m), _mm512_slli_epi32(corr, 5));
+      _mm512_storeu_ps(acc + 16 * m, _mm512_fmadd_ps(_mm512_cvtepi32_ps(total),
+                                                     _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)),
+                                                     _mm512_loadu_ps(acc + 16 * m)));
+    }
+  }
+}
+}  // namespace
+
+void gemv_q6_k_tile16(const std::uint8_t* w, std::int64_t row_bytes, const std::uint8_t* x,
+                      std::int64_t xstride, const std::int32_t* x_pairs, std::int64_t nb,
+                      std::int64_t M, float* acc) {
+  gemv_q6_k_tile16_impl(w, row_bytes, x, xstride, x_pairs, nb, M, acc);
+}
 #else
 void gemv_q8_0_tile16(const std::uint8_t*, std::int64_t, const std::uint8_t*, std::int64_t,
                       const std::int32_t*, std::int64_t, std::int64_t, float*) {
   KILN_CHECK(false, "[gemv_quant] the 16-row tiles need x86 AVX512-VNNI");
 }
 void gemv_q4_k_tile16(const std::uint8_t*, std::int64_t, const std::uint8_t*, std::int64_t,
+                      const std::int32_t*, std::int64_t, std::int64_t, float*) {
+  KILN_CHECK(false, "[gemv_quant] the 16-row tiles need x86 AVX512-VNNI");
+}
+void gemv_q6_k_tile16(const std::uint8_t*, std::int64_t, const std::uint8_t*, std::int64_t,
                       const std::int32_t*, std::int64_t, std::int64_t, float*) {
   KILN_CHECK(false, "[gemv_quant] the 16-row tiles need x86 AVX512-VNNI");
 }

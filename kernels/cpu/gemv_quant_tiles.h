@@ -34,4 +34,12 @@ void gemv_q4_k_tile16(const std::uint8_t* w, std::int64_t row_bytes, const std::
 // bsums[2s+1], as four pairs of i16: (xs0, xs2), (xs1, xs3), (xs4, xs6), (xs5, xs7).
 void q4_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs);
 
+// Q6_K. As Q4_K, with 8 ints per x block from q6_k_x_pairs.
+void gemv_q6_k_tile16(const std::uint8_t* w, std::int64_t row_bytes, const std::uint8_t* x,
+                      std::int64_t xstride, const std::int32_t* x_pairs, std::int64_t nb,
+                      std::int64_t M, float* acc);
+// Per x block (n of them), its 16 bsums as eight pairs of i16: for j = 0..3, (bsums[4j],
+// bsums[4j + 2]) and (bsums[4j + 1], bsums[4j + 3]).
+void q6_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs);
+
 }  // namespace kiln::cpu::tiles

@@ -295,10 +295,10 @@ TEST(GemvQuant, Bf16RowsAndAThreadedShape) {
   }
 }
 
-// The VNNI path's tiles of 16 W rows (Q8_0 and Q4_K), with a tail of 5 rows after two tiles,
+// The VNNI path's tiles of 16 W rows (every type), with a tail of 5 rows after two tiles,
 // and more x rows than one pass over a tile takes (32), against the reference at every level.
 TEST(GemvQuant, TilesOf16WeightRowsAndATail) {
-  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K}) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
     const std::int64_t K = 3 * info(t).block_size;
     for (std::int64_t M : {1, 5, 33}) check_gemv<float>(t, M, 37, K, true, 100 + M);
     check_gemv<bf16>(t, 4, 48, 2 * info(t).block_size, false, 110);
@@ -310,6 +310,8 @@ TEST(GemvQuant, TilesOf16WeightRowsAndATail) {
 //   Q8_0, per block in order:  acc = fma(float(sum_j w_j q_j), d_w * d_x, acc)
 //   Q4_K, per super-block:     acc = fma(float(sum_s sc_s isum_s), d_w * d_x, acc);
 //                              acc = fma(-float(sum_s m_s xs_s), dmin_w * d_x, acc)
+//   Q6_K, per super-block:     acc = fma(float(sum_g sc_g isum_g - 32 sum_g sc_g bsums_g),
+//                                        d_w * d_x, acc)
 float tile_formula(QuantType t, const std::uint8_t* wrow, const std::uint8_t* xq, std::int64_t nb) {
   float acc = 0.0f;
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -321,8 +323,27 @@ float tile_formula(QuantType t, const std::uint8_t* wrow, const std::uint8_t* xq
       acc = std::fma(static_cast<float>(isum), test::half_at(blk) * x.d, acc);
       continue;
     }
-    const std::uint8_t* blk = wrow + b * 144;
     const auto& x = reinterpret_cast<const cpu::BlockQ8K*>(xq)[b];
+    if (t == QuantType::Q6_K) {
+      const std::uint8_t* blk = wrow + b * 210;
+      const auto* sc = reinterpret_cast<const std::int8_t*>(blk + 192);
+      std::int32_t sumi = 0, corr = 0;
+      for (int g = 0; g < 16; ++g) {
+        std::int32_t isum = 0;
+        for (int i = 16 * g; i < 16 * g + 16; ++i) {
+          const int h = i / 128, r = (i % 128) / 32, l = i % 32;
+          const std::uint8_t low = blk[64 * h + l + 32 * (r & 1)];
+          const int q =
+              (r >= 2 ? low >> 4 : low & 0xF) | (((blk[128 + 32 * h + l] >> (2 * r)) & 3) << 4);
+          isum += q * x.q[i];
+        }
+        sumi += sc[g] * isum;
+        corr += sc[g] * x.bsums[g];
+      }
+      acc = std::fma(static_cast<float>(sumi - 32 * corr), test::half_at(blk + 208) * x.d, acc);
+      continue;
+    }
+    const std::uint8_t* blk = wrow + b * 144;
     std::int32_t sumi = 0, summ = 0;
     for (int s = 0; s < 8; ++s) {
       int sc, m;
@@ -346,7 +367,7 @@ TEST(GemvQuant, TilesComputeTheirStatedFormulaBitForBit) {
     GTEST_SKIP() << "[expected-skip] the 16-row tiles run only with AVX512-VNNI, which this CPU "
                     "lacks (detected "
                  << cpu::cpu_isa_name(cpu::cpu_isa_detected()) << ")";
-  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K}) {
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
     const std::int64_t M = 3, N = 32, nb = 5, K = nb * info(t).block_size;
     const auto w = blocks_of(t, N * nb, 120);
     const std::vector<float> x = random_x(M * K, 121, 3.0f);
@@ -374,7 +395,7 @@ TEST(GemvQuant, TilesComputeTheirStatedFormulaBitForBit) {
 // over a tile, and for Q8_0 4 x rows per pass over a tail row), at every level and every type.
 TEST(GemvQuant, EachRowIsBitIdenticalAloneOrWithOthers) {
   for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
-    const std::int64_t N = t == QuantType::Q6_K ? 9 : 41, K = 3 * info(t).block_size;
+    const std::int64_t N = 41, K = 3 * info(t).block_size;
     const auto w = blocks_of(t, N * K / info(t).block_size, 90);
     const std::vector<float> x = random_x(34 * K, 91);
     for (cpu::CpuIsa level : supported_levels()) {
