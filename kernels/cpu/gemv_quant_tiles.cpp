@@ -12,6 +12,15 @@
 
 namespace kiln::cpu::tiles {
 
+namespace {
+// lo and hi (each in i16 range) as the low and high i16 of a dword, for vpmaddwd.
+std::int32_t i16_pair(int lo, int hi) {
+  return static_cast<std::int32_t>(
+      static_cast<std::uint16_t>(lo) |
+      (static_cast<std::uint32_t>(static_cast<std::uint16_t>(hi)) << 16));
+}
+}  // namespace
+
 void q8_0_x_corr(const BlockQ8* x, std::int64_t n, std::int32_t* x_corr) {
   for (std::int64_t i = 0; i < n; ++i) {
     std::int32_t sum = 0;
@@ -24,15 +33,10 @@ void q4_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs) {
   for (std::int64_t i = 0; i < n; ++i) {
     int xs[8];  // |xs| <= 32 * 127: fits an i16
     for (int s = 0; s < 8; ++s) xs[s] = x[i].bsums[2 * s] + x[i].bsums[2 * s + 1];
-    auto pair = [](int lo, int hi) {
-      return static_cast<std::int32_t>(
-          static_cast<std::uint16_t>(lo) |
-          (static_cast<std::uint32_t>(static_cast<std::uint16_t>(hi)) << 16));
-    };
-    x_pairs[4 * i + 0] = pair(xs[0], xs[2]);
-    x_pairs[4 * i + 1] = pair(xs[1], xs[3]);
-    x_pairs[4 * i + 2] = pair(xs[4], xs[6]);
-    x_pairs[4 * i + 3] = pair(xs[5], xs[7]);
+    x_pairs[4 * i + 0] = i16_pair(xs[0], xs[2]);
+    x_pairs[4 * i + 1] = i16_pair(xs[1], xs[3]);
+    x_pairs[4 * i + 2] = i16_pair(xs[4], xs[6]);
+    x_pairs[4 * i + 3] = i16_pair(xs[5], xs[7]);
   }
 }
 
@@ -40,13 +44,8 @@ void q6_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs) {
   for (std::int64_t i = 0; i < n; ++i)
     for (int j = 0; j < 4; ++j) {
       const std::int16_t* bs = x[i].bsums + 4 * j;
-      auto pair = [](std::int16_t lo, std::int16_t hi) {
-        return static_cast<std::int32_t>(
-            static_cast<std::uint16_t>(lo) |
-            (static_cast<std::uint32_t>(static_cast<std::uint16_t>(hi)) << 16));
-      };
-      x_pairs[8 * i + 2 * j] = pair(bs[0], bs[2]);
-      x_pairs[8 * i + 2 * j + 1] = pair(bs[1], bs[3]);
+      x_pairs[8 * i + 2 * j] = i16_pair(bs[0], bs[2]);
+      x_pairs[8 * i + 2 * j + 1] = i16_pair(bs[1], bs[3]);
     }
 }
 
