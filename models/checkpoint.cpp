@@ -6,6 +6,7 @@
 
 #include "models/io/checkpoint_h5.h"
 #include "models/io/json_limits.h"
+#include "tensor/host_bytes.h"
 
 namespace kiln::models {
 
@@ -22,8 +23,8 @@ void read_into(const io::CheckpointReader& r, const std::string& path, Tensor& d
   KILN_CHECK(Shape(info.shape.begin(), info.shape.end()) == dst.shape(),
              "[checkpoint] {} has shape {}, the model expects {}", path,
              shape_str(Shape(info.shape.begin(), info.shape.end())), shape_str(dst.shape()));
-  if (dst.dtype() == DType::F32 && dst.is_contiguous() && dst.device().is_cpu()) {
-    r.read_tensor_into(path, dst.raw_data(), dst.nbytes());
+  if (void* direct = host_dense_data(dst, DType::F32)) {
+    r.read_tensor_into(path, direct, dst.nbytes());
     return;
   }
   Tensor host;

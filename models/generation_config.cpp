@@ -156,28 +156,23 @@ LoadedModel load_model(const ModelSource& src) {
       ModelConfig cfg = read_config((d / "config.json").string());
       LoadOptions lo;
       lo.ignore_tied_lm_head = cfg.tie_embeddings;  // some tied checkpoints still carry it
-      if (src.device.is_cpu()) {
-        // Built on meta (no memory), then each weight gets its bytes: in place in the file
-        // mapping where the file holds --dtype (Qwen3-8B's 16.4 GB of bf16 are never copied),
-        // else a converted copy. load_safetensors checks the config against the files first.
-        out.model = std::make_unique<DecoderModel>(cfg, 0, src.dtype, Device::meta());
-        lo.materialize_on_cpu = true;
-        if (!cfg.tie_embeddings) lo.read_by_rows = {"model.embed_tokens.weight"};
+      // Built on meta (no memory), then each weight gets its bytes on src.device: on the CPU
+      // in place in the file mapping where the file holds --dtype (Qwen3-8B's 16.4 GB of bf16
+      // are never copied), else a converted copy. load_safetensors checks the config against
+      // the files before it materializes anything, so a config that disagrees with the weights
+      // (a billion layers over a 3-layer file) is refused before any memory is taken.
+      out.model = std::make_unique<DecoderModel>(cfg, 0, src.dtype, Device::meta());
+      lo.materialize_on = src.device;
+      if (!cfg.tie_embeddings) lo.read_by_rows = {"model.embed_tokens.weight"};
+      try {
         load_safetensors(*out.model, src.model, lo);
-        if (cfg.uses_rope())
-          out.model->rope = std::make_unique<nn::Rope>(
-              cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, cfg.rope_style, src.dtype, src.device);
-      } else {
-        // The config against the weight files first, on the meta device (no memory): a config
-        // that disagrees with the weights (a billion layers over a 3-layer file) is refused
-        // before anything real is built.
-        {
-          DecoderModel probe(cfg, 0, src.dtype, Device::meta());
-          load_safetensors(probe, src.model, lo);
-        }
-        out.model = build_model(cfg, src, (d / "config.json").string());
-        load_safetensors(*out.model, src.model, lo);
+      } catch (const OutOfMemory& e) {
+        throw OutOfMemory(
+            fmt::format("{} (sizes from {})", e.what(), (d / "config.json").string()));
       }
+      if (cfg.uses_rope())
+        out.model->rope = std::make_unique<nn::Rope>(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta,
+                                                     cfg.rope_style, src.dtype, src.device);
       out.model->eval();
       if (fs::exists(d / "generation_config.json"))
         out.generation = load_generation_config((d / "generation_config.json").string());

@@ -11,6 +11,7 @@
 #include "kernels/cpu/quantize.h"
 #include "models/io/gguf_tokenizer.h"
 #include "models/weights.h"
+#include "tensor/host_bytes.h"
 #include "tensor/memory.h"
 
 namespace kiln::models {
@@ -247,15 +248,13 @@ std::unique_ptr<DecoderModel> load_gguf_model(std::shared_ptr<const io::GgufFile
     auto linear = linears.find(name);
     const bool embed = name == "model.embed_tokens.weight";
     const bool keep = keep_quantized && (linear != linears.end() || embed);
-    Tensor blocks;
-    if (keep && device.is_cpu()) {
-      // In place: the file's bytes, read-only (the kernels only read blocks), counted as mapped.
-      auto impl = std::make_shared<TensorImpl>();
-      impl->storage = std::make_shared<Storage>(f.data(t), t.nbytes, MemCategory::Weights, file);
-      impl->shape = {static_cast<std::int64_t>(t.nbytes)};
-      impl->strides = {1};
-      impl->dtype = DType::Bool;
-      blocks = Tensor(impl);
+    // In place where the device reads host memory: the file's bytes, read-only (the kernels only
+    // read blocks), counted as mapped. Else a copy on the device.
+    const std::int64_t nbytes = static_cast<std::int64_t>(t.nbytes);
+    Tensor blocks = keep ? host_bytes_in_place(f.data(t), nbytes, {nbytes}, DType::Bool, file,
+                                               device, MemCategory::Weights)
+                         : Tensor();
+    if (blocks.defined()) {
       (void)io::prefault_mapping(f.data(t), t.nbytes);  // best effort: faults now, not in use
     } else {
       MemoryScope cat(keep ? MemCategory::Weights : MemCategory::Temporaries);

@@ -10,6 +10,8 @@
 #include <optional>
 #include <set>
 
+#include "tensor/host_bytes.h"
+
 namespace kiln::models {
 
 namespace fs = std::filesystem;
@@ -101,19 +103,24 @@ bool is_float_file_dtype(const std::string& d) {
   return d == "F32" || d == "F16" || d == "BF16" || d == "F64";
 }
 
-// Gives a meta parameter (as built, contiguous) CPU storage: the file's bytes in place when they
-// already hold the parameter's dtype, aligned for it; else CPU memory (Weights) with a converted
-// copy. `owner` keeps the file mappings alive as long as a tensor uses them.
-void materialize_on_cpu(Tensor& p, const io::TensorEntry& e, const std::uint8_t* bytes,
-                        const std::shared_ptr<const void>& owner, const std::string& what,
-                        bool prefault) {
+// Gives a meta parameter (as built, contiguous) storage on `device`: the file's bytes in place
+// where the device reads host memory and they already hold the parameter's dtype, aligned for
+// it (host_bytes_in_place); else memory on the device (Weights) with a converted copy. `owner`
+// keeps the file mappings alive as long as a tensor uses them.
+void materialize(Tensor& p, const io::TensorEntry& e, const std::uint8_t* bytes,
+                 const std::shared_ptr<const void>& owner, const std::string& what, bool prefault,
+                 Device device) {
   TensorImpl& impl = *p.impl();
   KILN_CHECK(p.is_contiguous() && p.offset() == 0,
              "[load_safetensors] {}: a parameter to load must be a whole contiguous tensor", what);
   const DType file_dtype = dtype_from_safetensors(e.dtype);
-  if (file_dtype == p.dtype() &&
-      reinterpret_cast<std::uintptr_t>(bytes) % dtype_size(file_dtype) == 0) {
-    impl.storage = std::make_shared<Storage>(bytes, e.nbytes(), MemCategory::Weights, owner);
+  const Tensor in_place =
+      file_dtype == p.dtype()
+          ? host_bytes_in_place(bytes, static_cast<std::int64_t>(e.nbytes()), p.shape(), file_dtype,
+                                owner, device, MemCategory::Weights)
+          : Tensor();
+  if (in_place.defined()) {
+    impl.storage = in_place.storage();
     impl.offset = 0;
     // Page-table entries now rather than faults in the first forward (io::prefault_mapping);
     // best effort, so a false (an older kernel) changes nothing but when the faults happen.
@@ -126,8 +133,8 @@ void materialize_on_cpu(Tensor& p, const io::TensorEntry& e, const std::uint8_t*
     t = tensor_from_bytes(e.dtype, e.shape, bytes, e.nbytes(), what);
   }
   MemoryScope scope(MemCategory::Weights);
-  Tensor dst = Tensor::empty(p.shape(), p.dtype(), Device::cpu());
-  dst.copy_(t);
+  Tensor dst = Tensor::empty(p.shape(), p.dtype(), device);
+  dst.copy_(t);  // converts, and moves to the device when it is not the host
   impl.storage = dst.storage();
   impl.offset = 0;
 }
@@ -178,14 +185,14 @@ void load_safetensors(nn::Module& m, const std::string& path_or_dir, const LoadO
 
   const std::shared_ptr<const void> owner = shared_src;
   for (auto& [name, p] : params) {
-    if (p.device().is_meta() && !options.materialize_on_cpu) continue;
+    if (p.device().is_meta() && !options.materialize_on) continue;
     auto f = src.find(name);
     const io::TensorEntry& e = *f->first;
     if (p.device().is_meta()) {
       const bool by_rows = std::find(options.read_by_rows.begin(), options.read_by_rows.end(),
                                      name) != options.read_by_rows.end();
-      materialize_on_cpu(p, e, f->second, owner, fmt::format("{} (tensor {})", path_or_dir, name),
-                         !by_rows);
+      materialize(p, e, f->second, owner, fmt::format("{} (tensor {})", path_or_dir, name),
+                  !by_rows, *options.materialize_on);
       continue;
     }
     // The mapped bytes may be unaligned for their type: copy into an aligned

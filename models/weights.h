@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,11 +40,12 @@ struct LoadOptions {
   bool ignore_tied_lm_head = false;
   // Other names in the file to skip silently.
   std::vector<std::string> ignore;
-  // Inference on the CPU: parameters on meta (a model built there, no memory) get CPU storage.
-  // Where the file holds a tensor in the parameter's dtype (bf16 weights for a bf16 model), the
-  // tensor is used in place in the read-only file mapping, not copied: the memory report counts
-  // those bytes as mapped, and writing them faults. Other tensors are converted into CPU memory.
-  bool materialize_on_cpu = false;
+  // Inference: parameters on meta (a model built there, no memory) get storage on this device.
+  // On the CPU, where the file holds a tensor in the parameter's dtype (bf16 weights for a bf16
+  // model), the tensor is used in place in the read-only file mapping, not copied
+  // (tensor/host_bytes.h): the memory report counts those bytes as mapped, and writing them
+  // faults. Other tensors, and every tensor on another device, are converted into its memory.
+  std::optional<Device> materialize_on;
   // Tensors used in place are paged in at load (io::prefault_mapping), so the first forward takes
   // no page faults; except these, which are only read a few rows at a time (an embedding table
   // that is not also the LM head): paging in Qwen3-8B's would add 1.2 GB of resident memory for
@@ -58,7 +60,7 @@ struct LoadOptions {
 // Before any value is copied, every parameter must be present with the right
 // shape and the file must hold no other names; otherwise one kiln::Error lists
 // the missing, unexpected and mis-shaped names. Meta parameters are validated
-// but not written, unless options.materialize_on_cpu.
+// but not written, unless options.materialize_on.
 void load_safetensors(nn::Module& m, const std::string& path_or_dir,
                       const LoadOptions& options = {});
 

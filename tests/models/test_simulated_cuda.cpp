@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "models/decoder.h"
+#include "models/generation_config.h"
 #include "models/sampling.h"
 #include "models/trainer.h"
 #include "tensor/memory.h"
@@ -109,6 +110,40 @@ TEST(SimulatedCuda, GenerateKeepsEveryTensorOnTheDevice) {
     // Prompt + 4 fed-back tokens are in the cache; the last sampled one is pending.
     EXPECT_EQ(session.cached(), 7 + 4);
   }
+}
+
+// `kiln generate --model <folder> --device cuda`'s load: the model is built on meta and every
+// weight materialized on the device (a converted copy; only the CPU uses file bytes in place),
+// the rope tables made there too, then a generation runs with every tensor on the device.
+TEST(SimulatedCuda, LoadingAFolderPutsEveryWeightOnTheDevice) {
+  const fs::path dir = fs::temp_directory_path() / "kiln_test_simulated_cuda_load";
+  fs::remove_all(dir);
+  {
+    models::DecoderModel src(test_hf::tiny_qwen3(/*tied=*/false), 3, DType::F32, Device::cpu());
+    test_hf::write_hf_folder(src, dir, nullptr, DType::BF16);
+  }
+  SimulateCuda sim;
+  for (DType dt : {DType::BF16, DType::F32}) {  // bf16: the file's dtype; f32: converted
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    models::ModelSource s;
+    s.model = dir.string();
+    s.dtype = dt;
+    s.device = Device::meta();  // the simulated CUDA device
+    const models::LoadedModel l = models::load_model(s);
+    for (const auto& [name, p] : l.model->named_parameters()) {
+      EXPECT_TRUE(p.device().is_meta()) << name;
+      EXPECT_FALSE(p.storage()->mapped()) << name << " is file bytes in place, not on the device";
+      EXPECT_EQ(p.dtype(), dt) << name;
+    }
+    ASSERT_NE(l.model->rope, nullptr);
+    models::GenerationSession session(*l.model, 16);
+    models::GenerateOptions g;
+    g.max_new_tokens = 3;
+    g.sampling.temperature = 0;
+    const std::vector<std::int32_t> prompt = {1, 2, 3};
+    EXPECT_EQ(session.generate(prompt, g, [](std::int32_t) { return true; }).new_tokens, 3);
+  }
+  fs::remove_all(dir);
 }
 
 // The refusal these tests rely on: a host tensor handed to a device op fails by name, from the
