@@ -11,6 +11,7 @@
 
 #include "kernels/common/quant.h"
 #include "kernels/cpu/gemv_quant.h"  // quant_gemv_max_rows
+#include "kernels/cpu/isa.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
@@ -149,45 +150,60 @@ TEST(Dequantize, KQuantsAreLlamaCppsValues) {
 
 // ---- linear_quant -----------------------------------------------------------------------------
 
+// This CPU's level, then (when they differ) the highest level without the 16-row tiles, where
+// quant_gemv_max_rows is kQuantGemvMaxRows and more rows take the dequantized slices.
+std::vector<cpu::CpuIsa> slices_and_detected_levels() {
+  const cpu::CpuIsa detected = cpu::cpu_isa_detected();
+  const cpu::CpuIsa below = std::min(detected, cpu::CpuIsa::Avx512);
+  if (below == detected) return {detected};
+  return {detected, below};
+}
+
 // Decode rows (the int8 GEMV): within the x quantization's bound of ops::linear on the
 // dequantized weight, |err| <= sum_i |w_i| max|x| / 254 per output (x moves by at most half a
 // code, d_x / 2 = max|x| / 254), plus f32 rounding; the kernel's exact bound is
 // tests/kernels/test_gemv_quant.cpp's. Prefill rows (dequantized slices through the float
-// Linear): the same GEMM on the same weights, so f32 rounding only.
+// Linear): the same GEMM on the same weights, so f32 rounding only. Run at this CPU's level and
+// below AVX512-VNNI, where the GEMV stops at kQuantGemvMaxRows rows and the slices take more.
 TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
-  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
-    const auto& q = quant::quant_info(t);
-    const std::int64_t N = 6, K = 2 * q.block_size;
-    const Tensor blocks = t == QuantType::Q8_0 ? quantize_q8_0(weights(N * K, 7))
-                                               : kquant_blocks(t, N * 2, 33 + int(t));
-    const Tensor w = ops::dequantize(blocks, t, {N, K});
-    Generator g(9);
-    const Tensor bias = ops::randn({N}, g);
-    const std::int64_t kGemvRows = cpu::quant_gemv_max_rows(t);  // more take the slices
-    for (std::int64_t rows : {std::int64_t{1}, std::int64_t{3}, kGemvRows, kGemvRows + 4}) {
-      const Tensor x = ops::randn({rows, K}, g);
-      const std::vector<float> got = ops::linear_quant(x, blocks, t, N, bias).to_float_vector();
-      const std::vector<float> want = ops::linear(x, w, bias).to_float_vector();
-      const std::vector<float> xs = x.to_float_vector(), ws = w.to_float_vector();
-      for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t n = 0; n < N; ++n) {
-          double wabs = 0, xmax = 0, s = 0;
-          for (std::int64_t k = 0; k < K; ++k) {
-            wabs += std::fabs(ws[n * K + k]);
-            xmax = std::max<double>(xmax, std::fabs(xs[r * K + k]));
-            s += std::fabs(ws[n * K + k] * xs[r * K + k]);
+  for (cpu::CpuIsa level : slices_and_detected_levels())
+    for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+      cpu::ScopedCpuIsa cap(level);
+      const auto& q = quant::quant_info(t);
+      const std::int64_t N = 6, K = 2 * q.block_size;
+      const Tensor blocks = t == QuantType::Q8_0 ? quantize_q8_0(weights(N * K, 7))
+                                                 : kquant_blocks(t, N * 2, 33 + int(t));
+      const Tensor w = ops::dequantize(blocks, t, {N, K});
+      Generator g(9);
+      const Tensor bias = ops::randn({N}, g);
+      const std::int64_t kGemvRows = cpu::quant_gemv_max_rows(t);  // more take the slices
+      const std::int64_t edge = cpu::kQuantGemvMaxRows;
+      for (std::int64_t rows : {std::int64_t{1}, std::int64_t{3}, edge, edge + 4}) {
+        const Tensor x = ops::randn({rows, K}, g);
+        const std::vector<float> got = ops::linear_quant(x, blocks, t, N, bias).to_float_vector();
+        const std::vector<float> want = ops::linear(x, w, bias).to_float_vector();
+        const std::vector<float> xs = x.to_float_vector(), ws = w.to_float_vector();
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t n = 0; n < N; ++n) {
+            double wabs = 0, xmax = 0, s = 0;
+            for (std::int64_t k = 0; k < K; ++k) {
+              wabs += std::fabs(ws[n * K + k]);
+              xmax = std::max<double>(xmax, std::fabs(xs[r * K + k]));
+              s += std::fabs(ws[n * K + k] * xs[r * K + k]);
+            }
+            const double tol = (rows <= kGemvRows ? wabs * xmax / 254.0 : 0.0) + 1e-5 * (s + 1);
+            ASSERT_NEAR(got[r * N + n], want[r * N + n], tol)
+                << q.name << " rows " << rows << " (" << r << ", " << n << ") level "
+                << cpu::cpu_isa_name(level);
           }
-          const double tol = (rows <= kGemvRows ? wabs * xmax / 254.0 : 0.0) + 1e-5 * (s + 1);
-          ASSERT_NEAR(got[r * N + n], want[r * N + n], tol)
-              << q.name << " rows " << rows << " (" << r << ", " << n << ")";
-        }
+      }
     }
-  }
 }
 
 // More W rows than one prefill slice holds (4 MiB of f32 weights: 4096 rows of 256): the slices
 // land in their own columns, with their bias.
 TEST(LinearQuant, PrefillSlicesCoverEveryColumn) {
+  cpu::ScopedCpuIsa cap(slices_and_detected_levels().back());  // the slices run below VNNI
   const std::int64_t N = 4100, K = 256,
                      rows = cpu::quant_gemv_max_rows(QuantType::Q8_0) + 1;  // the slices' path
   const Tensor blocks = quantize_q8_0(weights(N * K, 11));
