@@ -350,8 +350,34 @@ void quantize_row_q8(const X* x, std::int64_t K, BlockQ8* out) {
   for (std::int64_t b = 0; b < K / 32; ++b) out[b].d = quantize_block(x + 32 * b, 32, out[b].q);
 }
 
+#if KILN_CPU_X86
+// quantize_row_q8_k's arithmetic, 16 lanes at a time (each vector is one of the 16 sums).
+template <typename X>
+KILN_TARGET_AVX512 void quantize_row_q8_k_avx512(const X* x, std::int64_t K, BlockQ8K* out) {
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (std::int64_t b = 0; b < K / 256; ++b) {
+    const X* xb = x + 256 * b;
+    __m512 m = _mm512_setzero_ps();
+    for (int g = 0; g < 16; ++g) m = _mm512_max_ps(m, _mm512_abs_ps(load_x16(xb + 16 * g)));
+    const float amax = _mm512_reduce_max_ps(m);
+    out[b].d = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    for (int g = 0; g < 16; ++g) {
+      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(load_x16(xb + 16 * g), id),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q + 16 * g), _mm512_cvtepi32_epi8(q));
+      out[b].bsums[g] = static_cast<std::int16_t>(_mm512_reduce_add_epi32(q));
+    }
+  }
+}
+#endif
+
 template <typename X>
 void quantize_row_q8_k(const X* x, std::int64_t K, BlockQ8K* out) {
+#if KILN_CPU_X86
+  if (cpu_has(CpuIsa::Avx512)) return quantize_row_q8_k_avx512(x, K, out);
+#endif
   for (std::int64_t b = 0; b < K / 256; ++b) {
     out[b].d = quantize_block(x + 256 * b, 256, out[b].q);
     for (int g = 0; g < 16; ++g) {

@@ -160,23 +160,29 @@ TEST(GemvQuant, QuantizersRoundEachValueToTheNearestCode) {
   }
 }
 
-// The Q8 x quantizer gives the same bytes at every level, for f32 and bf16 rows: random blocks,
-// an all-zero block, and a block of exact ties (amax 127, so x * 127 / amax = x: k + 0.5 rounds
-// to even).
-TEST(GemvQuant, Q8QuantizerIsTheSameBytesAtEveryLevel) {
-  std::vector<float> x = random_x(32 * 6, 6, 2.0f);
+// The Q8 and Q8_K x quantizers give the same bytes at every level, for f32 and bf16 rows: random
+// blocks, an all-zero block, and a block of exact ties (amax 127, so x * 127 / amax = x: k + 0.5
+// rounds to even); Q8_K over the ties block and the 224 random values after it.
+TEST(GemvQuant, Q8QuantizersAreTheSameBytesAtEveryLevel) {
+  std::vector<float> x = random_x(32 * 12, 6, 2.0f);
   std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
   for (int j = 0; j < 32; ++j) x[128 + j] = j == 0 ? 127.0f : (j % 2 ? 1 : -1) * (j / 2 + 0.5f);
   std::vector<bf16> xb(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) xb[i] = cpu::from_compute<bf16>(x[i]);
   auto bytes = [&](bool half) {
     std::vector<cpu::BlockQ8> q(x.size() / 32);
-    if (half)
-      cpu::quantize_row_q8(xb.data(), static_cast<std::int64_t>(x.size()), q.data());
-    else
-      cpu::quantize_row_q8(x.data(), static_cast<std::int64_t>(x.size()), q.data());
-    std::vector<std::uint8_t> out(q.size() * sizeof(cpu::BlockQ8));
-    std::memcpy(out.data(), q.data(), out.size());
+    std::vector<cpu::BlockQ8K> qk(1);
+    const std::int64_t n = static_cast<std::int64_t>(x.size());
+    if (half) {
+      cpu::quantize_row_q8(xb.data(), n, q.data());
+      cpu::quantize_row_q8_k(xb.data() + 32 * 4, 256, qk.data());  // from the ties block
+    } else {
+      cpu::quantize_row_q8(x.data(), n, q.data());
+      cpu::quantize_row_q8_k(x.data() + 32 * 4, 256, qk.data());
+    }
+    std::vector<std::uint8_t> out(q.size() * sizeof(cpu::BlockQ8) + sizeof(cpu::BlockQ8K));
+    std::memcpy(out.data(), q.data(), q.size() * sizeof(cpu::BlockQ8));
+    std::memcpy(out.data() + q.size() * sizeof(cpu::BlockQ8), qk.data(), sizeof(cpu::BlockQ8K));
     return out;
   };
   for (bool half : {false, true}) {
