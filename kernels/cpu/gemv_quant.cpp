@@ -253,8 +253,15 @@ std::int64_t tile_x_ints(QuantType t) {
   return t == QuantType::Q8_0 ? 1 : t == QuantType::Q4_K ? 4 : 8;
 }
 
-// Whether type t runs on the 16-row tiles (gemv_quant_tiles.h) at the current level.
-bool uses_tiles(QuantType) { return use_vnni(); }
+// The W rows per tile (gemv_quant_tiles.h) of type t at the current level: 16 with
+// AVX512-VNNI; 8 with AVX2 for the K-quants; else 0 (one W row at a time). Q8_0's AVX2 tile
+// (sign(x, w) per row and chunk) decoded Qwen3-0.6B at 30-31 tok/s against 35 for the one-row
+// kernel (KILN_CPU_ISA=avx2 on an AMD EPYC, 2 threads, 2026-11-27), so it is not used; the K-quant
+// tiles took q4_k_m decode from 27-30 to 35 and prefill of 128 from 78-85 to 173-188.
+std::int64_t tile_width(QuantType t) {
+  if (use_vnni()) return 16;
+  return t != QuantType::Q8_0 && cpu_has(CpuIsa::Avx2) ? 8 : 0;
+}
 
 std::int64_t x_block_bytes(QuantType t) {
   return t == QuantType::Q8_0 ? static_cast<std::int64_t>(sizeof(BlockQ8))
@@ -297,8 +304,10 @@ DotFn pick_dot(QuantType t) {
 
 bool gemv_quant_uses_vnni() { return use_vnni(); }
 
+std::int64_t gemv_quant_tile_width(QuantType t) { return tile_width(t); }
+
 std::int64_t quant_gemv_max_rows(QuantType t) {
-  return uses_tiles(t) && !cpu_has(CpuIsa::Amx) ? kQuantGemvTileMaxRows : kQuantGemvMaxRows;
+  return tile_width(t) > 0 && !cpu_has(CpuIsa::Amx) ? kQuantGemvTileMaxRows : kQuantGemvMaxRows;
 }
 
 float dot_q8_0(const std::uint8_t* w, const BlockQ8* x, std::int64_t nb) {
@@ -407,16 +416,17 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
   const DotFn dot = pick_dot(t);
   const bool parallel = N * row_bytes >= kParallelMinBytes;
 #if KILN_CPU_X86
-  if (uses_tiles(t) && row_bytes <= (std::int64_t{1} << 26)) {  // tile row offsets are int32
-    // Columns below N16 in tiles of 16 (gemv_quant_tiles.h); the last N % 16 one at a time (for
-    // Q8_0 up to 4 x rows per pass over a weight row, dot_q8_0_vnni_rows, bit-identical to one
-    // at a time). Which kernel a column takes depends only on N, so a row's result does not
-    // depend on M.
-    const std::int64_t N16 = N / 16 * 16;
+  const std::int64_t width = tile_width(t);
+  if (width > 0 && row_bytes <= (std::int64_t{1} << 26)) {  // tile row offsets are int32
+    // Columns below N16 in tiles of `width` (gemv_quant_tiles.h); the last N % width one at a
+    // time (for Q8_0 on VNNI up to 4 x rows per pass over a weight row, dot_q8_0_vnni_rows,
+    // bit-identical to one at a time). Which kernel a column takes depends only on N and the
+    // level, so a row's result does not depend on M.
+    const std::int64_t N16 = N / width * width;
     for (std::int64_t n = N16; n < N; ++n) {
       const std::uint8_t* wr = w + n * row_bytes;
       const float b = bias != nullptr ? to_compute(bias[n]) : 0.0f;
-      if (t != QuantType::Q8_0) {
+      if (t != QuantType::Q8_0 || width != 16) {
         for (std::int64_t m = 0; m < M; ++m)
           y[m * ldy + n] = from_compute<Y>(dot(wr, xq + m * xstride, nb) + b);
         continue;
@@ -449,17 +459,22 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
     }
     const bool tiles_parallel = N16 * row_bytes >= kParallelMinBytes;
 #pragma omp parallel for schedule(static) if (tiles_parallel)
-    for (std::int64_t g = 0; g < N16 / 16; ++g) {
-      const std::int64_t n0 = 16 * g;
+    for (std::int64_t g = 0; g < N16 / width; ++g) {
+      const std::int64_t n0 = width * g;
       alignas(64) float acc[16 * kTileRows];
       for (std::int64_t m0 = 0; m0 < M; m0 += kTileRows) {
         const std::int64_t rows = std::min(kTileRows, M - m0);
-        tile(w + n0 * row_bytes, row_bytes, xq + m0 * xstride, xstride, x_extra + m0 * nb * extra,
-             nb, rows, acc);
+        const std::uint8_t* wt = w + n0 * row_bytes;
+        const std::uint8_t* xt = xq + m0 * xstride;
+        const std::int32_t* et = x_extra + m0 * nb * extra;
+        if (width == 16)
+          tile(wt, row_bytes, xt, xstride, et, nb, rows, acc);
+        else
+          tiles::gemv_tile8_avx2(t, wt, row_bytes, xt, xstride, et, nb, rows, acc);
         for (std::int64_t m = 0; m < rows; ++m)
-          for (int j = 0; j < 16; ++j) {
+          for (std::int64_t j = 0; j < width; ++j) {
             const float b = bias != nullptr ? to_compute(bias[n0 + j]) : 0.0f;
-            y[(m0 + m) * ldy + n0 + j] = from_compute<Y>(acc[16 * m + j] + b);
+            y[(m0 + m) * ldy + n0 + j] = from_compute<Y>(acc[width * m + j] + b);
           }
       }
     }

@@ -94,5 +94,8 @@ float dot_q6_k(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb);
 
 // Whether dot_q8_0 uses VNNI at the current level (for the tests' and bench's labels).
 bool gemv_quant_uses_vnni();
+// The W rows per tile (kernels/cpu/gemv_quant_tiles.h) type t runs on at the current level: 16
+// with AVX512-VNNI, 8 for the K-quants with AVX2, 0 where one W row runs at a time.
+std::int64_t gemv_quant_tile_width(quant::QuantType t);
 
 }  // namespace kiln::cpu

@@ -1,8 +1,8 @@
 // The quantized GEMV's 16-row tiles on AVX512-VNNI (internal to kernels/cpu/gemv_quant.cpp,
 // which picks them; the math of each is in gemv_quant_tiles.cpp).
 //
-// A tile is 16 consecutive W rows, one lane of a 512-bit vector per row: each 32-byte run of
-// quantized values of the 16 rows is loaded from GGUF's layout in place and transposed in
+// A tile is 16 consecutive W rows (8 on AVX2), one 32-bit lane of a vector per row: each 32-byte
+// run of quantized values of the 16 rows is loaded from GGUF's layout in place and transposed in
 // registers, so that vpdpbusd with a broadcast dword of x adds 4 products to each of the 16 rows'
 // sums. The transpose and the per-block scale work are paid once for all M rows of x; the
 // int32 -> f32 conversion and fmadd per block serve 16 rows at once.
@@ -41,5 +41,11 @@ void gemv_q6_k_tile16(const std::uint8_t* w, std::int64_t row_bytes, const std::
 // Per x block (n of them), its 16 bsums as eight pairs of i16: for j = 0..3, (bsums[4j],
 // bsums[4j + 2]) and (bsums[4j + 1], bsums[4j + 3]).
 void q6_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs);
+
+// AVX2 (gemv_quant_tiles_avx2.cpp): the same tiles on 8 W rows (acc[8 m + j]), for Q4_K and
+// Q6_K, with the same x extras; each output's bits are the 16-row tile's.
+void gemv_tile8_avx2(quant::QuantType t, const std::uint8_t* w, std::int64_t row_bytes,
+                     const std::uint8_t* x, std::int64_t xstride, const std::int32_t* x_extra,
+                     std::int64_t nb, std::int64_t M, float* acc);
 
 }  // namespace kiln::cpu::tiles

@@ -301,8 +301,9 @@ TEST(GemvQuant, Bf16RowsAndAThreadedShape) {
   }
 }
 
-// The VNNI path's tiles of 16 W rows (every type), with a tail of 5 rows after two tiles,
-// and more x rows than one pass over a tile takes (32), against the reference at every level.
+// The tiles of 16 W rows (AVX512-VNNI) or 8 (AVX2), for every type, with a tail of 5 rows after
+// the tiles, and more x rows than one pass over a tile takes (32), against the reference at every
+// level.
 TEST(GemvQuant, TilesOf16WeightRowsAndATail) {
   for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
     const std::int64_t K = 3 * info(t).block_size;
@@ -369,29 +370,71 @@ float tile_formula(QuantType t, const std::uint8_t* wrow, const std::uint8_t* xq
 }
 
 TEST(GemvQuant, TilesComputeTheirStatedFormulaBitForBit) {
-  if (!cpu::gemv_quant_uses_vnni())
-    GTEST_SKIP() << "[expected-skip] the 16-row tiles run only with AVX512-VNNI, which this CPU "
-                    "lacks (detected "
-                 << cpu::cpu_isa_name(cpu::cpu_isa_detected()) << ")";
+  if (!cpu::cpu_has(cpu::CpuIsa::Avx2))
+    GTEST_SKIP() << "[expected-skip] the tiles run with AVX2 or AVX512-VNNI; this CPU has "
+                 << cpu::cpu_isa_name(cpu::cpu_isa_detected());
+  for (cpu::CpuIsa level : supported_levels())
+    for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+      cpu::ScopedCpuIsa cap(level);
+      if (cpu::gemv_quant_tile_width(t) == 0) continue;  // one W row at a time: another formula
+      const std::int64_t M = 3, N = 32, nb = 5, K = nb * info(t).block_size;
+      const auto w = blocks_of(t, N * nb, 120);
+      const std::vector<float> x = random_x(M * K, 121, 3.0f);
+      std::vector<float> y(M * N);
+      std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, M, K));
+      cpu::gemv_quant<float, float>(t, M, N, K, x.data(), K, w.data(), nullptr, y.data(), N,
+                                    scratch.data());
+      const std::int64_t xbytes =
+          t == QuantType::Q8_0 ? sizeof(cpu::BlockQ8) : sizeof(cpu::BlockQ8K);
+      for (std::int64_t m = 0; m < M; ++m) {
+        std::vector<std::uint8_t> xq(nb * xbytes);
+        if (t == QuantType::Q8_0)
+          cpu::quantize_row_q8(x.data() + m * K, K, reinterpret_cast<cpu::BlockQ8*>(xq.data()));
+        else
+          cpu::quantize_row_q8_k(x.data() + m * K, K, reinterpret_cast<cpu::BlockQ8K*>(xq.data()));
+        for (std::int64_t n = 0; n < N; ++n)
+          ASSERT_EQ(y[m * N + n],
+                    tile_formula(t, w.data() + n * nb * info(t).block_bytes, xq.data(), nb))
+              << info(t).name << " row " << m << " col " << n << " level "
+              << cpu::cpu_isa_name(level);
+      }
+    }
+}
+
+// The largest codes against x = 127 everywhere, through whole tiles (16 W rows) at every level:
+// the i16 sums the AVX2 tiles and kernels keep before widening are at their limits here (Q8_0
+// pairs 128 * 127 * 2, Q4_K 8 chunks of 15 * 127 * 2, Q6_K 2 chunks of 63 * 127 * 2), so a
+// saturating or overflowing sum shows as a wrong output.
+TEST(GemvQuant, TilesDoNotSaturateAtTheExtremeCodes) {
   for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
-    const std::int64_t M = 3, N = 32, nb = 5, K = nb * info(t).block_size;
-    const auto w = blocks_of(t, N * nb, 120);
-    const std::vector<float> x = random_x(M * K, 121, 3.0f);
-    std::vector<float> y(M * N);
-    std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, M, K));
-    cpu::gemv_quant<float, float>(t, M, N, K, x.data(), K, w.data(), nullptr, y.data(), N,
-                                  scratch.data());
-    const std::int64_t xbytes = t == QuantType::Q8_0 ? sizeof(cpu::BlockQ8) : sizeof(cpu::BlockQ8K);
-    for (std::int64_t m = 0; m < M; ++m) {
-      std::vector<std::uint8_t> xq(nb * xbytes);
-      if (t == QuantType::Q8_0)
-        cpu::quantize_row_q8(x.data() + m * K, K, reinterpret_cast<cpu::BlockQ8*>(xq.data()));
-      else
-        cpu::quantize_row_q8_k(x.data() + m * K, K, reinterpret_cast<cpu::BlockQ8K*>(xq.data()));
-      for (std::int64_t n = 0; n < N; ++n)
-        ASSERT_EQ(y[m * N + n],
-                  tile_formula(t, w.data() + n * nb * info(t).block_bytes, xq.data(), nb))
-            << info(t).name << " row " << m << " col " << n;
+    const std::int64_t N = 16, nb = 2, K = nb * info(t).block_size;
+    std::vector<std::uint8_t> w(N * nb * info(t).block_bytes, 0xFF);
+    for (std::int64_t b = 0; b < N * nb; ++b) {
+      std::uint8_t* blk = w.data() + b * info(t).block_bytes;
+      if (t == QuantType::Q8_0) {
+        blk[0] = 0x00, blk[1] = 0x3c;                    // d = 1
+        for (int j = 0; j < 32; ++j) blk[2 + j] = 0x80;  // -128: |w| * sign(x, w) pairs -32512
+      } else if (t == QuantType::Q4_K) {
+        blk[0] = 0x00, blk[1] = 0x3c;  // d = 1
+        blk[2] = 0x00, blk[3] = 0x00;  // dmin = 0; scales and codes all ones: 63 and 15
+      } else {
+        for (int g = 0; g < 16; ++g) blk[192 + g] = g % 2 ? 0x80 : 0x7f;  // scales -128, 127
+        blk[208] = 0x00, blk[209] = 0x3c;                                 // d = 1; codes 63
+      }
+    }
+    const std::vector<float> x(K, 1.0f);  // every code 127
+    const std::vector<double> xq = quantized_row(t, x.data(), K);
+    std::vector<float> y(N);
+    std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, 1, K));
+    for (cpu::CpuIsa level : supported_levels()) {
+      cpu::ScopedCpuIsa cap(level);
+      cpu::gemv_quant<float, float>(t, 1, N, K, x.data(), K, w.data(), nullptr, y.data(), N,
+                                    scratch.data());
+      for (std::int64_t n = 0; n < N; ++n) {
+        const Ref r = reference_dot(t, w.data() + n * nb * info(t).block_bytes, K, xq);
+        ASSERT_NEAR(y[n], r.value, (nb + 9) * std::ldexp(1.0, -24) * r.scale)
+            << info(t).name << " level " << cpu::cpu_isa_name(level) << " col " << n;
+      }
     }
   }
 }

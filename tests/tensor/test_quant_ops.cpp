@@ -150,13 +150,12 @@ TEST(Dequantize, KQuantsAreLlamaCppsValues) {
 
 // ---- linear_quant -----------------------------------------------------------------------------
 
-// This CPU's level, then (when they differ) the highest level without the 16-row tiles, where
+// This CPU's level, then (when they differ) the scalar level, where no type runs on the tiles,
 // quant_gemv_max_rows is kQuantGemvMaxRows and more rows take the dequantized slices.
 std::vector<cpu::CpuIsa> slices_and_detected_levels() {
   const cpu::CpuIsa detected = cpu::cpu_isa_detected();
-  const cpu::CpuIsa below = std::min(detected, cpu::CpuIsa::Avx512);
-  if (below == detected) return {detected};
-  return {detected, below};
+  if (detected == cpu::CpuIsa::Scalar) return {detected};
+  return {detected, cpu::CpuIsa::Scalar};
 }
 
 // Decode rows (the int8 GEMV): within the x quantization's bound of ops::linear on the
@@ -164,7 +163,7 @@ std::vector<cpu::CpuIsa> slices_and_detected_levels() {
 // code, d_x / 2 = max|x| / 254), plus f32 rounding; the kernel's exact bound is
 // tests/kernels/test_gemv_quant.cpp's. Prefill rows (dequantized slices through the float
 // Linear): the same GEMM on the same weights, so f32 rounding only. Run at this CPU's level and
-// below AVX512-VNNI, where the GEMV stops at kQuantGemvMaxRows rows and the slices take more.
+// at the scalar level, where the GEMV stops at kQuantGemvMaxRows rows and the slices take more.
 TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
   for (cpu::CpuIsa level : slices_and_detected_levels())
     for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
@@ -203,7 +202,7 @@ TEST(LinearQuant, DecodeAndPrefillRowsAgreeWithLinearOnTheDequantizedWeight) {
 // More W rows than one prefill slice holds (4 MiB of f32 weights: 4096 rows of 256): the slices
 // land in their own columns, with their bias.
 TEST(LinearQuant, PrefillSlicesCoverEveryColumn) {
-  cpu::ScopedCpuIsa cap(slices_and_detected_levels().back());  // the slices run below VNNI
+  cpu::ScopedCpuIsa cap(slices_and_detected_levels().back());  // where the slices run
   const std::int64_t N = 4100, K = 256,
                      rows = cpu::quant_gemv_max_rows(QuantType::Q8_0) + 1;  // the slices' path
   const Tensor blocks = quantize_q8_0(weights(N * K, 11));
