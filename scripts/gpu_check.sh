@@ -230,6 +230,9 @@ main() {
  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
  "max_position_embeddings": 64, "tie_word_embeddings": false}
 JSON
+  # The same with Qwen's vocabulary, for a folder of random weights (its generation_config.json
+  # names Qwen's eos id): smoke_generate_folder loads it the way a real model loads.
+  sed 's/"vocab_size": 300/"vocab_size": 151936/' "$work/run/config.json" >"$work/run/config_qwen_vocab.json"
   run_stages
 }
 

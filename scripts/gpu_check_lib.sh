@@ -131,6 +131,9 @@ gpu_check_plan() {
       echo "smoke_runtime|gtest|120|tests|$e|./test_kernels --gtest_filter=CudaErrors.*:CudaDevices.*:CudaDevice.*:CudaRuntime.*"
       echo "smoke_train|cmd|120|run|$e|@kiln train --device cuda --data t.txt --steps 2 --batch 2 --seq 16 --eval-interval 2 --eval-batches 1 --progress 0 --log-interval 1 --out train_smoke --overwrite"
       echo "smoke_generate|cmd|120|run|$e|@kiln generate --device cuda --dtype bf16 --random-weights --config config.json --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
+      # A Hugging Face folder on the GPU: built on meta, each weight materialized on the device.
+      echo "smoke_write_folder|cmd|60|run|$e|=bundle/bench/kiln_write_random_safetensors --config config_qwen_vocab.json --out smoke_folder --dtype bf16"
+      echo "smoke_generate_folder|cmd|120|run|$e|@kiln generate --device cuda --dtype bf16 --model smoke_folder --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --temperature 0"
       # kiln serve on the GPU: a tiny random Qwen3 over loopback HTTP (scripts/gpu_serve_check.sh).
       echo "smoke_serve|cmd|120|run|$e|%serve_check smoke @kiln"
       ;;

@@ -127,7 +127,7 @@ cat >"$bundle/bench/kiln_write_random_safetensors" <<'EOF'
 #!/usr/bin/env bash
 out=""
 while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
-sleep "${FAKE_WRITE_SLEEP:-0}"
+[ "$out" = smoke_folder ] || sleep "${FAKE_WRITE_SLEEP:-0}"  # only the 8B folder takes minutes
 mkdir "$out" && echo '{}' >"$out/config.json" && echo x >"$out/model-00001-of-00001.safetensors"
 EOF
 # Python for the peers (PyTorch training step, HF decode); anything else goes to python3.
@@ -190,7 +190,7 @@ check "bench: never synchronous" bash -c "! grep '^bench' <<<'$plan' | grep -q C
 check "every planned limit under 8 minutes" bash -c "! grep -v '^#' <<<'$plan' | cut -d'|' -f3 | awk '\$1 > 480' | grep -q ."
 plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=window "$repo/scripts/gpu_check.sh" "$tmp/dry")
 check "window: the plan, in order ($(steps_of <<<"$plan"))" [ "$(steps_of <<<"$plan")" = "smoke_probe smoke_runtime \
-smoke_train smoke_generate smoke_serve kernels.CudaProbe kernels.CudaDevice tensor.CudaProbe tensor.CudaDevice bench_gpu_vs_torch \
+smoke_train smoke_generate smoke_write_folder smoke_generate_folder smoke_serve kernels.CudaProbe kernels.CudaDevice tensor.CudaProbe tensor.CudaDevice bench_gpu_vs_torch \
 decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate " ]
 check "window: timing steps asynchronous" \
   [ "$(grep -E '^(bench|decode_kiln|decode_hf|serve_8b|decode_ncu)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 8 ]
@@ -226,7 +226,7 @@ o=$tmp/smoke
 run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=smoke
 rc=$?
 check "smoke: exit 0 ($rc)" [ "$rc" = 0 ]
-check "smoke: five steps recorded" [ "$(json "$o" 'len(r["steps"])')" = 5 ]
+check "smoke: seven steps recorded" [ "$(json "$o" 'len(r["steps"])')" = 7 ]
 check "smoke: the expected skip is not a failure" [ "$(json "$o" 'r["totals"]["expected_skipped"]')" = 2 ]
 check "smoke: synchronous launches" grep -q "CUDA_LAUNCH_BLOCKING=1" <(tar -xzOf "$o/logs.tar.gz" logs/smoke_probe.log)
 check "smoke: probe in summary.md" grep -q '^- probe: devices 1' "$o/summary.md"
@@ -245,7 +245,7 @@ run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=window KILN_PYTHON="$tmp/bin/fak
 rc=$?
 check "window: exit 0 ($rc)" [ "$rc" = 0 ]
 check "window: steps in order" [ "$(json "$o" '" ".join(n for n in r["steps"] if not n.startswith(("kernels.", "tensor.")))')" = \
-  "smoke_probe smoke_runtime smoke_train smoke_generate smoke_serve bench_gpu_vs_torch decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate" ]
+  "smoke_probe smoke_runtime smoke_train smoke_generate smoke_write_folder smoke_generate_folder smoke_serve bench_gpu_vs_torch decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate" ]
 check "window: bench and decode asynchronous" [ "$(json "$o" 'sorted(set(r["timing_env"].values()))')" = "['0']" ]
 check "window: the benchmarks saw asynchronous launches" [ "$(python3 -c 'import json, sys
 print(sorted({x["result"].get("clb") for x in json.load(open(sys.argv[1]))["runs"]}))' "$o/gpu_bench.json")" = "['0']" ]
@@ -303,7 +303,7 @@ check "deadline: exit 4, incomplete ($rc)" [ "$rc" = 4 ]
 echo "deadline: the call took $secs s (deadline 27 s; the step alone sleeps 60 s)"
 check "deadline: status incomplete" [ "$(json "$o" 'r["status"]')" = incomplete ]
 check "deadline: the cut step recorded" [ "$(json "$o" 'r["steps"]["smoke_probe"]["result"]')" = deadline ]
-check "deadline: later steps listed" [ "$(json "$o" '" ".join(r["not_run"])')" = "smoke_probe smoke_runtime smoke_train smoke_generate smoke_serve" ]
+check "deadline: later steps listed" [ "$(json "$o" '" ".join(r["not_run"])')" = "smoke_probe smoke_runtime smoke_train smoke_generate smoke_write_folder smoke_generate_folder smoke_serve" ]
 
 # ---- the logs archive stays under 8 MiB whatever the logs ------------------------------------
 w=$tmp/work
