@@ -19,6 +19,7 @@
 
 namespace fs = std::filesystem;
 using namespace kiln::io;
+using kiln::test::expect_error;
 using nlohmann::json;
 
 namespace {
@@ -31,12 +32,6 @@ std::string temp_path(const std::string& name) {
                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
   fs::create_directories(dir);
   return (dir / name).string();
-}
-
-// The refusal fn throws names `what` (error_of gives "" when nothing is thrown).
-void expect_error(const std::function<void()>& fn, const std::string& what) {
-  const std::string msg = kiln::test::error_of(fn);
-  EXPECT_NE(msg.find(what), std::string::npos) << "expected '" << what << "', got '" << msg << "'";
 }
 
 // Lines of the bundled TinyStories text, and strings that exercise the byte fallback, the dummy

@@ -16,10 +16,12 @@
 #include "models/io/gguf_tokenizer.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/io/unicode_nfc.h"
+#include "tests/error_of.h"
 #include "tests/test_data.h"
 
 namespace fs = std::filesystem;
 using namespace kiln::io;
+using kiln::test::expect_error;
 using nlohmann::json;
 
 namespace {
@@ -38,15 +40,6 @@ std::string slurp(const std::string& p) {
 void spit(const fs::path& p, const std::string& s) {
   std::ofstream f(p, std::ios::binary);
   f << s;
-}
-
-void expect_error(const std::function<void()>& fn, const std::string& what) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error, expected '" << what << "'";
-  } catch (const kiln::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
 }
 
 class TempDir {

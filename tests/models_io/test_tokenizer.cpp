@@ -13,11 +13,13 @@
 
 #include "kernels/common/error.h"
 #include "models/io/tokenizer.h"
+#include "tests/error_of.h"
 #include "tests/test_data.h"
 #include "tests/test_python.h"
 
 namespace fs = std::filesystem;
 using namespace kiln::io;
+using kiln::test::expect_error;
 
 namespace {
 
@@ -39,15 +41,6 @@ std::string to_hex(std::string_view s) {
     h.push_back(d[c & 15]);
   }
   return h;
-}
-
-void expect_error(const std::function<void()>& fn, const std::string& what) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error, expected '" << what << "'";
-  } catch (const kiln::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
 }
 
 class TempDir {
