@@ -25,7 +25,8 @@ Tensor host_bytes_in_place(const void* bytes, std::int64_t nbytes, const Shape& 
 }
 
 void* host_dense_data(const Tensor& t, DType dtype) {
-  if (!t.defined() || !t.device().is_cpu() || t.dtype() != dtype || !t.is_contiguous())
+  if (!t.defined() || !t.device().is_cpu() || t.dtype() != dtype || !t.is_contiguous() ||
+      t.storage()->mapped())  // file bytes in place are read-only
     return nullptr;
   return t.raw_data();
 }

@@ -19,8 +19,9 @@ namespace kiln {
 Tensor host_bytes_in_place(const void* bytes, std::int64_t nbytes, const Shape& shape, DType dtype,
                            std::shared_ptr<const void> owner, Device device, MemCategory category);
 
-// t's first element when t is a contiguous tensor of `dtype` in host memory, where a reader can
-// write its values straight in; else null (the caller reads into a host buffer and copies).
+// t's first element when t is a contiguous tensor of `dtype` in writable host memory (not file
+// bytes used in place), where a reader can write its values straight in; else null (the caller
+// reads into a host buffer and copies).
 void* host_dense_data(const Tensor& t, DType dtype);
 
 }  // namespace kiln

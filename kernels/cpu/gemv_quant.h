@@ -59,11 +59,12 @@ struct BlockQ8K {
 // AVX512-VNNI, 2 threads, 2026-11-27; prefill tok/s, GEMV vs slices): 16 rows 92 vs 47 (Q8_0)
 // and 36 vs 20 (Q4_K_M), 32 rows 98 vs 79 and 38 vs 29, 64 rows 100 vs 103 and 48 vs 56.
 inline constexpr std::int64_t kQuantGemvMaxRows = 32;
-// kQuantGemvTileMaxRows, on the 16-row tiles (AVX512-VNNI): no limit. Measured the same way
-// (Q8_0; GEMV vs slices): 64 rows 490 vs 113, 128 rows 491 vs 131, 256 rows 426 vs 138, 512
-// rows 348 vs 133, 1000 rows 314 vs 132; q4_k_m 512 rows 265 vs 122, 1000 rows 212 vs 137. On
-// an AMX CPU the slices run on AMX-BF16, which was not measured against the tiles: there the
-// smaller limit stays.
+// kQuantGemvTileMaxRows, where a type runs on the tiles (kernels/cpu/gemv_quant_tiles.h:
+// AVX512-VNNI, or the K-quants on AVX2): no limit. Measured the same way (Q8_0 on VNNI; GEMV vs
+// slices): 64 rows 490 vs 113, 128 rows 491 vs 131, 256 rows 426 vs 138, 512 rows 348 vs 133,
+// 1000 rows 314 vs 132; q4_k_m 512 rows 265 vs 122, 1000 rows 212 vs 137; q4_k_m at
+// KILN_CPU_ISA=avx2, 128 rows 173-188 vs 78-85. On an AMX CPU the slices run on AMX-BF16, which
+// was not measured against the tiles: there the smaller limit stays.
 inline constexpr std::int64_t kQuantGemvTileMaxRows = std::numeric_limits<std::int64_t>::max();
 std::int64_t quant_gemv_max_rows(quant::QuantType t);
 // Above it, the weights are dequantized this many bytes (in the compute dtype) at a time, at

@@ -17,8 +17,8 @@ namespace {
 
 TEST(HostBytes, AlignedBytesAreACpuTensorInPlace) {
   auto owner = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6});
-  const Tensor t = host_bytes_in_place(owner->data(), 24, {2, 3}, DType::F32, owner,
-                                       Device::cpu(), MemCategory::Weights);
+  const Tensor t = host_bytes_in_place(owner->data(), 24, {2, 3}, DType::F32, owner, Device::cpu(),
+                                       MemCategory::Weights);
   ASSERT_TRUE(t.defined());
   EXPECT_EQ(t.raw_data(), owner->data());  // the bytes themselves
   EXPECT_TRUE(t.storage()->mapped());
@@ -31,9 +31,9 @@ TEST(HostBytes, AlignedBytesAreACpuTensorInPlace) {
 TEST(HostBytes, OtherDevicesAndMisalignedBytesAreLeftToACopy) {
   auto owner = std::make_shared<std::vector<std::uint8_t>>(64, 0);
   const std::uint8_t* p = owner->data();
-  EXPECT_FALSE(host_bytes_in_place(p, 16, {4}, DType::F32, owner, Device::meta(),
-                                   MemCategory::Weights)
-                   .defined());
+  EXPECT_FALSE(
+      host_bytes_in_place(p, 16, {4}, DType::F32, owner, Device::meta(), MemCategory::Weights)
+          .defined());
   EXPECT_FALSE(
       host_bytes_in_place(p + 2, 16, {4}, DType::F32, owner, Device::cpu(), MemCategory::Weights)
           .defined());
@@ -57,6 +57,10 @@ TEST(HostBytes, ReadersWriteOnlyIntoDenseHostTensorsOfTheirDtype) {
   EXPECT_EQ(host_dense_data(dense.to(DType::BF16), DType::F32), nullptr);
   EXPECT_EQ(host_dense_data(ops::zeros({2, 3}, DType::F32, Device::meta()), DType::F32), nullptr);
   EXPECT_EQ(host_dense_data(Tensor(), DType::F32), nullptr);
+  auto owner = std::make_shared<std::vector<float>>(6, 0.0f);
+  const Tensor mapped = host_bytes_in_place(owner->data(), 24, {2, 3}, DType::F32, owner,
+                                            Device::cpu(), MemCategory::Weights);
+  EXPECT_EQ(host_dense_data(mapped, DType::F32), nullptr) << "file bytes in place are read-only";
 }
 
 }  // namespace
