@@ -88,6 +88,15 @@ KILN_TARGET_AVX512 inline __m512 load_bf16x16(const bf16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+// 16 values at p as floats, for kernels templated on their input's type (f32 or bf16).
+KILN_TARGET_AVX512 inline __m512 load_f32x16(const float* p) { return _mm512_loadu_ps(p); }
+KILN_TARGET_AVX512 inline __m512 load_f32x16(const bf16* p) { return load_bf16x16(p); }
+// The same on 8 lanes (AVX2).
+KILN_TARGET_AVX2 inline __m256 load_f32x8(const float* p) { return _mm256_loadu_ps(p); }
+KILN_TARGET_AVX2 inline __m256 load_f32x8(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
 // The first `count` (0..16) bf16 at p; the other lanes are 0. Reads only those elements.
 KILN_TARGET_AVX512 inline __m512 load_bf16x16_partial(const bf16* p, int count) {
   const __mmask16 m = static_cast<__mmask16>((1u << count) - 1u);

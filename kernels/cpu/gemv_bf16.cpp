@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/common/error.h"
+#include "kernels/cpu/bf16_util.h"
 #include "kernels/cpu/isa.h"
 
 #if KILN_CPU_X86
@@ -121,11 +122,7 @@ struct Avx512Bf16Block {
 KILN_TARGET_AVX512 inline __m512 widen16(__m256i v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
-// 16 values at p as f32 (the first n when masked; the rest zero).
-KILN_TARGET_AVX512 inline __m512 load16(const bf16* p) {
-  return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-KILN_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+// The first n of 16 values at p as f32, the rest zero (whole vectors: load_f32x16).
 KILN_TARGET_AVX512 inline __m512 load16(const bf16* p, int64_t n) {
   return widen16(_mm256_maskz_loadu_epi16(first_lanes16(n), p));
 }
@@ -147,9 +144,9 @@ struct Avx512Block {
                      _MM_HINT_T0);
       for (int h = 0; h < 32; h += 16) {
         __m512 xv[MB];
-        for (int m = 0; m < MB; ++m) xv[m] = load16(x + m * ldx + k + h);
+        for (int m = 0; m < MB; ++m) xv[m] = load_f32x16(x + m * ldx + k + h);
         for (int r = 0; r < RB; ++r) {
-          const __m512 wv = load16(w + r * ldw + k + h);
+          const __m512 wv = load_f32x16(w + r * ldw + k + h);
           for (int m = 0; m < MB; ++m) acc[m][r] = _mm512_fmadd_ps(wv, xv[m], acc[m][r]);
         }
       }
@@ -169,12 +166,6 @@ struct Avx512Block {
 };
 
 // ---- AVX2: the same on 8 lanes, scalar K tail ------------------------------------------------
-
-KILN_TARGET_AVX2 inline __m256 load8(const bf16* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-}
-KILN_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
 KILN_TARGET_AVX2 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -197,9 +188,9 @@ struct Avx2Block {
                      _MM_HINT_T0);
       for (int h = 0; h < 16; h += 8) {
         __m256 xv[MB];
-        for (int m = 0; m < MB; ++m) xv[m] = load8(x + m * ldx + k + h);
+        for (int m = 0; m < MB; ++m) xv[m] = load_f32x8(x + m * ldx + k + h);
         for (int r = 0; r < RB; ++r) {
-          const __m256 wv = load8(w + r * ldw + k + h);
+          const __m256 wv = load_f32x8(w + r * ldw + k + h);
           for (int m = 0; m < MB; ++m) acc[m][r] = _mm256_fmadd_ps(wv, xv[m], acc[m][r]);
         }
       }

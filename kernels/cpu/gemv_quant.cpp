@@ -327,8 +327,6 @@ std::int64_t gemv_quant_scratch_bytes(QuantType t, std::int64_t M, std::int64_t 
 }
 
 #if KILN_CPU_X86
-KILN_TARGET_AVX512 inline __m512 load_x16(const float* p) { return _mm512_loadu_ps(p); }
-KILN_TARGET_AVX512 inline __m512 load_x16(const bf16* p) { return load_bf16x16(p); }
 
 // quantize_block's arithmetic on 32 values, 16 lanes at a time: the same max, the same two
 // divisions, the same products rounded to nearest-even and clamped, so the same bytes.
@@ -336,7 +334,7 @@ template <typename X>
 KILN_TARGET_AVX512 void quantize_row_q8_avx512(const X* x, std::int64_t K, BlockQ8* out) {
   const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
   for (std::int64_t b = 0; b < K / 32; ++b) {
-    const __m512 v0 = load_x16(x + 32 * b), v1 = load_x16(x + 32 * b + 16);
+    const __m512 v0 = load_f32x16(x + 32 * b), v1 = load_f32x16(x + 32 * b + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     out[b].d = amax / 127.0f;
     const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
@@ -367,12 +365,12 @@ KILN_TARGET_AVX512 void quantize_row_q8_k_avx512(const X* x, std::int64_t K, Blo
   for (std::int64_t b = 0; b < K / 256; ++b) {
     const X* xb = x + 256 * b;
     __m512 m = _mm512_setzero_ps();
-    for (int g = 0; g < 16; ++g) m = _mm512_max_ps(m, _mm512_abs_ps(load_x16(xb + 16 * g)));
+    for (int g = 0; g < 16; ++g) m = _mm512_max_ps(m, _mm512_abs_ps(load_f32x16(xb + 16 * g)));
     const float amax = _mm512_reduce_max_ps(m);
     out[b].d = amax / 127.0f;
     const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     for (int g = 0; g < 16; ++g) {
-      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(load_x16(xb + 16 * g), id),
+      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(load_f32x16(xb + 16 * g), id),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       const __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q + 16 * g), _mm512_cvtepi32_epi8(q));

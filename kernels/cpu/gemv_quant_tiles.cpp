@@ -52,12 +52,6 @@ void q6_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs) {
 #if KILN_CPU_X86
 namespace {
 
-inline std::int32_t load_i32(const std::int8_t* p) {
-  std::int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // Rows 0-7 in the low halves and 8-15 in the high halves of r[0..7] (32 bytes each) become
 // vectors whose dword lane j is dword c of row j: the 8x8 dword transpose of each half.
 KILN_TARGET_AVX512VNNI inline void transpose_rows_16x8(const __m512i r[8], __m512i out[8]) {

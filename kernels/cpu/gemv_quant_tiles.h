@@ -12,10 +12,18 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/gemv_quant.h"
 
 namespace kiln::cpu::tiles {
+
+// x's 4 codes at p as one dword, for a broadcast.
+inline std::int32_t load_i32(const std::int8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 // Q8_0. w: row n0's first block; x: M rows of nb BlockQ8, xstride bytes apart; x_corr: M * nb
 // ints from q8_0_x_corr.

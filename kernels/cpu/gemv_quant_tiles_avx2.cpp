@@ -28,12 +28,6 @@ namespace {
 
 #define KILN_TARGET_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
 
-inline std::int32_t load_i32(const std::int8_t* p) {
-  std::int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // The 32 bytes at p + i * row_bytes of rows i = 0..7, transposed: out[c] lane j = bytes
 // 4c..4c+3 of row j (the 8x8 dword transpose).
 KILN_TARGET_AVX2_F16C inline void load_rows_8x32(const std::uint8_t* p, std::int64_t row_bytes,

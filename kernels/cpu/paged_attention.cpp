@@ -50,19 +50,13 @@ void axpy_scalar(int64_t D, float p, const T* v, float* acc) {
 }
 
 #if KILN_CPU_X86
-KILN_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-KILN_TARGET_AVX2 inline __m256 load8(const bf16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 template <typename T>
 KILN_TARGET_AVX2 float dot_lanes_avx2(int64_t D, const float* q, const T* k) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();  // lanes 0-7 and 8-15
   int64_t d = 0;
   for (; d + 16 <= D; d += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + d), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load8(k + d + 8), a1);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load_f32x8(k + d), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load_f32x8(k + d + 8), a1);
   }
   alignas(32) float lane[16];
   _mm256_store_ps(lane, a0);
@@ -75,18 +69,15 @@ KILN_TARGET_AVX2 void axpy_avx2(int64_t D, float p, const T* v, float* acc) {
   const __m256 pv = _mm256_set1_ps(p);
   int64_t d = 0;
   for (; d + 8 <= D; d += 8)
-    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, load8(v + d), _mm256_loadu_ps(acc + d)));
+    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, load_f32x8(v + d), _mm256_loadu_ps(acc + d)));
   for (; d < D; ++d) acc[d] = std::fma(p, load_f32(v + d), acc[d]);
 }
-
-KILN_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-KILN_TARGET_AVX512 inline __m512 load16(const bf16* p) { return load_bf16x16(p); }
 
 template <typename T>
 KILN_TARGET_AVX512 float dot_lanes_avx512(int64_t D, const float* q, const T* k) {
   __m512 a = _mm512_setzero_ps();
   int64_t d = 0;
-  for (; d + 16 <= D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(k + d), a);
+  for (; d + 16 <= D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load_f32x16(k + d), a);
   alignas(64) float lane[16];
   _mm512_store_ps(lane, a);
   return finish_lanes(lane, q, k, d, D);
@@ -97,7 +88,7 @@ KILN_TARGET_AVX512 void axpy_avx512(int64_t D, float p, const T* v, float* acc) 
   const __m512 pv = _mm512_set1_ps(p);
   int64_t d = 0;
   for (; d + 16 <= D; d += 16)
-    _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, load16(v + d), _mm512_loadu_ps(acc + d)));
+    _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(pv, load_f32x16(v + d), _mm512_loadu_ps(acc + d)));
   for (; d < D; ++d) acc[d] = std::fma(p, load_f32(v + d), acc[d]);
 }
 #endif
