@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/bf16_util.h"
@@ -28,11 +29,22 @@ constexpr std::int64_t kTileRows = 32;
 // Below this many weight bytes one thread does it all (the fork costs more than it saves).
 constexpr std::int64_t kParallelMinBytes = std::int64_t{1} << 15;
 
-// The block's scale and values: d = amax / 127, q = nearest(x * 127 / amax).
+// The block's scale and values: d = amax / 127, q = nearest(x * 127 / amax). A block holding a
+// NaN or an infinity gets d = NaN and q = 0, so every output it reaches is NaN, as the float
+// product would be (and no NaN is ever converted to an integer).
 template <typename X>
 float quantize_block(const X* x, int n, std::int8_t* q) {
   float amax = 0.0f;
-  for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(to_compute(x[j])));
+  bool finite = true;
+  for (int j = 0; j < n; ++j) {
+    const float v = std::fabs(to_compute(x[j]));
+    finite = finite && v <= std::numeric_limits<float>::max();  // false for inf and NaN
+    amax = std::max(amax, v);
+  }
+  if (!finite) {
+    std::memset(q, 0, static_cast<std::size_t>(n));
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   const float d = amax / 127.0f;
   const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
   for (int j = 0; j < n; ++j)
@@ -104,17 +116,14 @@ float dot_q6_k_scalar(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb)
 // ---- AVX2 (also the Avx512 level's) ---------------------------------------------------------
 
 #if KILN_CPU_X86
-#define KILN_TARGET_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
-
-KILN_TARGET_AVX2_F16C inline float hsum8(__m256 v) {
+KILN_TARGET_AVX2 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
 
-KILN_TARGET_AVX2_F16C float dot_q8_0_avx2(const std::uint8_t* w, const BlockQ8* x,
-                                          std::int64_t nb) {
+KILN_TARGET_AVX2 float dot_q8_0_avx2(const std::uint8_t* w, const BlockQ8* x, std::int64_t nb) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc = _mm256_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -130,8 +139,7 @@ KILN_TARGET_AVX2_F16C float dot_q8_0_avx2(const std::uint8_t* w, const BlockQ8* 
   return hsum8(acc);
 }
 
-KILN_TARGET_AVX2_F16C float dot_q4_k_avx2(const std::uint8_t* w, const BlockQ8K* x,
-                                          std::int64_t nb) {
+KILN_TARGET_AVX2 float dot_q4_k_avx2(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
   const __m256i low4 = _mm256_set1_epi8(0xF);
   __m256 acc = _mm256_setzero_ps();
   float acc_min = 0.0f;
@@ -163,8 +171,7 @@ KILN_TARGET_AVX2_F16C float dot_q4_k_avx2(const std::uint8_t* w, const BlockQ8K*
   return hsum8(acc) - acc_min;
 }
 
-KILN_TARGET_AVX2_F16C float dot_q6_k_avx2(const std::uint8_t* w, const BlockQ8K* x,
-                                          std::int64_t nb) {
+KILN_TARGET_AVX2 float dot_q6_k_avx2(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
   const __m256i low4 = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
   __m256 acc = _mm256_setzero_ps();
   float acc_corr = 0.0f;
@@ -328,6 +335,11 @@ std::int64_t gemv_quant_scratch_bytes(QuantType t, std::int64_t M, std::int64_t 
 
 #if KILN_CPU_X86
 
+// Lanes of a (absolute values) that are an infinity or a NaN: not below +inf, unordered true.
+KILN_TARGET_AVX512 inline __mmask16 not_finite(__m512 a) {
+  return _mm512_cmp_ps_mask(a, _mm512_set1_ps(std::numeric_limits<float>::infinity()), _CMP_NLT_UQ);
+}
+
 // quantize_block's arithmetic on 32 values, 16 lanes at a time: the same max, the same two
 // divisions, the same products rounded to nearest-even and clamped, so the same bytes.
 template <typename X>
@@ -335,7 +347,13 @@ KILN_TARGET_AVX512 void quantize_row_q8_avx512(const X* x, std::int64_t K, Block
   const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
   for (std::int64_t b = 0; b < K / 32; ++b) {
     const __m512 v0 = load_f32x16(x + 32 * b), v1 = load_f32x16(x + 32 * b + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+    if (not_finite(a0) | not_finite(a1)) {
+      out[b].d = std::numeric_limits<float>::quiet_NaN();
+      std::memset(out[b].q, 0, 32);
+      continue;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
     out[b].d = amax / 127.0f;
     const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     for (int h = 0; h < 2; ++h) {
@@ -365,7 +383,18 @@ KILN_TARGET_AVX512 void quantize_row_q8_k_avx512(const X* x, std::int64_t K, Blo
   for (std::int64_t b = 0; b < K / 256; ++b) {
     const X* xb = x + 256 * b;
     __m512 m = _mm512_setzero_ps();
-    for (int g = 0; g < 16; ++g) m = _mm512_max_ps(m, _mm512_abs_ps(load_f32x16(xb + 16 * g)));
+    __mmask16 bad = 0;
+    for (int g = 0; g < 16; ++g) {
+      const __m512 a = _mm512_abs_ps(load_f32x16(xb + 16 * g));
+      bad |= not_finite(a);
+      m = _mm512_max_ps(m, a);
+    }
+    if (bad) {
+      out[b].d = std::numeric_limits<float>::quiet_NaN();
+      std::memset(out[b].q, 0, sizeof out[b].q);
+      std::memset(out[b].bsums, 0, sizeof out[b].bsums);
+      continue;
+    }
     const float amax = _mm512_reduce_max_ps(m);
     out[b].d = amax / 127.0f;
     const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);

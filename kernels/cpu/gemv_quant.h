@@ -14,8 +14,10 @@
 //                  y = sum_b d_x,b * d_b * (sum_g sc_g sum_j q_j qx_j - 32 sum_g sc_g sum qx)
 //
 // The x quantizer: d = max|x| / 127 over the block, q = nearest(x / d) (ties to even); an
-// all-zero block has d = 0. Its error per value is at most d / 2; everything after it is exact
-// integer sums, one f32 product of the two scales per block, and an f32 sum over blocks.
+// all-zero block has d = 0, and a block holding a NaN or an infinity has d = NaN and q = 0 (so
+// the outputs it reaches are NaN, at every ISA level). Its error per value is at most d / 2;
+// everything after it is exact integer sums, one f32 product of the two scales per block, and an
+// f32 sum over blocks.
 //
 // Implementations, picked at run time (kernels/cpu/isa.h):
 //   Avx512Bf16 and above, with AVX512-VNNI:  Q8_0 with vpdpbusd (u8 x s8 -> i32): W in tiles of

@@ -26,12 +26,10 @@ namespace kiln::cpu::tiles {
 #if KILN_CPU_X86
 namespace {
 
-#define KILN_TARGET_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
-
 // The 32 bytes at p + i * row_bytes of rows i = 0..7, transposed: out[c] lane j = bytes
 // 4c..4c+3 of row j (the 8x8 dword transpose).
-KILN_TARGET_AVX2_F16C inline void load_rows_8x32(const std::uint8_t* p, std::int64_t row_bytes,
-                                                 __m256i out[8]) {
+KILN_TARGET_AVX2 inline void load_rows_8x32(const std::uint8_t* p, std::int64_t row_bytes,
+                                            __m256i out[8]) {
   __m256i r[8], t[8], u[8];
   for (int i = 0; i < 8; ++i, p += row_bytes)
     r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -52,18 +50,18 @@ KILN_TARGET_AVX2_F16C inline void load_rows_8x32(const std::uint8_t* p, std::int
   }
 }
 
-KILN_TARGET_AVX2_F16C inline __m256i row_offsets8(std::int64_t row_bytes) {
+KILN_TARGET_AVX2 inline __m256i row_offsets8(std::int64_t row_bytes) {
   return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                             _mm256_set1_epi32(static_cast<int>(row_bytes)));
 }
 
 // A dword at p + row offset for each of the 8 rows.
-KILN_TARGET_AVX2_F16C inline __m256i gather8(const std::uint8_t* p, __m256i rows) {
+KILN_TARGET_AVX2 inline __m256i gather8(const std::uint8_t* p, __m256i rows) {
   return _mm256_i32gather_epi32(reinterpret_cast<const int*>(p), rows, 1);
 }
 
 // The low halves of 8 dwords, as f16, to f32.
-KILN_TARGET_AVX2_F16C inline __m256 low_f16_to_f32(__m256i v) {
+KILN_TARGET_AVX2 inline __m256 low_f16_to_f32(__m256i v) {
   const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
   const __m128i packed =
       _mm_packus_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
@@ -71,22 +69,22 @@ KILN_TARGET_AVX2_F16C inline __m256 low_f16_to_f32(__m256i v) {
 }
 
 // As prefetch_share in gemv_quant_tiles.cpp: the tile after next, into L2, in address order.
-KILN_TARGET_AVX2_F16C inline void prefetch_share8(const std::uint8_t* ahead, std::int64_t bytes) {
+KILN_TARGET_AVX2 inline void prefetch_share8(const std::uint8_t* ahead, std::int64_t bytes) {
   for (std::int64_t i = 0; i < bytes; i += 64)
     _mm_prefetch(reinterpret_cast<const char*>(ahead + i), _MM_HINT_T1);
 }
 
-KILN_TARGET_AVX2_F16C inline __m256i bcast(const std::int8_t* p) {
+KILN_TARGET_AVX2 inline __m256i bcast(const std::int8_t* p) {
   return _mm256_set1_epi32(load_i32(p));
 }
 
 // ---- Q4_K -----------------------------------------------------------------------------------
 // Per output, per super-block: acc = fma(float(sumi), d_w d_x, acc); acc = fma(-float(summ),
 // dmin_w d_x, acc), sumi and summ as gemv_quant_tiles.cpp states them.
-KILN_TARGET_AVX2_F16C void q4_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
-                                      const std::uint8_t* x, std::int64_t xstride,
-                                      const std::int32_t* x_pairs, std::int64_t nb, std::int64_t M,
-                                      float* acc) {
+KILN_TARGET_AVX2 void q4_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
+                                 const std::uint8_t* x, std::int64_t xstride,
+                                 const std::int32_t* x_pairs, std::int64_t nb, std::int64_t M,
+                                 float* acc) {
   for (std::int64_t m = 0; m < M; ++m) _mm256_storeu_ps(acc + 8 * m, _mm256_setzero_ps());
   const __m256i rows = row_offsets8(row_bytes), ones = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0F), byte = _mm256_set1_epi32(0xFF);
@@ -157,10 +155,10 @@ KILN_TARGET_AVX2_F16C void q4_k_tile8(const std::uint8_t* w, std::int64_t row_by
 // ---- Q6_K -----------------------------------------------------------------------------------
 // Per output, per super-block: acc = fma(float(sum_g sc_g isum_g - 32 sum_g sc_g bsums_g),
 // d_w d_x, acc) (gemv_quant_tiles.cpp).
-KILN_TARGET_AVX2_F16C void q6_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
-                                      const std::uint8_t* x, std::int64_t xstride,
-                                      const std::int32_t* x_pairs, std::int64_t nb, std::int64_t M,
-                                      float* acc) {
+KILN_TARGET_AVX2 void q6_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
+                                 const std::uint8_t* x, std::int64_t xstride,
+                                 const std::int32_t* x_pairs, std::int64_t nb, std::int64_t M,
+                                 float* acc) {
   for (std::int64_t m = 0; m < M; ++m) _mm256_storeu_ps(acc + 8 * m, _mm256_setzero_ps());
   const __m256i rows = row_offsets8(row_bytes), ones = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);

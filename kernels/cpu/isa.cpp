@@ -48,7 +48,8 @@ CpuIsa detect() {
 #if KILN_CPU_X86
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return CpuIsa::Scalar;
-  const bool osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, avx = (c >> 28) & 1;
+  const bool osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, avx = (c >> 28) & 1,
+             f16c = (c >> 29) & 1;
   if (!osxsave || !avx) return CpuIsa::Scalar;
   const uint64_t xcr0 = read_xcr0();
   const bool os_ymm = (xcr0 & 0x6) == 0x6;            // SSE + AVX state
@@ -62,7 +63,7 @@ CpuIsa detect() {
   __cpuid_count(7, 1, a1, b1, c1, d1);
   const bool avx512_bf16 = (a1 >> 5) & 1;
 
-  if (!(os_ymm && avx2 && fma)) return CpuIsa::Scalar;
+  if (!(os_ymm && avx2 && fma && f16c)) return CpuIsa::Scalar;
   if (!(os_zmm && avx512f && avx512bw && avx512vl)) return CpuIsa::Avx2;
   if (!avx512_bf16) return CpuIsa::Avx512;
   if (!(os_tiles && amx_tile && amx_bf16 && request_amx_permission())) return CpuIsa::Avx512Bf16;

@@ -5,7 +5,7 @@
 // level runs on every higher one.
 //
 //   Scalar      plain C++ (the compiler may still auto-vectorize to the build's baseline)
-//   Avx2        AVX2 + FMA
+//   Avx2        AVX2 + FMA + F16C (every AVX2 CPU shipped has F16C; a VM can still hide it)
 //   Avx512      AVX-512 F/BW/VL
 //   Avx512Bf16  Avx512 + AVX512_BF16 (vdpbf16ps, vcvtne2ps2bf16)
 //   Amx         Avx512Bf16 + AMX-TILE/AMX-BF16, with the kernel's XTILEDATA permission granted
@@ -21,14 +21,14 @@
 // includes the ones below it, as the levels do. KILN_CPU_X86 says whether they exist at all.
 #if defined(__x86_64__) || defined(__i386__)
 #define KILN_CPU_X86 1
-#define KILN_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#define KILN_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl")))
+#define KILN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KILN_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
 #define KILN_TARGET_AVX512BF16 \
-  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")))
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")))
 #define KILN_TARGET_AVX512VNNI \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KILN_TARGET_AMX \
-  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 #else
 #define KILN_CPU_X86 0
 #endif

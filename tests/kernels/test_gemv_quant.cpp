@@ -16,6 +16,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/bf16_util.h"
@@ -461,6 +463,52 @@ TEST(GemvQuant, EachRowIsBitIdenticalAloneOrWithOthers) {
             ASSERT_EQ(y[m * N + n], one[n]) << info(t).name << " level " << cpu::cpu_isa_name(level)
                                             << " M " << M << " row " << m << " col " << n;
         }
+      }
+    }
+  }
+}
+
+// A NaN or an infinity in x makes its block's scale NaN and its codes 0 (never a NaN converted to
+// an integer), at every level: the rows of y it reaches are NaN, and the other rows keep the bits
+// they have alone.
+TEST(GemvQuant, NonFiniteXGivesNanRowsAtEveryLevel) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+    const std::int64_t N = 21, K = 2 * info(t).block_size, M = 4;
+    const auto w = blocks_of(t, N * K / info(t).block_size, 92);
+    std::vector<float> x = random_x(M * K, 93);
+    x[1 * K + K - 1] = std::numeric_limits<float>::quiet_NaN();  // row 1, last block
+    x[2 * K + 3] = inf;                                          // row 2, first block
+    x[3 * K + 5] = -inf;                                         // row 3
+    for (cpu::CpuIsa level : supported_levels()) {
+      cpu::ScopedCpuIsa cap(level);
+      const std::string where =
+          std::string(info(t).name) + " level " + std::string(cpu::cpu_isa_name(level));
+      std::vector<float> y(M * N), alone(N);
+      std::vector<std::uint8_t> scratch(cpu::gemv_quant_scratch_bytes(t, M, K));
+      cpu::gemv_quant<float, float>(t, M, N, K, x.data(), K, w.data(), nullptr, y.data(), N,
+                                    scratch.data());
+      cpu::gemv_quant<float, float>(t, 1, N, K, x.data(), K, w.data(), nullptr, alone.data(), N,
+                                    scratch.data());
+      for (std::int64_t n = 0; n < N; ++n) {
+        EXPECT_TRUE(std::isfinite(y[n])) << where << " col " << n;
+        EXPECT_EQ(y[n], alone[n]) << where << " col " << n;
+        for (std::int64_t m = 1; m < M; ++m)
+          EXPECT_TRUE(std::isnan(y[m * N + n])) << where << " row " << m << " col " << n;
+      }
+      // The quantized blocks themselves: d NaN, every code and block sum 0.
+      std::vector<cpu::BlockQ8> q(K / 32);
+      cpu::quantize_row_q8(x.data() + 3 * K, K, q.data());
+      EXPECT_TRUE(std::isnan(q[0].d)) << where;
+      for (int j = 0; j < 32; ++j) EXPECT_EQ(q[0].q[j], 0) << where;
+      EXPECT_TRUE(std::isfinite(q[1].d)) << where << ": a finite block is unaffected";
+      if (K % 256 == 0) {
+        std::vector<cpu::BlockQ8K> qk(K / 256);
+        cpu::quantize_row_q8_k(x.data() + 2 * K, K, qk.data());
+        EXPECT_TRUE(std::isnan(qk[0].d)) << where;
+        for (int j = 0; j < 256; ++j) EXPECT_EQ(qk[0].q[j], 0) << where;
+        for (int g = 0; g < 16; ++g) EXPECT_EQ(qk[0].bsums[g], 0) << where;
+        EXPECT_TRUE(std::isfinite(qk[1].d)) << where;
       }
     }
   }
