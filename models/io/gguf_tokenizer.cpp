@@ -106,6 +106,7 @@ std::unique_ptr<QwenTokenizer> gguf_bpe_tokenizer(const GgufFile& f) {
              types.size(), tokens.size());
   std::vector<std::pair<std::string, std::int32_t>> vocab;
   std::vector<AddedToken> added;
+  std::vector<std::int32_t> unused;
   for (std::size_t id = 0; id < tokens.size(); ++id) {
     const std::string& tok = tokens[id].get_ref<const std::string&>();
     const std::int64_t type = types[id].get<std::int64_t>();
@@ -114,9 +115,11 @@ std::unique_ptr<QwenTokenizer> gguf_bpe_tokenizer(const GgufFile& f) {
       vocab.emplace_back(tok, i);
     else if (type == kControl || type == kUserDefined)
       added.push_back({i, tok, type == kControl});
+    else if (type == kUnused)
+      unused.push_back(i);
     else
-      KILN_CHECK(type == kUnused, "[gguf] {}: token {} ({}) has type {}; kiln reads 1, 3, 4, 5",
-                 f.path(), id, gguf_printable(tok), type);
+      KILN_CHECK(false, "[gguf] {}: token {} ({}) has type {}; kiln reads 1, 3, 4, 5", f.path(), id,
+                 gguf_printable(tok), type);
   }
   std::vector<std::pair<std::string, std::string>> pairs;
   pairs.reserve(merges.size());
@@ -136,7 +139,7 @@ std::unique_ptr<QwenTokenizer> gguf_bpe_tokenizer(const GgufFile& f) {
                tokens.size());
     eos = static_cast<std::int32_t>(*e);
   }
-  return QwenTokenizer::from_parts(vocab, std::move(pairs), std::move(added), eos,
+  return QwenTokenizer::from_parts(vocab, std::move(pairs), std::move(added), eos, unused,
                                    f.path() + " (tokenizer.ggml.*)");
 }
 

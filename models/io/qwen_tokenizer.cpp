@@ -428,10 +428,22 @@ std::unique_ptr<QwenTokenizer> QwenTokenizer::from_vocab_merges(const std::strin
 std::unique_ptr<QwenTokenizer> QwenTokenizer::from_parts(
     const std::vector<std::pair<std::string, int32_t>>& vocab,
     std::vector<std::pair<std::string, std::string>> merges, std::vector<AddedToken> added,
-    int32_t eos_id, const std::string& source) {
+    int32_t eos_id, const std::vector<int32_t>& unused_ids, const std::string& source) {
   std::unique_ptr<QwenTokenizer> t(new QwenTokenizer());
   load_vocab(vocab, source, t->tokens_);
   t->finish(source, std::move(merges), std::move(added), {}, /*builtin_added=*/false);
+  const auto is_unused = [&](int32_t id) {
+    return std::find(unused_ids.begin(), unused_ids.end(), id) != unused_ids.end();
+  };
+  size_t end = t->bytes_.size();
+  if (eos_id >= 0 && static_cast<size_t>(eos_id) >= end && is_unused(eos_id))
+    end = static_cast<size_t>(eos_id) + 1;
+  t->bytes_.resize(end);
+  t->tokens_.resize(end);
+  t->kind_.resize(end, 0);
+  for (int32_t id : unused_ids)
+    if (id >= 0 && static_cast<size_t>(id) < end && t->kind_[static_cast<size_t>(id)] == 0)
+      t->kind_[static_cast<size_t>(id)] = 4;
   if (eos_id >= 0) {
     t->check_id(eos_id);
     t->eos_id_ = eos_id;
@@ -570,7 +582,7 @@ bool QwenTokenizer::is_special(int32_t id) const {
 std::string QwenTokenizer::decode(int32_t, int32_t id) const {
   check_id(id);
   KILN_CHECK(kind_[static_cast<size_t>(id)] != 0, "[tokenizer] qwen: id {} has no token", id);
-  return bytes_[static_cast<size_t>(id)];
+  return bytes_[static_cast<size_t>(id)];  // empty for an unused id
 }
 
 // ---- encoding ---------------------------------------------------------------------------------

@@ -66,12 +66,16 @@ class QwenTokenizer final : public Tokenizer {
                                                           const std::string& merges_path,
                                                           const std::string& config_path = {});
   // From its parts, as GGUF's tokenizer.ggml.* lists hold them (models/io/gguf_tokenizer.h):
-  // vocabulary (spelling, id) pairs, merges in rank order, added tokens, and the EOS id (-1:
-  // <|endoftext|>'s). `source` names the origin in messages.
+  // vocabulary (spelling, id) pairs, merges in rank order, added tokens, the EOS id (-1:
+  // <|endoftext|>'s), and the ids listed as unused (the [PAD...] slots of a padded vocabulary).
+  // Unused ids inside the id range, and the EOS id when it names one, are ids without text: they
+  // decode to nothing, as in llama.cpp. (llama.cpp's converter, given a folder without
+  // tokenizer.json, writes <|im_end|>'s id 151645 as EOS and that slot as [PAD151645].)
+  // `source` names the origin in messages.
   static std::unique_ptr<QwenTokenizer> from_parts(
       const std::vector<std::pair<std::string, int32_t>>& vocab,
       std::vector<std::pair<std::string, std::string>> merges, std::vector<AddedToken> added,
-      int32_t eos_id, const std::string& source);
+      int32_t eos_id, const std::vector<int32_t>& unused_ids, const std::string& source);
   ~QwenTokenizer() override;
 
   // No BOS exists, so `bos` is ignored; `eos` appends eos_id() when there is one.
@@ -106,10 +110,11 @@ class QwenTokenizer final : public Tokenizer {
               std::vector<AddedToken> added, const std::string& config_path, bool builtin_added);
   void encode_span(std::string_view text, std::vector<int32_t>& out) const;
 
-  std::string source_;                            // file name(s), for messages
-  std::vector<std::string> tokens_;               // id -> vocab.json spelling ("" for gaps)
-  std::vector<std::string> bytes_;                // id -> decoded bytes
-  std::vector<uint8_t> kind_;                     // id -> 0 none, 1 vocab, 2 added, 3 added special
+  std::string source_;               // file name(s), for messages
+  std::vector<std::string> tokens_;  // id -> vocab.json spelling ("" for gaps)
+  std::vector<std::string> bytes_;   // id -> decoded bytes
+  std::vector<uint8_t>
+      kind_;  // id -> 0 none, 1 vocab, 2 added, 3 added special, 4 unused (no text)
   std::unordered_map<std::string, int32_t> ids_;  // vocab.json spelling -> id
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;

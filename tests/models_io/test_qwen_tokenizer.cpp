@@ -1,6 +1,7 @@
 // Qwen byte-level BPE: the 46 llama.cpp reference cases (qwen2.inp -> qwen2.out), round trips,
 // added/special tokens, streaming decode, both merge formats on a tiny tokenizer.json, the heap BPE
 // against a naive rescanning BPE written here, NFC against Python's unicodedata, and bad files.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -366,6 +367,41 @@ TEST_F(QwenReal, GgufMetadataRoundTripGivesTheSameIds) {
   for (const Case& c : load_cases()) EXPECT_EQ(t->encode(c.text), c.ids) << c.text;
   const std::string chat = "<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>";
   EXPECT_EQ(t->encode(chat), tok_->encode(chat));
+}
+
+// What llama.cpp's convert_hf_to_gguf.py writes for a Qwen3 folder without tokenizer.json
+// (vocab.json and merges.txt only): <|endoftext|> is the one control token, every id from 151644
+// on is "[PAD<id>]" (unused), and EOS is config.json's 151645, one of those. The unused ids up to
+// EOS are ids without text, so EOS can be sampled and stops a generation, as in llama.cpp.
+TEST_F(QwenReal, GgufFromLlamaCppsConverterWithAnUnusedEos) {
+  GgufMetadata md;
+  md["general.architecture"] = {GgufType::String, GgufType::Uint8, "qwen3"};
+  add_gguf_tokenizer_metadata(*tok_, 151936, md);
+  auto& tokens = md.at("tokenizer.ggml.tokens").value;
+  auto& types = md.at("tokenizer.ggml.token_type").value;
+  for (int id = 151644; id < 151936; ++id) {
+    tokens[id] = fmt::format("[PAD{}]", id);
+    types[id] = 5;
+  }
+  md["tokenizer.ggml.eos_token_id"] = {GgufType::Uint32, GgufType::Uint8, 151645};
+  TempDir dir;
+  const std::string path = (dir.path() / "conv.gguf").string();
+  GgufWriter().write(path, md);
+  auto t = gguf_bpe_tokenizer(GgufFile(path));
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->vocab_size(), 151646);  // up to EOS; the padding after it stays out of sampling
+  EXPECT_EQ(t->eos_id(), 151645);
+  EXPECT_EQ(t->decode(151643, 151644), "");
+  EXPECT_EQ(t->decode(151643, 151645), "");
+  EXPECT_TRUE(t->is_special(151643));
+  EXPECT_FALSE(t->is_special(151645));
+  for (const Case& c : load_cases())
+    if (c.text.find("<|") == std::string::npos) EXPECT_EQ(t->encode(c.text), c.ids) << c.text;
+  // kiln writes it back as it came: the unused ids as [PAD<id>].
+  GgufMetadata again;
+  add_gguf_tokenizer_metadata(*t, 151936, again);
+  EXPECT_EQ(again.at("tokenizer.ggml.tokens").value[151645], "[PAD151645]");
+  EXPECT_EQ(again.at("tokenizer.ggml.token_type").value[151645], 5);
 }
 
 // A file written by the reference writer (gguf-py's GGUFWriter: add_tokenizer_model("gpt2"),
