@@ -7,20 +7,27 @@
 #
 # Writes a random-weight Qwen3-0.6B (../shared/data/qwen/Qwen3-0.6B/config.json) as Q8_0 and
 # Q4_K_M GGUF files with `kiln quantize --random-weights`, then runs `kiln generate` PAIRS times
-# over the kinds in alternation: q8_0 and q4_k_m (the Linear weights stay quantized; the tied
-# embedding / LM head is dequantized to bf16) and bf16 (the q8_0 file, every weight dequantized
-# at load). Prints prefill and decode tokens/s of each, the best of each kind, and each kind over
-# bf16; writes bench/results/cpu_quant_decode_<date>.json with the commit, the CPU model and ISA,
-# and the date.
+# over the kinds in alternation: q8_0 and q4_k_m (the Linear weights and the tied embedding / LM
+# head stay quantized) and bf16 (the q8_0 file, every weight dequantized at load). Each decodes
+# NEW tokens after a PROMPT-token prefill. Prints prefill and decode tokens/s of each, the best of
+# each kind, and each kind over bf16; writes bench/results/cpu_quant_decode_<date>.json with the
+# commit, the CPU model and ISA, and the date.
 #
 # With LLAMA_BENCH=path/to/llama-bench (llama.cpp built from the llama-cpp-python sdist), the
 # weights come from a random bf16 folder (kiln_write_random_safetensors) with Qwen's vocab.json
 # and merges.txt beside them, so the files carry a tokenizer as llama.cpp needs, and llama-bench
-# runs on the same two files (pp PROMPT, tg NEW, PAIRS repetitions, same threads) right after
-# kiln: the JSON adds its figures and kiln over llama.cpp per kind.
+# runs on the same two files right after kiln, PAIRS repetitions, same threads: pp PROMPT for
+# prefill, and tg NEW at depth PROMPT (-d) for decode, so that both decode with the same
+# context. The JSON adds its figures and kiln over llama.cpp per kind.
+#
+# With LLAMA_CPP_SRC=path/to/llama.cpp (the sdist's vendor/llama.cpp: convert_hf_to_gguf.py and
+# gguf-py) and CONVERT_PYTHON=a python with PyTorch 2.x and transformers, llama.cpp's own tools
+# make both files instead of kiln quantize: convert_hf_to_gguf.py --outtype q8_0, and
+# --outtype bf16 then llama-quantize (LLAMA_QUANTIZE, default beside LLAMA_BENCH) Q4_K_M. kiln
+# and llama.cpp then run exactly the files a llama.cpp user has.
 #
 # Environment: PAIRS (3), PROMPT (128), NEW (32), BUILD_DIR (build), WORK_DIR (mktemp -d),
-# LLAMA_BENCH (unset).
+# LLAMA_BENCH, LLAMA_CPP_SRC, CONVERT_PYTHON, LLAMA_QUANTIZE (unset).
 set -euo pipefail
 
 THREADS="${1:-2}"
@@ -45,9 +52,27 @@ if [ -n "${LLAMA_BENCH:-}" ]; then
 else
   SRC=(--random-weights --config "$QWEN/Qwen3-0.6B/config.json")
 fi
-for t in q8_0 q4_k_m; do
-  "$KILN" quantize "${SRC[@]}" --type "$t" --out "$WORK_DIR/qwen3-0.6b-$t.gguf"
-done
+MADE_BY="kiln quantize"
+if [ -n "${LLAMA_CPP_SRC:-}" ]; then
+  [ -n "${LLAMA_BENCH:-}" ] || { echo "[bench] LLAMA_CPP_SRC needs LLAMA_BENCH" >&2; exit 1; }
+  LLAMA_QUANTIZE="${LLAMA_QUANTIZE:-$(dirname "$LLAMA_BENCH")/llama-quantize}"
+  convert() {
+    PYTHONPATH="$LLAMA_CPP_SRC/gguf-py" "${CONVERT_PYTHON:-python3}" \
+      "$LLAMA_CPP_SRC/convert_hf_to_gguf.py" "$WORK_DIR/hf" --outtype "$1" --outfile "$2" \
+      2>&1 | grep -a -E "successfully|Error|error" || true
+    [ -s "$2" ] || { echo "[bench] convert_hf_to_gguf.py --outtype $1 wrote nothing" >&2; exit 1; }
+  }
+  convert q8_0 "$WORK_DIR/qwen3-0.6b-q8_0.gguf"
+  convert bf16 "$WORK_DIR/qwen3-0.6b-bf16.gguf"
+  "$LLAMA_QUANTIZE" "$WORK_DIR/qwen3-0.6b-bf16.gguf" "$WORK_DIR/qwen3-0.6b-q4_k_m.gguf" Q4_K_M \
+    "$THREADS" >/dev/null 2>&1 || { echo "[bench] llama-quantize failed" >&2; exit 1; }
+  rm -f "$WORK_DIR/qwen3-0.6b-bf16.gguf"
+  MADE_BY="llama.cpp convert_hf_to_gguf.py (q8_0) and llama-quantize (q4_k_m)"
+else
+  for t in q8_0 q4_k_m; do
+    "$KILN" quantize "${SRC[@]}" --type "$t" --out "$WORK_DIR/qwen3-0.6b-$t.gguf"
+  done
+fi
 
 LOG="$WORK_DIR/runs.txt"
 : >"$LOG"
@@ -68,16 +93,18 @@ LLAMA_LOG="$WORK_DIR/llama.txt"
 : >"$LLAMA_LOG"
 if [ -n "${LLAMA_BENCH:-}" ]; then
   for t in q8_0 q4_k_m; do
-    "$LLAMA_BENCH" -m "$WORK_DIR/qwen3-0.6b-$t.gguf" -t "$THREADS" -p "$PROMPT" -n "$NEW" \
+    "$LLAMA_BENCH" -m "$WORK_DIR/qwen3-0.6b-$t.gguf" -t "$THREADS" -p "$PROMPT" -n 0 \
+      -r "$PAIRS" -o csv 2>/dev/null | sed "s/^/$t,/" | tee -a "$LLAMA_LOG"
+    "$LLAMA_BENCH" -m "$WORK_DIR/qwen3-0.6b-$t.gguf" -t "$THREADS" -p 0 -n "$NEW" -d "$PROMPT" \
       -r "$PAIRS" -o csv 2>/dev/null | sed "s/^/$t,/" | tee -a "$LLAMA_LOG"
   done
 fi
 
 mkdir -p "$ROOT/bench/results"
 RESULT="$ROOT/bench/results/cpu_quant_decode_$(date +%Y%m%d_%H%M%S).json"
-/usr/bin/python3 - "$LOG" "$RESULT" "$THREADS" "$PROMPT" "$NEW" "$NCPU" "$ROOT" "$KILN" "$LLAMA_LOG" <<'PY'
+/usr/bin/python3 - "$LOG" "$RESULT" "$THREADS" "$PROMPT" "$NEW" "$NCPU" "$ROOT" "$KILN" "$LLAMA_LOG" "$MADE_BY" <<'PY'
 import csv, io, json, subprocess, sys, datetime
-log, result, threads, prompt, new, ncpu, root, kiln, llama_log = sys.argv[1:]
+log, result, threads, prompt, new, ncpu, root, kiln, llama_log, made_by = sys.argv[1:]
 runs = [l.split() for l in open(log) if l.strip()]
 best = {}
 for kind, pre, dec in runs:
@@ -90,7 +117,8 @@ commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output
 dirty = len(subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.splitlines())
 out = {"benchmark": "cpu_quant_decode", "date": datetime.datetime.now().isoformat(timespec="seconds"),
        "commit": commit, "dirty_tracked_files": dirty, "cpu": cpu, "cpu_isa": isa, "nproc": int(ncpu),
-       "threads": int(threads), "model": "Qwen3-0.6B random weights", "prompt_tokens": int(prompt),
+       "threads": int(threads), "model": "Qwen3-0.6B random weights", "files_made_by": made_by,
+       "prompt_tokens": int(prompt),
        "new_tokens": int(new), "best": best,
        "ratios": {f"{p}_{k}_over_bf16": best[k][f"{p}_tok_per_s"] / best["bf16"][f"{p}_tok_per_s"]
                   for k in ("q8_0", "q4_k_m") for p in ("decode", "prefill")},
@@ -110,6 +138,8 @@ if text.strip():
         r = dict(zip(header, rest))
         test = "prefill_tok_per_s" if int(r["n_prompt"]) > 0 else "decode_tok_per_s"
         llama.setdefault(kind, {})[test] = float(r["avg_ts"])
+        if test == "decode_tok_per_s":
+            llama[kind]["decode_depth"] = int(r.get("n_depth", 0))
         llama[kind]["build"] = r.get("build_commit", "")
     out["llama_cpp"] = llama
     for k in llama:
