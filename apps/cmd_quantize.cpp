@@ -18,6 +18,7 @@
 #include "models/gguf_model.h"
 #include "models/io/qwen_tokenizer.h"
 #include "models/io/safetensors.h"
+#include "models/param_count.h"
 
 namespace kiln::apps {
 namespace {
@@ -60,6 +61,21 @@ int run_quantize(const QuantizeCmd& o) {
   // machine). Anything else loads in f32, so nothing is rounded before quantizing.
   src.dtype =
       !o.model.empty() && fs::is_directory(o.model) && all_bf16(o.model) ? DType::BF16 : DType::F32;
+  // Random weights are drawn in f32, unless an f32 copy of them would not fit in the memory
+  // available (Qwen3-8B: 33 GB, which the kernel killed on a 23 GB machine): then in bf16, each
+  // tensor widened only while it is quantized, as for a bf16 folder.
+  if (o.random_weights) {
+    const std::int64_t f32_bytes =
+        models::count_params(models::resolve_model_config(o.config)).total * 4;
+    const std::int64_t available = available_memory(Device::cpu());
+    if (available > 0 && f32_bytes > available / 4 * 3) {
+      src.dtype = DType::BF16;
+      fmt::print(stderr,
+                 "[quantize] random weights in f32 would take {:.1f} GB of the {:.1f} GB "
+                 "available: drawing them in bf16\n",
+                 static_cast<double>(f32_bytes) / 1e9, static_cast<double>(available) / 1e9);
+    }
+  }
   src.keep_quantized = false;  // a .gguf input is read back as f32 (requantized or f32 out)
   auto t0 = std::chrono::steady_clock::now();
   models::LoadedModel m = models::load_model(src);

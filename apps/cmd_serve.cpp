@@ -41,22 +41,6 @@ struct ServeCmd {
   std::size_t max_body_kb = 1024;
 };
 
-// Bytes the device can still give: MemAvailable on the CPU (0, no check, when unreadable), the
-// free memory on a GPU.
-std::int64_t available_memory(Device d) {
-  if (d.is_cuda()) {
-    cuda::set_device(d.index);
-    return static_cast<std::int64_t>(cuda::mem_get_info().free_bytes);
-  }
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  std::int64_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
-
 int run_serve(const ServeCmd& o) {
   // Signals go to the waiting thread below, never to a worker.
   sigset_t sigs;

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/isa.h"
@@ -130,6 +131,20 @@ int cap_threads(std::int64_t requested, std::string_view who) {
   fmt::print(stderr, "[{}] --threads {} capped at {} ({} x the {} cores)\n", who, requested, cap,
              kThreadsPerCore, cores);
   return static_cast<int>(cap);
+}
+
+std::int64_t available_memory(Device d) {
+  if (d.is_cuda()) {
+    cuda::set_device(d.index);
+    return static_cast<std::int64_t>(cuda::mem_get_info().free_bytes);
+  }
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::int64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
 }
 
 }  // namespace kiln::apps

@@ -37,4 +37,8 @@ CLI::Validator uint64_flag();
 inline constexpr int kThreadsPerCore = 4;
 int cap_threads(std::int64_t requested, std::string_view who);
 
+// Bytes the device can still give: MemAvailable on the CPU (0, no check, when unreadable), the
+// free memory on a GPU.
+std::int64_t available_memory(Device d);
+
 }  // namespace kiln::apps
