@@ -424,8 +424,11 @@ void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme 
   if (tokenizer) io::add_gguf_tokenizer_metadata(*tokenizer, m.cfg.vocab_size, md);
   const std::map<std::string, nn::Linear*> linears = m.linears();
   io::GgufWriter w;
-  std::vector<std::vector<std::uint8_t>> keep;  // the bytes, until write()
+  // Each tensor is widened to f32 and quantized only when the writer reaches it, so memory holds
+  // one tensor's f32 copy and bytes at a time (an 8B model's 5 GB of Q4_K_M bytes were kept
+  // until the end before).
   const auto params = m.named_parameters();
+  std::size_t done = 0;
   for (const auto& [name, p] : params) {
     const std::string g = gguf_name_of_kiln_tensor(name);
     KILN_CHECK(!g.empty(), "[gguf] {}: no llama.cpp name for {}", path, name);
@@ -433,24 +436,25 @@ void save_gguf_model(const DecoderModel& m, const std::string& path, GgufScheme 
     KILN_CHECK(lin == linears.end() || !lin->second->weight_quant,
                "[gguf] {}: {} is already quantized; write from a float model", path, name);
     std::vector<std::int64_t> dims(p.shape().rbegin(), p.shape().rend());
-    const std::vector<float> v = p.to_float_vector();
     const std::optional<quant::QuantType> t =
         gguf_tensor_type(scheme, name, p.shape(), m.cfg.n_layers);
-    std::vector<std::uint8_t> bytes;
-    std::uint32_t type;
+    const std::int64_t numel = p.numel();
+    std::uint64_t nbytes = static_cast<std::uint64_t>(numel) * 4;
+    std::uint32_t type = io::ggml_type_by_name("f32")->id;
     if (t) {
       const quant::QuantInfo& q = quant::quant_info(*t);
-      bytes.resize(v.size() / q.block_size * q.block_bytes);
-      kiln::cpu::quantize_blocks(*t, v.data(), static_cast<std::int64_t>(v.size()), bytes.data());
+      nbytes = static_cast<std::uint64_t>(numel / q.block_size * q.block_bytes);
       type = io::ggml_type_by_name(q.name)->id;
-    } else {
-      bytes.resize(v.size() * 4);
-      std::memcpy(bytes.data(), v.data(), bytes.size());
-      type = io::ggml_type_by_name("f32")->id;
     }
-    keep.push_back(std::move(bytes));
-    w.add_tensor(g, dims, type, keep.back().data(), keep.back().size());
-    if (progress) progress(keep.size(), params.size());
+    const Tensor param = p;
+    w.add_tensor(g, dims, type, nbytes, [&, param, t, numel](std::uint8_t* out) {
+      const std::vector<float> v = param.to_float_vector();
+      if (t)
+        kiln::cpu::quantize_blocks(*t, v.data(), numel, out);
+      else
+        std::memcpy(out, v.data(), v.size() * 4);
+      if (progress) progress(++done, params.size());
+    });
   }
   w.write(path, md);
 }

@@ -437,6 +437,13 @@ void put_scalar(Bytes& b, GgufType t, const nlohmann::json& v, std::string_view 
 
 void GgufWriter::add_tensor(std::string name, std::vector<std::int64_t> dims, std::uint32_t type,
                             const void* data, std::uint64_t nbytes) {
+  KILN_CHECK(data != nullptr || nbytes == 0, "[gguf] writing {}: no bytes given", name);
+  add_tensor(std::move(name), std::move(dims), type, nbytes, {});
+  tensors_.back().data = data;
+}
+
+void GgufWriter::add_tensor(std::string name, std::vector<std::int64_t> dims, std::uint32_t type,
+                            std::uint64_t nbytes, std::function<void(std::uint8_t*)> fill) {
   const GgmlTypeInfo* info = ggml_type_info(type);
   KILN_CHECK(info, "[gguf] writing {}: unknown ggml type {}", name, type);
   KILN_CHECK(!dims.empty() && dims.size() <= 4, "[gguf] writing {}: {} dims (1 to 4)", name,
@@ -456,7 +463,7 @@ void GgufWriter::add_tensor(std::string name, std::vector<std::int64_t> dims, st
   t.nbytes = static_cast<std::uint64_t>(t.numel() / info->block_size * info->block_bytes);
   KILN_CHECK(t.nbytes == nbytes, "[gguf] writing {}: {} bytes given, {} {} elements take {}",
              t.name, nbytes, t.numel(), info->name, t.nbytes);
-  tensors_.push_back({std::move(t), data});
+  tensors_.push_back({std::move(t), nullptr, std::move(fill)});
 }
 
 void GgufWriter::write(const std::string& path, const GgufMetadata& metadata) const {
@@ -499,7 +506,7 @@ void GgufWriter::write(const std::string& path, const GgufMetadata& metadata) co
   static const std::vector<std::uint8_t> zeros(65536, 0);
   std::vector<ByteChunk> chunks{{b.bytes().data(), b.bytes().size()}};
   for (const Pending& p : tensors_) {
-    chunks.push_back({p.data, p.info.nbytes});
+    chunks.push_back({p.data, p.info.nbytes, p.data ? nullptr : p.fill});
     const std::uint64_t pad = align_up(p.info.nbytes, alignment) - p.info.nbytes;
     if (pad) chunks.push_back({zeros.data(), pad});
   }

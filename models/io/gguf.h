@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -136,12 +137,17 @@ class GgufWriter {
  public:
   void add_tensor(std::string name, std::vector<std::int64_t> dims, std::uint32_t type,
                   const void* data, std::uint64_t nbytes);
+  // The same, with the bytes made by fill(out) only when write() reaches the tensor: one
+  // tensor's bytes in memory at a time.
+  void add_tensor(std::string name, std::vector<std::int64_t> dims, std::uint32_t type,
+                  std::uint64_t nbytes, std::function<void(std::uint8_t*)> fill);
   void write(const std::string& path, const GgufMetadata& metadata) const;
 
  private:
   struct Pending {
     GgufTensor info;
     const void* data;
+    std::function<void(std::uint8_t*)> fill;
   };
   std::vector<Pending> tensors_;
 };

@@ -217,7 +217,15 @@ void write_file_atomically(const std::string& path, std::span<const ByteChunk> c
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("[write] {}: cannot create temp file {}: {}", path, tmp, std::strerror(errno));
   try {
-    for (const auto& c : chunks) write_all(fd, static_cast<const uint8_t*>(c.data), c.size, tmp);
+    for (const auto& c : chunks) {
+      if (c.data != nullptr || !c.fill) {
+        write_all(fd, static_cast<const uint8_t*>(c.data), c.size, tmp);
+        continue;
+      }
+      std::vector<uint8_t> buf(c.size);
+      c.fill(buf.data());
+      write_all(fd, buf.data(), buf.size(), tmp);
+    }
     if (::fsync(fd) != 0) fail("[write] {}: fsync failed: {}", tmp, std::strerror(errno));
     if (::close(fd) != 0) {
       fd = -1;

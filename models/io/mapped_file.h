@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -57,9 +58,12 @@ bool prefault_mapping(const void* p, std::size_t n);
 bool checked_mul(uint64_t a, uint64_t b, uint64_t* out);
 bool checked_add(uint64_t a, uint64_t b, uint64_t* out);
 
+// size bytes at data; or, with data null, size bytes that fill writes into a buffer when the
+// chunk's turn comes (so a large file need not be in memory all at once).
 struct ByteChunk {
   const void* data;
   size_t size;
+  std::function<void(uint8_t*)> fill = {};
 };
 
 // Writes the chunks, in order, to `path` atomically: a temp file beside it,

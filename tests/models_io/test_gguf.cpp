@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,39 @@ TEST_F(GgufTest, WriterRoundTripsMetadataTypesAndTensors) {
   EXPECT_EQ(qt->offset % 64, 0u);
   EXPECT_EQ(qt->nbytes, 68u);
   EXPECT_EQ(std::memcmp(f.data(*qt), q.data(), q.size()), 0);
+}
+
+// A tensor whose bytes are made by a fill callback when write() reaches it gives the same file
+// as one given its bytes up front, and the callbacks run one at a time, in file order.
+TEST_F(GgufTest, WriterFillsLazyTensorsInOrderWithTheSameBytes) {
+  GgufMetadata md;
+  md["general.architecture"] = {GgufType::String, GgufType::Uint8, "qwen3"};
+  std::vector<float> w(3 * 5);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * static_cast<float>(i) - 2.0f;
+  std::vector<std::uint8_t> q(2 * 34);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<std::uint8_t>(i * 5 + 1);
+  GgufWriter eager;
+  eager.add_tensor("token_embd.weight", {5, 3}, 0, w.data(), w.size() * 4);
+  eager.add_tensor("blk.0.ffn_up.weight", {64, 1}, 8, q.data(), q.size());
+  eager.write(path("eager.gguf"), md);
+  std::vector<std::string> calls;
+  GgufWriter lazy;
+  lazy.add_tensor("token_embd.weight", {5, 3}, 0, w.size() * 4, [&](std::uint8_t* out) {
+    calls.push_back("token_embd");
+    std::memcpy(out, w.data(), w.size() * 4);
+  });
+  lazy.add_tensor("blk.0.ffn_up.weight", {64, 1}, 8, q.size(), [&](std::uint8_t* out) {
+    calls.push_back("ffn_up");
+    std::memcpy(out, q.data(), q.size());
+  });
+  EXPECT_TRUE(calls.empty()) << "nothing is made before write()";
+  lazy.write(path("lazy.gguf"), md);
+  EXPECT_EQ(calls, (std::vector<std::string>{"token_embd", "ffn_up"}));
+  std::ifstream a(path("eager.gguf"), std::ios::binary), b(path("lazy.gguf"), std::ios::binary);
+  const std::string ea((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+  const std::string la((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+  EXPECT_GT(ea.size(), 128u);
+  EXPECT_EQ(ea, la);
 }
 
 // One malformed file per peer bug class (and the other refusals), each refused by name.
