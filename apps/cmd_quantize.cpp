@@ -140,7 +140,8 @@ Run add_quantize_command(CLI::App& app) {
                  "tokenizer and a GGUF file's are embedded without it");
   app.add_option("--config", o->config, "config.json (HF names) for --random-weights");
   app.add_flag("--random-weights", o->random_weights,
-               "Seeded random weights for --config instead of a folder");
+               "Seeded random weights for --config instead of a folder (drawn in f32, or in "
+               "bf16 when an f32 copy would not fit in the available memory)");
   app.add_option("--weights-seed", o->weights_seed, "Seed of --random-weights")
       ->capture_default_str()
       ->check(uint64_flag());
