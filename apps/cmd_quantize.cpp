@@ -64,9 +64,9 @@ int run_quantize(const QuantizeCmd& o) {
   // Random weights are drawn in f32, unless an f32 copy of them would not fit in the memory
   // available (Qwen3-8B: 33 GB, which the kernel killed on a 23 GB machine): then in bf16, each
   // tensor widened only while it is quantized, as for a bf16 folder.
-  if (o.random_weights) {
+  if (o.random_weights && !o.config.empty()) {  // no --config: load_model says so
     const std::int64_t f32_bytes =
-        models::count_params(models::resolve_model_config(o.config)).total * 4;
+        models::count_params(models::read_model_config(o.config)).total * 4;
     const std::int64_t available = available_memory(Device::cpu());
     if (available > 0 && f32_bytes > available / 4 * 3) {
       src.dtype = DType::BF16;

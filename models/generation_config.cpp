@@ -39,17 +39,6 @@ double number(const nlohmann::json& j, const char* field, const std::string& sou
   return v;
 }
 
-// load_hf_config's messages name the field; add the file they came from.
-ModelConfig read_config(const std::string& path) {
-  try {
-    return load_hf_config(path);
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    if (msg.find(path) != std::string::npos) throw;
-    fail("[load_model] {}: {}", path, msg);
-  }
-}
-
 // The model of `cfg`; an out-of-memory error names the config file its sizes came from.
 std::unique_ptr<DecoderModel> build_model(const ModelConfig& cfg, const ModelSource& src,
                                           const std::string& config_path) {
@@ -125,6 +114,17 @@ GenerationConfig load_generation_config(const std::string& path) {
   return parse_generation_config(read_json_file(path, "generation_config"), path);
 }
 
+ModelConfig read_model_config(const std::string& path) {
+  // load_hf_config's messages name the field; add the file they came from.
+  try {
+    return load_hf_config(path);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.find(path) != std::string::npos) throw;
+    fail("[load_model] {}: {}", path, msg);
+  }
+}
+
 LoadedModel load_model(const ModelSource& src) {
   LoadedModel out;
   KILN_CHECK(src.dtype == DType::F32 || src.dtype == DType::BF16 || src.dtype == DType::F16,
@@ -134,7 +134,7 @@ LoadedModel load_model(const ModelSource& src) {
   if (src.random_weights) {
     KILN_CHECK(!src.config.empty(),
                "[load_model] --random-weights needs --config PATH/config.json");
-    ModelConfig cfg = read_config(src.config);
+    ModelConfig cfg = read_model_config(src.config);
     out.model = build_model(cfg, src, src.config);
     out.model->eval();
     fs::path cdir = fs::path(src.config).parent_path();
@@ -153,7 +153,7 @@ LoadedModel load_model(const ModelSource& src) {
       fs::path d(src.model);
       KILN_CHECK(fs::exists(d / "config.json"), "[load_model] {}: no config.json in the folder",
                  src.model);
-      ModelConfig cfg = read_config((d / "config.json").string());
+      ModelConfig cfg = read_model_config((d / "config.json").string());
       LoadOptions lo;
       lo.ignore_tied_lm_head = cfg.tie_embeddings;  // some tied checkpoints still carry it
       // Built on meta (no memory), then each weight gets its bytes on src.device: on the CPU

@@ -39,6 +39,10 @@ struct GenerationConfig {
 GenerationConfig parse_generation_config(const nlohmann::json& j, const std::string& source);
 GenerationConfig load_generation_config(const std::string& path);
 
+// A Hugging Face config.json, as load_model reads it for random_weights (its errors name the
+// file).
+ModelConfig read_model_config(const std::string& path);
+
 // Where the model comes from.
 struct ModelSource {
   std::string model;   // HF folder, a .gguf file or a llama2.c .bin; empty with random_weights

@@ -506,7 +506,7 @@ void GgufWriter::write(const std::string& path, const GgufMetadata& metadata) co
   static const std::vector<std::uint8_t> zeros(65536, 0);
   std::vector<ByteChunk> chunks{{b.bytes().data(), b.bytes().size()}};
   for (const Pending& p : tensors_) {
-    chunks.push_back({p.data, p.info.nbytes, p.data ? nullptr : p.fill});
+    chunks.push_back({p.data, p.info.nbytes, p.fill});
     const std::uint64_t pad = align_up(p.info.nbytes, alignment) - p.info.nbytes;
     if (pad) chunks.push_back({zeros.data(), pad});
   }

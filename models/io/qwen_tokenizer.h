@@ -113,8 +113,8 @@ class QwenTokenizer final : public Tokenizer {
   std::string source_;               // file name(s), for messages
   std::vector<std::string> tokens_;  // id -> vocab.json spelling ("" for gaps)
   std::vector<std::string> bytes_;   // id -> decoded bytes
-  std::vector<uint8_t>
-      kind_;  // id -> 0 none, 1 vocab, 2 added, 3 added special, 4 unused (no text)
+  // id -> 0 none, 1 vocab, 2 added, 3 added special, 4 unused (an id without text)
+  std::vector<uint8_t> kind_;
   std::unordered_map<std::string, int32_t> ids_;  // vocab.json spelling -> id
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
