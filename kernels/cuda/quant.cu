@@ -1,7 +1,7 @@
 // Dequantization and the quantized GEMV (formats and math in kernels/common/quant.h; the
 // kernels' shapes in quant.h). dequantize: thread i decodes weight i from its block's scales and
-// its own bits; gemv_quant: a warp per weight row, decoding as dequantize does (Q8_0 with aligned
-// x: whole blocks per lane).
+// its own bits; gemv_quant: a warp per weight row, decoding as dequantize does, or with aligned
+// x a kernel per format that reads whole blocks or 64-weight chunks per lane in wide loads.
 #include "kernels/cuda/activation.h"  // Pack
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant.h"
@@ -21,6 +21,22 @@ __global__ void dequantize_kernel(quant::QuantType type, std::int64_t n, std::in
                                           static_cast<int>(i % block_size)));
 }
 
+// The weight row of this warp: blockIdx.x * warps + warp.
+__device__ __forceinline__ std::int64_t warp_row() {
+  return static_cast<std::int64_t>(blockIdx.x) * kQuantGemvWarpsPerBlock + threadIdx.x / 32;
+}
+
+// Row n of each of the M outputs: the fixed-order warp sum of acc[m], plus the bias.
+template <typename T, int M>
+__device__ __forceinline__ void store_rows(const float (&acc)[M], int lane, std::int64_t n,
+                                           const T* bias, T* y, std::int64_t ldy) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float s = warp_sum(acc[m]);
+    if (lane == 0) y[m * ldy + n] = store<T>(bias ? s + load(bias[n]) : s);
+  }
+}
+
 // One warp per weight row n (blockIdx.x * warps + warp); acc[m] for the M rows of x.
 template <typename T, int M>
 __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
@@ -29,14 +45,11 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
                       std::int64_t ldx, const std::uint8_t* w, const T* bias, T* y,
                       std::int64_t ldy) {
   const int lane = threadIdx.x % 32;
-  const std::int64_t n =
-      static_cast<std::int64_t>(blockIdx.x) * kQuantGemvWarpsPerBlock + threadIdx.x / 32;
+  const std::int64_t n = warp_row();
   if (n >= N) return;  // whole warps
   const std::int64_t nb = K / block_size;
   const std::uint8_t* row = w + n * nb * block_bytes;
-  float acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  float acc[M] = {};
   // Block by block (no 64-bit division per weight); lane l takes weights l, l + 32, ... of each.
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::uint8_t* blk = row + b * block_bytes;
@@ -47,30 +60,23 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
       for (int m = 0; m < M; ++m) acc[m] = fmaf(wk, load(x[m * ldx + k]), acc[m]);
     }
   }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float s = warp_sum(acc[m]);
-    if (lane == 0) y[m * ldy + n] = store<T>(bias ? s + load(bias[n]) : s);
-  }
+  store_rows<T, M>(acc, lane, n, bias, y, ldy);
 }
 
 // Q8_0, one warp per weight row n, lane l on blocks l, l + 32, ...: acc[m] += d * sum_j q_j x_j
 // over each block (the 32 products in order, then one multiply by d), a fixed-order warp sum.
-// x rows 16-byte aligned (q8_0_gemv_vectorized); blocks are 34 bytes, so 2-byte aligned.
+// x rows 16-byte aligned (gemv_quant_kernel_for); blocks are 34 bytes, so 2-byte aligned.
 template <typename T, int M>
 __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
     gemv_q8_0_kernel(std::int64_t N, std::int64_t K, const T* x, std::int64_t ldx,
                      const std::uint8_t* w, const T* bias, T* y, std::int64_t ldy) {
   constexpr int P = 16 / sizeof(T);  // x elements per 16-byte load
   const int lane = threadIdx.x % 32;
-  const std::int64_t n =
-      static_cast<std::int64_t>(blockIdx.x) * kQuantGemvWarpsPerBlock + threadIdx.x / 32;
+  const std::int64_t n = warp_row();
   if (n >= N) return;  // whole warps
   const std::int64_t nb = K / 32;
   const std::uint8_t* row = w + n * nb * 34;
-  float acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  float acc[M] = {};
   for (std::int64_t b = lane; b < nb; b += 32) {
     const auto* bp = reinterpret_cast<const std::uint16_t*>(row + b * 34);
     f16 dh;
@@ -97,11 +103,132 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
       acc[m] = fmaf(d, s, acc[m]);
     }
   }
+  store_rows<T, M>(acc, lane, n, bias, y, ldy);
+}
+
+// Q4_K, one warp per weight row n; lane l on 64-weight chunks c = l, l + 32, ...: chunk c is
+// superblock c / 4's sub-blocks 2j and 2j + 1 (j = c % 4), the low and high nibbles of the 32
+// code bytes at 16 + 32j (two 16-byte loads: 144-byte blocks keep them on 16-byte boundaries
+// when w is). Per sub-block, w_i = d sc q_i - dmin m, so its dot with x is
+// d sc sum_i q_i x_i - dmin m sum_i x_i: two f32 sums, then the block's scale and min once.
+template <typename T, int M>
+__global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
+    gemv_q4_k_kernel(std::int64_t N, std::int64_t K, const T* x, std::int64_t ldx,
+                     const std::uint8_t* w, const T* bias, T* y, std::int64_t ldy) {
+  constexpr int P = 16 / sizeof(T);  // x elements per 16-byte load
+  const int lane = threadIdx.x % 32;
+  const std::int64_t n = warp_row();
+  if (n >= N) return;  // whole warps
+  const std::int64_t chunks = K / 64;
+  const std::uint8_t* row = w + n * (K / 256) * 144;
+  float acc[M] = {};
+  for (std::int64_t c = lane; c < chunks; c += 32) {
+    const std::uint8_t* blk = row + (c / 4) * 144;
+    const int j = static_cast<int>(c % 4);
+    int sc_lo, m_lo, sc_hi, m_hi;
+    quant::q4_k_scale_min(blk, 2 * j, sc_lo, m_lo);
+    quant::q4_k_scale_min(blk, 2 * j + 1, sc_hi, m_hi);
+    const float d = quant::f16_at(blk), dmin = quant::f16_at(blk + 2);
+    const float d_lo = d * static_cast<float>(sc_lo), min_lo = dmin * static_cast<float>(m_lo);
+    const float d_hi = d * static_cast<float>(sc_hi), min_hi = dmin * static_cast<float>(m_hi);
+    const auto* qp = reinterpret_cast<const uint4*>(blk + 16 + 32 * j);
+    const uint4 q0 = qp[0], q1 = qp[1];
+    const std::uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float s = warp_sum(acc[m]);
-    if (lane == 0) y[m * ldy + n] = store<T>(bias ? s + load(bias[n]) : s);
+    for (int m = 0; m < M; ++m) {
+      const T* xr = x + m * ldx + c * 64;  // x_lo: xr[0, 32); x_hi: xr[32, 64)
+      float s_lo = 0.f, s_hi = 0.f, x_lo = 0.f, x_hi = 0.f;
+#pragma unroll
+      for (int g = 0; g < 32 / P; ++g) {
+        const Pack<T, P> lo = *reinterpret_cast<const Pack<T, P>*>(xr + g * P);
+        const Pack<T, P> hi = *reinterpret_cast<const Pack<T, P>*>(xr + 32 + g * P);
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+          const int t = g * P + e;  // code byte t
+          const std::uint32_t byte = (qw[t / 4] >> (8 * (t % 4))) & 0xFF;
+          const float xl = load(lo.v[e]), xh = load(hi.v[e]);
+          s_lo = fmaf(static_cast<float>(byte & 0xF), xl, s_lo);
+          s_hi = fmaf(static_cast<float>(byte >> 4), xh, s_hi);
+          x_lo += xl;
+          x_hi += xh;
+        }
+      }
+      acc[m] += (d_lo * s_lo - min_lo * x_lo) + (d_hi * s_hi - min_hi * x_hi);
+    }
   }
+  store_rows<T, M>(acc, lane, n, bias, y, ldy);
+}
+
+// 16 bytes at p, 2-byte aligned (Q6_K's 210-byte blocks), as four 32-bit words: five aligned
+// loads and a funnel shift. The fifth word lies inside the block for every range read below.
+__device__ __forceinline__ void load16_align2(const std::uint8_t* p, std::uint32_t (&out)[4]) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  const auto* w4 = reinterpret_cast<const std::uint32_t*>(addr & ~std::uintptr_t{3});
+  const unsigned shift = static_cast<unsigned>(addr & 3) * 8;  // 0 or 16
+  std::uint32_t words[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) words[i] = w4[i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = __funnelshift_r(words[i], words[i + 1], shift);
+}
+
+// Q6_K, one warp per weight row n; lane l on 64-weight units c = l, l + 32, ...: unit c is
+// superblock c / 4's half h = u / 2 and lanes l0 = 16 (u % 2) .. l0 + 15 of it (u = c % 4),
+// which are 16 consecutive weights in each of the four 32-weight quarters r of the half:
+// ql[64h + l0 + i] (r 0 low nibble, r 2 high), ql[64h + 32 + l0 + i] (r 1 low, r 3 high),
+// qh[32h + l0 + i] (bits 2r, 2r + 1), scale scales[8h + u % 2 + 2r] for each r. Per r:
+// d scale sum_i (q_i - 32) x_i, one f32 sum of q_i x_i and one of x_i.
+template <typename T, int M>
+__global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
+    gemv_q6_k_kernel(std::int64_t N, std::int64_t K, const T* x, std::int64_t ldx,
+                     const std::uint8_t* w, const T* bias, T* y, std::int64_t ldy) {
+  constexpr int P = 16 / sizeof(T);
+  const int lane = threadIdx.x % 32;
+  const std::int64_t n = warp_row();
+  if (n >= N) return;  // whole warps
+  const std::int64_t units = K / 64;
+  const std::uint8_t* row = w + n * (K / 256) * 210;
+  float acc[M] = {};
+  for (std::int64_t c = lane; c < units; c += 32) {
+    const std::uint8_t* blk = row + (c / 4) * 210;
+    const int u = static_cast<int>(c % 4), h = u / 2, l0 = 16 * (u % 2);
+    std::uint32_t qa[4], qb[4], qh[4];
+    load16_align2(blk + 64 * h + l0, qa);
+    load16_align2(blk + 64 * h + 32 + l0, qb);
+    load16_align2(blk + 128 + 32 * h + l0, qh);
+    const float d = quant::f16_at(blk + 208);
+    const auto* scales = reinterpret_cast<const std::int8_t*>(blk + 192 + 8 * h + u % 2);
+    float dr[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dr[r] = d * static_cast<float>(scales[2 * r]);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const T* xr = x + m * ldx + (c / 4) * 256 + 128 * h + l0;  // quarter r: xr[32r, 32r + 16)
+      float s[4] = {0.f, 0.f, 0.f, 0.f}, xs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+#pragma unroll
+        for (int g = 0; g < 16 / P; ++g) {
+          const Pack<T, P> xp = *reinterpret_cast<const Pack<T, P>*>(xr + 32 * r + g * P);
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            const int i = g * P + e;
+            const std::uint32_t low_byte = ((r & 1 ? qb : qa)[i / 4] >> (8 * (i % 4))) & 0xFF;
+            const std::uint32_t low = r >= 2 ? low_byte >> 4 : low_byte & 0xF;
+            const std::uint32_t high = (qh[i / 4] >> (8 * (i % 4) + 2 * r)) & 3;
+            const float xv = load(xp.v[e]);
+            s[r] = fmaf(static_cast<float>(low | (high << 4)), xv, s[r]);
+            xs[r] += xv;
+          }
+        }
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sum += dr[r] * (s[r] - 32.f * xs[r]);
+      acc[m] += sum;
+    }
+  }
+  store_rows<T, M>(acc, lane, n, bias, y, ldy);
 }
 
 template <typename T, int M>
@@ -111,16 +238,25 @@ void launch_gemv_quant(quant::QuantType type, std::int64_t N, std::int64_t K,
                        StreamHandle stream) {
   const std::int64_t blocks = (N + kQuantGemvWarpsPerBlock - 1) / kQuantGemvWarpsPerBlock;
   KILN_CHECK(blocks <= 0x7fffffffLL, "[linear_quant] {} weight rows exceed the grid", N);
-  if (q8_0_gemv_vectorized(type, x, ldx, sizeof(T))) {
-    gemv_q8_0_kernel<T, M>
-        <<<static_cast<unsigned>(blocks), 32 * kQuantGemvWarpsPerBlock, 0, stream>>>(
-            N, K, x, ldx, w, bias, y, ldy);
-    KILN_CUDA_CHECK_LAUNCH();
-    return;
+  const unsigned grid = static_cast<unsigned>(blocks), threads = 32 * kQuantGemvWarpsPerBlock;
+  switch (gemv_quant_kernel_for(type, x, ldx, sizeof(T), w)) {
+    case GemvQuantKernel::Q8_0:
+      gemv_q8_0_kernel<T, M><<<grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
+      KILN_CUDA_CHECK_LAUNCH();
+      return;
+    case GemvQuantKernel::Q4_K:
+      gemv_q4_k_kernel<T, M><<<grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
+      KILN_CUDA_CHECK_LAUNCH();
+      return;
+    case GemvQuantKernel::Q6_K:
+      gemv_q6_k_kernel<T, M><<<grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
+      KILN_CUDA_CHECK_LAUNCH();
+      return;
+    case GemvQuantKernel::General:
+      break;
   }
-  gemv_quant_kernel<T, M>
-      <<<static_cast<unsigned>(blocks), 32 * kQuantGemvWarpsPerBlock, 0, stream>>>(
-          type, N, K, q.block_size, q.block_bytes, x, ldx, w, bias, y, ldy);
+  gemv_quant_kernel<T, M><<<grid, threads, 0, stream>>>(type, N, K, q.block_size, q.block_bytes, x,
+                                                        ldx, w, bias, y, ldy);
   KILN_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,11 +9,13 @@
 // bytes, 2-4x fewer than bf16's). One warp per weight row: lane l takes weights l, l + 32, ...
 // (consecutive lanes, consecutive bytes of a block), decodes each as dequantize does (the same
 // f32 weight) and accumulates w * x in f32 for every row of x; a fixed-order warp sum per row.
-// Q8_0 with x rows on 16-byte boundaries takes its own kernel (q8_0_gemv_vectorized): lane l
-// takes whole blocks l, l + 32, ... (the scale once, the 32 codes as 16 two-byte loads, x in
-// 16-byte loads), where the general kernel decodes every weight through block_weight's switch.
-// The profile of the first window measured the general kernel at 201 GB/s on Qwen3-8B Q8_0
-// (H200, 2026-11-27), a fifth of bf16's decode.
+// With x rows on 16-byte boundaries each format takes its own kernel (gemv_quant_kernel_for):
+// Q8_0 lane l takes whole blocks l, l + 32, ... (the scale once, the 32 codes as 16 two-byte
+// loads, x in 16-byte loads); Q4_K and Q6_K lanes take 64-weight chunks of a 256-weight block
+// (Q4_K's codes in two 16-byte loads, Q6_K's in 4-byte loads), a block's scales applied to f32
+// sums of codes times x once per sub-block. The general kernel decodes every weight through
+// block_weight's switch: the first window measured it at 201 GB/s on Qwen3-8B Q8_0 (H200,
+// 2026-11-27), a fifth of bf16's decode.
 // A row's result depends on nothing but that row of x: the same bits alone or among M - 1
 // others (batch-invariant serving), and from run to run.
 #pragma once
@@ -34,11 +36,25 @@ void dequantize(quant::QuantType type, std::int64_t n, const std::uint8_t* block
 inline constexpr std::int64_t kQuantGemvMaxRows = 8;
 inline constexpr int kQuantGemvWarpsPerBlock = 4;
 
-// Whether gemv_quant runs the Q8_0 kernel: Q8_0, x's base and row pitch on 16-byte boundaries.
-inline bool q8_0_gemv_vectorized(quant::QuantType type, const void* x, std::int64_t ldx,
-                                 std::size_t elem_bytes) {
-  return type == quant::QuantType::Q8_0 && aligned16({x}) &&
-         (ldx * static_cast<std::int64_t>(elem_bytes)) % 16 == 0;
+enum class GemvQuantKernel { General, Q8_0, Q4_K, Q6_K };
+
+// The kernel gemv_quant runs: the format's own when x's base and row pitch lie on 16-byte
+// boundaries and w is aligned as that kernel loads it (Q4_K: 16 bytes, as 144-byte blocks keep
+// each 32-byte code run; Q6_K and Q8_0: 2 bytes, their blocks being 210 and 34 bytes).
+inline GemvQuantKernel gemv_quant_kernel_for(quant::QuantType type, const void* x, std::int64_t ldx,
+                                             std::size_t elem_bytes, const void* w) {
+  if (!aligned16({x}) || (ldx * static_cast<std::int64_t>(elem_bytes)) % 16 != 0)
+    return GemvQuantKernel::General;
+  const auto w_addr = reinterpret_cast<std::uintptr_t>(w);
+  switch (type) {
+    case quant::QuantType::Q8_0:
+      return w_addr % 2 == 0 ? GemvQuantKernel::Q8_0 : GemvQuantKernel::General;
+    case quant::QuantType::Q4_K:
+      return aligned16({w}) ? GemvQuantKernel::Q4_K : GemvQuantKernel::General;
+    case quant::QuantType::Q6_K:
+      return w_addr % 2 == 0 ? GemvQuantKernel::Q6_K : GemvQuantKernel::General;
+  }
+  return GemvQuantKernel::General;
 }
 
 // x: (M, K) rows ldx apart; w: N x (K / block_size) blocks; bias: (N) or null; y: (M, N) rows ldy

@@ -12,6 +12,7 @@
 #include "kernels/common/quant.h"
 #include "kernels/cpu/gemv_quant.h"  // quant_gemv_max_rows
 #include "kernels/cpu/isa.h"
+#include "kernels/cuda/quant.h"  // gemv_quant_kernel_for
 #include "kernels/cuda/runtime.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
@@ -295,19 +296,52 @@ TEST(LinearQuant, MetaChargesWhatTheCpuRunAllocates) {
   }
 }
 
+// Which CUDA GEMV kernel runs (host logic): each format's own for 16-byte aligned x rows and w
+// aligned as that kernel loads it, the general one otherwise.
+TEST(CudaQuantHost, GemvKernelFor) {
+  using cuda::GemvQuantKernel;
+  alignas(16) static char buf[64];
+  const void* a = buf;
+  const void* a2 = buf + 2;
+  const void* a1 = buf + 1;
+  EXPECT_EQ(cuda::gemv_quant_kernel_for(QuantType::Q8_0, a, 64, 2, a2), GemvQuantKernel::Q8_0);
+  EXPECT_EQ(cuda::gemv_quant_kernel_for(QuantType::Q4_K, a, 256, 4, a), GemvQuantKernel::Q4_K);
+  EXPECT_EQ(cuda::gemv_quant_kernel_for(QuantType::Q6_K, a, 256, 2, a2), GemvQuantKernel::Q6_K);
+  // w off the kernel's alignment
+  EXPECT_EQ(cuda::gemv_quant_kernel_for(QuantType::Q4_K, a, 256, 2, a2), GemvQuantKernel::General);
+  EXPECT_EQ(cuda::gemv_quant_kernel_for(QuantType::Q6_K, a, 256, 2, a1), GemvQuantKernel::General);
+  EXPECT_EQ(cuda::gemv_quant_kernel_for(QuantType::Q8_0, a, 64, 2, a1), GemvQuantKernel::General);
+  // x's base or row pitch off 16 bytes
+  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K}) {
+    EXPECT_EQ(cuda::gemv_quant_kernel_for(t, a2, 256, 2, a), GemvQuantKernel::General);
+    EXPECT_EQ(cuda::gemv_quant_kernel_for(t, a, 260, 2, a), GemvQuantKernel::General);
+    EXPECT_EQ(cuda::gemv_quant_kernel_for(t, a, 258, 4, a), GemvQuantKernel::General);
+  }
+}
+
 // The CUDA GEMV (1 to 8 rows of x, the blocks read in place): each output within f32
 // accumulation of the float64 product of x and the dequantized weights (plus one rounding to
 // the output dtype), and every row bit-identical whether it runs alone or among the others.
 TEST(CudaLinearQuant, GemvRowsMatchFloat64AndEachOther) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the quantized GEMV not run";
   const Device gpu = Device::cuda(0);
-  for (QuantType t : {QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K})
+  // 37 rows: a partial block of 4 warps. Q8_0's 40 blocks per row give lanes 0-7 two blocks each;
+  // the K-quants' 18 blocks (72 chunks of 64) give lanes 0-7 three chunks, and 2 blocks leave
+  // 24 lanes without one.
+  struct Case {
+    QuantType t;
+    std::int64_t blocks_per_row;
+  };
+  for (Case c : {Case{QuantType::Q8_0, 40}, Case{QuantType::Q4_K, 2}, Case{QuantType::Q4_K, 18},
+                 Case{QuantType::Q6_K, 2}, Case{QuantType::Q6_K, 18}})
     for (DType dt : {DType::F32, DType::BF16}) {
+      const QuantType t = c.t;
       const auto& q = quant::quant_info(t);
-      // 37: a partial block of 4 warps; Q8_0's 40 blocks per row give lanes 0-7 two blocks each.
-      const std::int64_t N = 37, K = (t == QuantType::Q8_0 ? 40 : 2) * q.block_size;
-      const Tensor blocks = t == QuantType::Q8_0 ? quantize_q8_0(weights(N * K, 51))
-                                                 : kquant_blocks(t, N * 2, 52 + int(t));
+      const std::int64_t N = 37, K = c.blocks_per_row * q.block_size;
+      const Tensor blocks =
+          t == QuantType::Q8_0
+              ? quantize_q8_0(weights(N * K, 51))
+              : kquant_blocks(t, static_cast<int>(N * c.blocks_per_row), 52 + int(t));
       const std::vector<double> w = ops::dequantize(blocks, t, {N, K}).to_double_vector();
       Generator g(53);
       const Tensor x = ops::randn({8, K}, g).to(dt), bias = ops::randn({N}, g).to(dt);
