@@ -69,16 +69,23 @@ TEST(CudaNnHost, RowLaunch) {
   l = cuda::row_launch(1, 1, 1);
   EXPECT_TRUE(l.warp_per_row);
   EXPECT_EQ(l.blocks, 1);
-  // Wider rows: one block per row, about 4 accesses per thread, 128..1024 threads.
-  l = cuda::row_launch(5, 1025, 1);  // 1025 accesses -> 512 threads (256 * 4 < 1025)
+  // Wider rows: one block per row, one access per thread up to 1024 threads (128 at least).
+  l = cuda::row_launch(5, 1025, 1);  // 1025 accesses -> 1024 threads
   EXPECT_FALSE(l.warp_per_row);
-  EXPECT_EQ(l.threads, 512);
+  EXPECT_EQ(l.threads, 1024);
   EXPECT_EQ(l.rows_per_block, 1);
   EXPECT_EQ(l.blocks, 5);
-  EXPECT_EQ(cuda::row_launch(3, 4096, 8).threads, 128);   // 512 accesses
-  EXPECT_EQ(cuda::row_launch(3, 4096, 4).threads, 256);   // 1024 accesses
+  EXPECT_EQ(cuda::row_launch(3, 1032, 8).threads, 256);   // 129 accesses
+  EXPECT_EQ(cuda::row_launch(3, 1088, 16).threads, 128);  // 68 accesses: 128 at least
+  EXPECT_EQ(cuda::row_launch(3, 4096, 8).threads, 512);   // 512 accesses
+  EXPECT_EQ(cuda::row_launch(3, 4096, 4).threads, 1024);  // 1024 accesses
   EXPECT_EQ(cuda::row_launch(3, 4097, 1).threads, 1024);  // 4097 accesses
   EXPECT_EQ(cuda::row_launch(3, 151936, 4).threads, 1024);
+  // The shape does not depend on the number of rows (a row's bits do not change with the batch).
+  for (std::int64_t rows : {1, 2, 64, 65, 4096}) {
+    EXPECT_EQ(cuda::row_launch(rows, 4096, 8).threads, 512) << rows;
+    EXPECT_EQ(cuda::row_launch(rows, 4096, 8).rows_per_block, 1) << rows;
+  }
   EXPECT_EQ(cuda::row_launch(0, 64, 1).blocks, 0);
 }
 
