@@ -301,6 +301,7 @@ resolve_argv() {
           2>/dev/null | head -1 || echo ncu)") ;;
       %decode_dir) argv+=("$decode_dir") ;;
       %decode_q8_0) argv+=("${decode_dir}_q8_0.gguf") ;;  # decode_quantize's output
+      %decode_q4_k_m) argv+=("${decode_dir}_q4_k_m.gguf") ;;  # decode_quantize_q4_k_m's output
       ^*) argv+=("$repo/${w#^}") ;;
       =work/*) mkdir -p "$work/${w#=work/}" && argv+=("$work/${w#=work/}") ;;
       =bundle/*) argv+=("$bundle/${w#=bundle/}") ;;

@@ -118,8 +118,8 @@ gpu_check_cuda_suites() {
 # gpu_check_plan STAGE: the steps of STAGE (format above). Needs: $bundle_exes (the bundle's
 # executables, relative paths), and for cuda-tests $suites_<binary> (gpu_check_cuda_suites'
 # lines). Words gpu_check.sh resolves when it runs a step: @kiln (the bundle's kiln), %memcheck
-# and %racecheck (compute-sanitizer with that tool), %python ($KILN_PYTHON), %decode_q8_0 (the
-# Q8_0 GGUF quantized from the random folder, beside it), %serve_check
+# and %racecheck (compute-sanitizer with that tool), %python ($KILN_PYTHON), %decode_q8_0 and
+# %decode_q4_k_m (the GGUFs quantized from the random folder, beside it), %serve_check
 # ($KILN_GPU_SERVE_CHECK, else scripts/gpu_serve_check.sh), %decode_dir (the
 # random Qwen3-8B folder), ^PATH (this checkout), =bundle/PATH, =work/PATH (a folder it creates).
 gpu_check_plan() {
@@ -210,6 +210,10 @@ gpu_check_plan() {
       # GEMV (cuda::gemv_quant, the blocks read in place): its tok/s against bf16's above.
       echo "decode_quantize|cmd|240|run||nice -n 10 @kiln quantize --model %decode_dir --type q8_0 --force --out %decode_q8_0"
       echo "decode_kiln_q8_0|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_q8_0 --prompt-ids $ids --max-new-tokens 128 --temperature 0"
+      # And in Q4_K_M (Q4_K, with Q6_K for the LM head and some value and down projections, as
+      # llama.cpp picks them): the Q4_K and Q6_K GEMV kernels, about 5 GB a token.
+      echo "decode_quantize_q4_k_m|cmd|240|run||nice -n 10 @kiln quantize --model %decode_dir --type q4_k_m --force --out %decode_q4_k_m"
+      echo "decode_kiln_q4_k_m|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_q4_k_m --prompt-ids $ids --max-new-tokens 128 --temperature 0"
       # Where a decode token's time goes, kernel by kernel (the lever list of the next change):
       # Nsight Compute over 400 launches inside the decode (after the prefill's), time and DRAM
       # bytes read per kernel (CSV, a row per kernel and metric: the raw page carries every device
