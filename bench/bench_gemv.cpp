@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/decode_shapes.h"
 #include "kernels/common/half.h"
 #include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/gemv_bf16.h"
@@ -25,26 +26,10 @@
 #include "models/config.h"
 
 using namespace kiln;
+using kiln::bench::decode_weights;
+using kiln::bench::Shape2;
 
 namespace {
-
-struct Shape2 {
-  std::int64_t n, k;  // out_features, in_features
-};
-
-// The Linear weights one decode step reads, in order.
-std::vector<Shape2> decode_weights(const models::ModelConfig& c) {
-  const std::int64_t q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
-  std::vector<Shape2> w;
-  for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    for (Shape2 s :
-         {Shape2{q, c.dim}, Shape2{kv, c.dim}, Shape2{kv, c.dim}, Shape2{c.dim, q},
-          Shape2{c.hidden_dim, c.dim}, Shape2{c.hidden_dim, c.dim}, Shape2{c.dim, c.hidden_dim}})
-      w.push_back(s);
-  }
-  w.push_back({c.vocab_size, c.dim});
-  return w;
-}
 
 template <typename T>
 std::vector<T> filled(std::int64_t n, float scale) {

@@ -234,12 +234,13 @@ def decode_report(work, steps, card, commit):
                       "write_result": w.get("result"), "write_s": w.get("seconds"),
                       "write_paused_s": int(info.get("paused_s", 0))},
            "kiln": None, "kiln_cublaslt": None, "kiln_generic_attention": None, "kiln_q8_0": None,
-           "kiln_q4_k_m": None,
+           "kiln_q4_k_m": None, "kiln_q4_k_m_warp": None,
            "hf": None, "copy_gbs": None,
            "ratios": {}}
     for key, step in (("kiln", "decode_kiln"), ("kiln_cublaslt", "decode_kiln_cublaslt"),
                       ("kiln_generic_attention", "decode_kiln_generic_attention"),
-                      ("kiln_q8_0", "decode_kiln_q8_0"), ("kiln_q4_k_m", "decode_kiln_q4_k_m")):
+                      ("kiln_q8_0", "decode_kiln_q8_0"), ("kiln_q4_k_m", "decode_kiln_q4_k_m"),
+                      ("kiln_q4_k_m_warp", "decode_kiln_q4_k_m_warp")):
         k = steps.get(step)
         if k:
             rep[key] = dict(parse_kiln_generate(read_text(f"{work}/logs/{step}.log")),
@@ -276,6 +277,8 @@ def decode_report(work, steps, card, commit):
                                                     kd.get("decode_tok_s")),
         "kiln_q4_k_m_decode_gbs_over_copy": ratio((rep["kiln_q4_k_m"] or {}).get("decode_gbs"),
                                                   rep["copy_gbs"]),
+        "decode_tok_s_q4_k_m_rows_over_warp": ratio((rep["kiln_q4_k_m"] or {}).get("decode_tok_s"),
+                                                    (rep["kiln_q4_k_m_warp"] or {}).get("decode_tok_s")),
     }.items() if v is not None}
     a, b = kd.get("first_tokens"), hd.get("first_tokens")
     if a and b:  # the same weights, greedy: the first generated ids should agree
@@ -301,6 +304,8 @@ def decode_markdown(rep):
                           "kiln_q8_0_decode_gbs_over_copy"),
                          ("kiln, Q4_K_M weights (quantized GEMV)", rep.get("kiln_q4_k_m") or {},
                           "kiln_q4_k_m_decode_gbs_over_copy"),
+                         ("kiln, Q4_K_M, one row per warp (KILN_CUDA_QGEMV_ROWS=0)",
+                          rep.get("kiln_q4_k_m_warp") or {}, None),
                          ("HF transformers, static cache", hd, "hf_decode_gbs_over_copy")):
         if d:
             md.append(f"| {name} | {d.get('result', '')}{' (' + d['error'][:80] + ')' if d.get('error') else ''} "

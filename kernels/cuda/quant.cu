@@ -2,6 +2,8 @@
 // kernels' shapes in quant.h). dequantize: thread i decodes weight i from its block's scales and
 // its own bits; gemv_quant: a warp per weight row, decoding as dequantize does, or with aligned
 // x a kernel per format that reads whole blocks or 64-weight chunks per lane in wide loads.
+#include <atomic>
+
 #include "kernels/cuda/activation.h"  // Pack
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant.h"
@@ -231,6 +233,191 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
   store_rows<T, M>(acc, lane, n, bias, y, ldy);
 }
 
+// ---- K-quant GEMVs with kQuantGemvRowsPerWarp rows per warp (gemv_quant_rows_enabled()) ------
+//
+// The kernels above spend more issue slots than bytes: every lane converts 64 values of x and
+// sums them for each weight row (x is 3.5x a Q4_K row's bytes), and turns each code into a float
+// with I2F, a quarter-rate instruction. Here a warp takes R = kQuantGemvRowsPerWarp rows: a lane
+// loads and converts its chunk of x once per row of x and uses it for R weight rows, and a code q
+// becomes a float in two full-rate integer ops, as the mantissa of 1 + q / 2^b (b = 4 for Q4_K's
+// nibbles, 6 for Q6_K's 6-bit codes): sum_i q_i x_i = 2^b (sum_i (1 + q_i / 2^b) x_i - sum_i x_i),
+// with sum_i x_i computed once per chunk. A row's arithmetic does not depend on M (batch
+// invariance holds within these kernels).
+
+// 1 + (bits [shift, shift + 4) of v) / 16: the nibble placed in the top 4 mantissa bits of 1.0f.
+__device__ __forceinline__ float one_plus_nibble_16th(std::uint32_t v, int shift) {
+  const std::uint32_t field = shift <= 19 ? v << (19 - shift) : v >> (shift - 19);
+  return __uint_as_float(0x3F800000u | (field & 0x00780000u));
+}
+
+// quant::q4_k_scale_min on a block's first 16 bytes held in registers (bytes 4..15 are the 12
+// packed scale bytes): the same unpacking, with shifts where a byte pointer into the registers
+// would move them to local memory (s is not known at compile time).
+__device__ __forceinline__ int q4_k_scale_byte(const uint4& head, int i) {
+  const std::uint32_t word = i < 4 ? head.y : (i < 8 ? head.z : head.w);
+  return static_cast<int>((word >> (8 * (i % 4))) & 0xFFu);
+}
+__device__ __forceinline__ void q4_k_scale_min_regs(const uint4& head, int s, int& sc, int& m) {
+  if (s < 4) {
+    sc = q4_k_scale_byte(head, s) & 63;
+    m = q4_k_scale_byte(head, s + 4) & 63;
+  } else {
+    sc = (q4_k_scale_byte(head, s + 4) & 0xF) | ((q4_k_scale_byte(head, s - 4) >> 6) << 4);
+    m = (q4_k_scale_byte(head, s + 4) >> 4) | ((q4_k_scale_byte(head, s) >> 6) << 4);
+  }
+}
+
+__device__ __forceinline__ float f16_bits_to_float(std::uint32_t bits) {
+  f16 h;
+  h.bits = static_cast<std::uint16_t>(bits);
+  return f16_to_float(h);
+}
+
+// Q4_K: lane l on 64-weight chunks c = l, l + 32, ... of rows n0 .. n0 + R - 1 (as
+// gemv_q4_k_kernel: chunk c is superblock c / 4's sub-blocks 2j, 2j + 1, j = c % 4). A block's
+// first 16 bytes (d, dmin, the 12 packed scale bytes) come in one 16-byte load.
+template <typename T, int M>
+__global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
+    gemv_q4_k_rows_kernel(std::int64_t N, std::int64_t K, const T* x, std::int64_t ldx,
+                          const std::uint8_t* w, const T* bias, T* y, std::int64_t ldy) {
+  constexpr int R = kQuantGemvRowsPerWarp, P = 16 / sizeof(T);
+  const int lane = threadIdx.x % 32;
+  const std::int64_t n0 = warp_row() * R;
+  if (n0 >= N) return;  // whole warps
+  const std::int64_t chunks = K / 64, row_bytes = (K / 256) * 144;
+  float acc[R][M] = {};
+  for (std::int64_t c = lane; c < chunks; c += 32) {
+    const int j = static_cast<int>(c % 4);
+    uint4 head[R], q0[R], q1[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (n0 + r < N) {
+        const std::uint8_t* blk = w + (n0 + r) * row_bytes + (c / 4) * 144;
+        head[r] = *reinterpret_cast<const uint4*>(blk);
+        q0[r] = reinterpret_cast<const uint4*>(blk + 16 + 32 * j)[0];
+        q1[r] = reinterpret_cast<const uint4*>(blk + 16 + 32 * j)[1];
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const T* xr = x + m * ldx + c * 64;  // x_lo: xr[0, 32); x_hi: xr[32, 64)
+      float xv_lo[32], xv_hi[32], x_lo = 0.f, x_hi = 0.f;
+#pragma unroll
+      for (int g = 0; g < 32 / P; ++g) {
+        const Pack<T, P> lo = *reinterpret_cast<const Pack<T, P>*>(xr + g * P);
+        const Pack<T, P> hi = *reinterpret_cast<const Pack<T, P>*>(xr + 32 + g * P);
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+          xv_lo[g * P + e] = load(lo.v[e]);
+          xv_hi[g * P + e] = load(hi.v[e]);
+          x_lo += xv_lo[g * P + e];
+          x_hi += xv_hi[g * P + e];
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (n0 + r >= N) break;
+        int sc_lo, m_lo, sc_hi, m_hi;
+        q4_k_scale_min_regs(head[r], 2 * j, sc_lo, m_lo);
+        q4_k_scale_min_regs(head[r], 2 * j + 1, sc_hi, m_hi);
+        const float d = f16_bits_to_float(head[r].x & 0xFFFFu);
+        const float dmin = f16_bits_to_float(head[r].x >> 16);
+        const std::uint32_t qw[8] = {q0[r].x, q0[r].y, q0[r].z, q0[r].w,
+                                     q1[r].x, q1[r].y, q1[r].z, q1[r].w};
+        float s_lo = 0.f, s_hi = 0.f;  // sums of (1 + q / 16) x
+#pragma unroll
+        for (int t = 0; t < 32; ++t) {
+          s_lo = fmaf(one_plus_nibble_16th(qw[t / 4], 8 * (t % 4)), xv_lo[t], s_lo);
+          s_hi = fmaf(one_plus_nibble_16th(qw[t / 4], 8 * (t % 4) + 4), xv_hi[t], s_hi);
+        }
+        const float d_lo = d * static_cast<float>(sc_lo), min_lo = dmin * static_cast<float>(m_lo);
+        const float d_hi = d * static_cast<float>(sc_hi), min_hi = dmin * static_cast<float>(m_hi);
+        acc[r][m] += (d_lo * (16.f * (s_lo - x_lo)) - min_lo * x_lo) +
+                     (d_hi * (16.f * (s_hi - x_hi)) - min_hi * x_hi);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (n0 + r < N) store_rows<T, M>(acc[r], lane, n0 + r, bias, y, ldy);
+}
+
+// Q6_K: lane l on 64-weight units c = l, l + 32, ... of rows n0 .. n0 + R - 1 (the units of
+// gemv_q6_k_kernel); a 6-bit code q becomes 1 + q / 64.
+template <typename T, int M>
+__global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
+    gemv_q6_k_rows_kernel(std::int64_t N, std::int64_t K, const T* x, std::int64_t ldx,
+                          const std::uint8_t* w, const T* bias, T* y, std::int64_t ldy) {
+  constexpr int R = kQuantGemvRowsPerWarp, P = 16 / sizeof(T);
+  const int lane = threadIdx.x % 32;
+  const std::int64_t n0 = warp_row() * R;
+  if (n0 >= N) return;  // whole warps
+  const std::int64_t units = K / 64, row_bytes = (K / 256) * 210;
+  float acc[R][M] = {};
+  for (std::int64_t c = lane; c < units; c += 32) {
+    const int u = static_cast<int>(c % 4), h = u / 2, l0 = 16 * (u % 2);
+    std::uint32_t qa[R][4], qb[R][4], qh[R][4];
+    float dr[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (n0 + r < N) {
+        const std::uint8_t* blk = w + (n0 + r) * row_bytes + (c / 4) * 210;
+        load16_align2(blk + 64 * h + l0, qa[r]);
+        load16_align2(blk + 64 * h + 32 + l0, qb[r]);
+        load16_align2(blk + 128 + 32 * h + l0, qh[r]);
+        const float d = quant::f16_at(blk + 208);
+        const auto* scales = reinterpret_cast<const std::int8_t*>(blk + 192 + 8 * h + u % 2);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) dr[r][q] = d * static_cast<float>(scales[2 * q]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      // quarter q of the half: x[(c / 4) * 256 + 128h + 32q + l0 + i], i < 16
+      const T* xr = x + m * ldx + (c / 4) * 256 + 128 * h + l0;
+      float xv[4][16], xs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int g = 0; g < 16 / P; ++g) {
+          const Pack<T, P> xp = *reinterpret_cast<const Pack<T, P>*>(xr + 32 * q + g * P);
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            xv[q][g * P + e] = load(xp.v[e]);
+            xs[q] += xv[q][g * P + e];
+          }
+        }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (n0 + r >= N) break;
+        float sum = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float s = 0.f;  // sum of (1 + code / 64) x
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const std::uint32_t lw = (q & 1 ? qb[r] : qa[r])[i / 4], hw = qh[r][i / 4];
+            const int lsh = 8 * (i % 4) + (q >= 2 ? 4 : 0), hsh = 8 * (i % 4) + 2 * q;
+            // the low nibble to mantissa bits 17..20, the 2 high bits to 21..22
+            const std::uint32_t lo =
+                (lsh <= 17 ? lw << (17 - lsh) : lw >> (lsh - 17)) & 0x001E0000u;
+            const std::uint32_t hi =
+                (hsh <= 21 ? hw << (21 - hsh) : hw >> (hsh - 21)) & 0x00600000u;
+            s = fmaf(__uint_as_float(0x3F800000u | lo | hi), xv[q][i], s);
+          }
+          sum += dr[r][q] * (64.f * (s - xs[q]) - 32.f * xs[q]);
+        }
+        acc[r][m] += sum;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (n0 + r < N) store_rows<T, M>(acc[r], lane, n0 + r, bias, y, ldy);
+}
+
+std::atomic<int> g_gemv_quant_rows{-1};  // -1: not read from the environment yet
+
 template <typename T, int M>
 void launch_gemv_quant(quant::QuantType type, std::int64_t N, std::int64_t K,
                        const quant::QuantInfo& q, const T* x, std::int64_t ldx,
@@ -239,7 +426,20 @@ void launch_gemv_quant(quant::QuantType type, std::int64_t N, std::int64_t K,
   const std::int64_t blocks = (N + kQuantGemvWarpsPerBlock - 1) / kQuantGemvWarpsPerBlock;
   KILN_CHECK(blocks <= 0x7fffffffLL, "[linear_quant] {} weight rows exceed the grid", N);
   const unsigned grid = static_cast<unsigned>(blocks), threads = 32 * kQuantGemvWarpsPerBlock;
-  switch (gemv_quant_kernel_for(type, x, ldx, sizeof(T), w)) {
+  const GemvQuantKernel kernel = gemv_quant_kernel_for(type, x, ldx, sizeof(T), w);
+  if ((kernel == GemvQuantKernel::Q4_K || kernel == GemvQuantKernel::Q6_K) &&
+      gemv_quant_rows_enabled()) {
+    const auto row_grid =
+        static_cast<unsigned>((N + kQuantGemvWarpsPerBlock * kQuantGemvRowsPerWarp - 1) /
+                              (kQuantGemvWarpsPerBlock * kQuantGemvRowsPerWarp));
+    if (kernel == GemvQuantKernel::Q4_K)
+      gemv_q4_k_rows_kernel<T, M><<<row_grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
+    else
+      gemv_q6_k_rows_kernel<T, M><<<row_grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
+    KILN_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  switch (kernel) {
     case GemvQuantKernel::Q8_0:
       gemv_q8_0_kernel<T, M><<<grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
       KILN_CUDA_CHECK_LAUNCH();
@@ -261,6 +461,10 @@ void launch_gemv_quant(quant::QuantType type, std::int64_t N, std::int64_t K,
 }
 
 }  // namespace
+
+bool gemv_quant_rows_enabled() { return env_switch(g_gemv_quant_rows, "KILN_CUDA_QGEMV_ROWS"); }
+
+void set_gemv_quant_rows_enabled(bool on) { g_gemv_quant_rows.store(on ? 1 : 0); }
 
 template <typename T>
 void gemv_quant(quant::QuantType type, std::int64_t M, std::int64_t N, std::int64_t K, const T* x,

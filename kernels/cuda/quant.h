@@ -38,6 +38,18 @@ inline constexpr int kQuantGemvWarpsPerBlock = 4;
 
 enum class GemvQuantKernel { General, Q8_0, Q4_K, Q6_K };
 
+// The Q4_K and Q6_K kernels take this many weight rows per warp when gemv_quant_rows_enabled()
+// (x converted once for all of them; quant.cu says why). KILN_CUDA_QGEMV_ROWS=0 at start-up, or
+// set_gemv_quant_rows_enabled(false), runs one row per warp instead (A/B in one process).
+inline constexpr int kQuantGemvRowsPerWarp = 4;
+#if defined(KILN_CUDA)
+bool gemv_quant_rows_enabled();
+void set_gemv_quant_rows_enabled(bool on);
+#else
+inline bool gemv_quant_rows_enabled() { return true; }
+inline void set_gemv_quant_rows_enabled(bool) {}
+#endif
+
 // The kernel gemv_quant runs: the format's own when x's base and row pitch lie on 16-byte
 // boundaries and w is aligned as that kernel loads it (Q4_K: 16 bytes, as 144-byte blocks keep
 // each 32-byte code run; Q6_K and Q8_0: 2 bytes, their blocks being 210 and 34 bytes).

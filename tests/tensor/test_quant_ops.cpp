@@ -332,46 +332,54 @@ TEST(CudaLinearQuant, GemvRowsMatchFloat64AndEachOther) {
     QuantType t;
     std::int64_t blocks_per_row;
   };
-  for (Case c : {Case{QuantType::Q8_0, 40}, Case{QuantType::Q4_K, 2}, Case{QuantType::Q4_K, 18},
-                 Case{QuantType::Q6_K, 2}, Case{QuantType::Q6_K, 18}})
-    for (DType dt : {DType::F32, DType::BF16}) {
-      const QuantType t = c.t;
-      const auto& q = quant::quant_info(t);
-      const std::int64_t N = 37, K = c.blocks_per_row * q.block_size;
-      const Tensor blocks =
-          t == QuantType::Q8_0
-              ? quantize_q8_0(weights(N * K, 51))
-              : kquant_blocks(t, static_cast<int>(N * c.blocks_per_row), 52 + int(t));
-      const std::vector<double> w = ops::dequantize(blocks, t, {N, K}).to_double_vector();
-      Generator g(53);
-      const Tensor x = ops::randn({8, K}, g).to(dt), bias = ops::randn({N}, g).to(dt);
-      const std::vector<double> xs = x.to_double_vector(), bs = bias.to_double_vector();
-      const Tensor bg = blocks.to(gpu), xg = x.to(gpu), biasg = bias.to(gpu);
-      const double out_rel = dt == DType::BF16 ? 1.0 / 256 : 0.0;  // one rounding to bf16
-      for (std::int64_t rows : {1, 3, 8}) {
-        const std::vector<double> got = ops::linear_quant(xg.narrow(0, 0, rows), bg, t, N, biasg)
-                                            .to(Device::cpu())
-                                            .to_double_vector();
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const std::vector<double> alone = ops::linear_quant(xg.narrow(0, r, 1), bg, t, N, biasg)
-                                                .to(Device::cpu())
-                                                .to_double_vector();
-          for (std::int64_t n = 0; n < N; ++n) {
-            double want = bs[n], mag = std::fabs(bs[n]);
-            for (std::int64_t k = 0; k < K; ++k) {
-              want += w[n * K + k] * xs[r * K + k];
-              mag += std::fabs(w[n * K + k] * xs[r * K + k]);
+  // The K-quants run twice: R rows per warp (the default) and one (KILN_CUDA_QGEMV_ROWS=0).
+  struct RestoreRows {
+    bool on = cuda::gemv_quant_rows_enabled();
+    ~RestoreRows() { cuda::set_gemv_quant_rows_enabled(on); }
+  } restore;
+  for (bool rows_kernel : {true, false})
+    for (Case c : {Case{QuantType::Q8_0, 40}, Case{QuantType::Q4_K, 2}, Case{QuantType::Q4_K, 18},
+                   Case{QuantType::Q6_K, 2}, Case{QuantType::Q6_K, 18}})
+      for (DType dt : {DType::F32, DType::BF16}) {
+        cuda::set_gemv_quant_rows_enabled(rows_kernel);
+        const QuantType t = c.t;
+        const auto& q = quant::quant_info(t);
+        const std::int64_t N = 37, K = c.blocks_per_row * q.block_size;
+        const Tensor blocks =
+            t == QuantType::Q8_0
+                ? quantize_q8_0(weights(N * K, 51))
+                : kquant_blocks(t, static_cast<int>(N * c.blocks_per_row), 52 + int(t));
+        const std::vector<double> w = ops::dequantize(blocks, t, {N, K}).to_double_vector();
+        Generator g(53);
+        const Tensor x = ops::randn({8, K}, g).to(dt), bias = ops::randn({N}, g).to(dt);
+        const std::vector<double> xs = x.to_double_vector(), bs = bias.to_double_vector();
+        const Tensor bg = blocks.to(gpu), xg = x.to(gpu), biasg = bias.to(gpu);
+        const double out_rel = dt == DType::BF16 ? 1.0 / 256 : 0.0;  // one rounding to bf16
+        for (std::int64_t rows : {1, 3, 8}) {
+          const std::vector<double> got = ops::linear_quant(xg.narrow(0, 0, rows), bg, t, N, biasg)
+                                              .to(Device::cpu())
+                                              .to_double_vector();
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::vector<double> alone = ops::linear_quant(xg.narrow(0, r, 1), bg, t, N, biasg)
+                                                  .to(Device::cpu())
+                                                  .to_double_vector();
+            for (std::int64_t n = 0; n < N; ++n) {
+              double want = bs[n], mag = std::fabs(bs[n]);
+              for (std::int64_t k = 0; k < K; ++k) {
+                want += w[n * K + k] * xs[r * K + k];
+                mag += std::fabs(w[n * K + k] * xs[r * K + k]);
+              }
+              const double tol = K * std::ldexp(1.0, -23) * mag + out_rel * std::fabs(want) + 1e-30;
+              ASSERT_NEAR(got[r * N + n], want, tol)
+                  << q.name << " " << dtype_name(dt) << " rows " << rows << " (" << r << ", " << n
+                  << ") rows per warp " << (rows_kernel ? "R" : "1");
+              ASSERT_EQ(got[r * N + n], alone[n])
+                  << q.name << " " << dtype_name(dt) << ": row " << r << " of " << rows
+                  << " differs from the row alone at " << n;
             }
-            const double tol = K * std::ldexp(1.0, -23) * mag + out_rel * std::fabs(want) + 1e-30;
-            ASSERT_NEAR(got[r * N + n], want, tol) << q.name << " " << dtype_name(dt) << " rows "
-                                                   << rows << " (" << r << ", " << n << ")";
-            ASSERT_EQ(got[r * N + n], alone[n])
-                << q.name << " " << dtype_name(dt) << ": row " << r << " of " << rows
-                << " differs from the row alone at " << n;
           }
         }
       }
-    }
 }
 
 // Rows of a quantized table: exactly ops::embedding's rows of the dequantized table, in the asked
