@@ -6,7 +6,7 @@
 // streams its weights once. Weight bytes are a constant pattern (0x11: every f16 scale a small
 // normal number), which no kernel's speed depends on.
 //
-//   q4_k, q6_k: R rows per warp (the default kernels); q4_k_warp, q6_k_warp: one row per warp
+//   q4_k: R rows per warp (the default kernel); q4_k_warp: one row per warp
 //   (KILN_CUDA_QGEMV_ROWS=0), timed in the same process for the A/B.
 //
 // One JSON line per format, then a summary:
@@ -36,7 +36,7 @@ struct Format {
   std::string name;
   bool bf16 = false;
   quant::QuantType type = quant::QuantType::Q8_0;
-  bool rows_per_warp = true;  // the K-quants' R-rows kernels
+  bool rows_per_warp = true;  // Q4_K's R-rows kernel
 };
 
 Format parse_format(const std::string& s) {
@@ -44,10 +44,9 @@ Format parse_format(const std::string& s) {
   if (s == "q8_0") return {s, false, quant::QuantType::Q8_0};
   if (s == "q4_k") return {s, false, quant::QuantType::Q4_K, true};
   if (s == "q4_k_warp") return {s, false, quant::QuantType::Q4_K, false};
-  if (s == "q6_k") return {s, false, quant::QuantType::Q6_K, true};
-  if (s == "q6_k_warp") return {s, false, quant::QuantType::Q6_K, false};
+  if (s == "q6_k") return {s, false, quant::QuantType::Q6_K};
   throw std::runtime_error("[bench_gemv_cuda] unknown format '" + s +
-                           "' (bf16, q8_0, q4_k, q4_k_warp, q6_k, q6_k_warp)");
+                           "' (bf16, q8_0, q4_k, q4_k_warp, q6_k)");
 }
 
 std::int64_t weight_bytes(const Format& f, bench::Shape2 s) {
@@ -70,7 +69,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "kiln's CUDA GEMVs (bf16 and quantized) on a model's decode weights, against the "
       "device-to-device copy rate"};
-  std::string config, types = "bf16,q8_0,q4_k,q4_k_warp,q6_k,q6_k_warp";
+  std::string config, types = "bf16,q8_0,q4_k,q4_k_warp,q6_k";
   int rows = 1, reps = 10, copies = 10;
   double copy_gib = 2;
   app.add_option("--config", config, "HF config.json of the model")->required();

@@ -176,8 +176,8 @@ gpu_check_plan() {
       # The batches are the ones that fit on an H100/H200 (the first H200 run's search), so no
       # search (SEARCH=0). Never with synchronous launches.
       echo "bench_gpu_vs_torch|bench|300|bench|$te CONFIGS=stories15M:256:64,stories42M:1024:16 ATTN_SEQS=1024,4096 SEARCH=0 RUN_TIMEOUT=120 WARMUP=3 STEPS=10|^bench/run_gpu_bench.sh =work/bench_gpu =bundle/bench"
-      # Decode's GEMVs alone on Qwen3-8B's weights, per format (bf16, Q8_0, Q4_K and Q6_K with R
-      # rows and with one row per warp), against the device-to-device copy rate in the same
+      # Decode's GEMVs alone on Qwen3-8B's weights, per format (bf16, Q8_0, Q4_K with R rows and
+      # with one row per warp, Q6_K), against the device-to-device copy rate in the same
       # process: JSON lines in the step's log.
       echo "bench_gemv_cuda|bench|120|run|$te|=bundle/bench/kiln_bench_gemv_cuda --config =bundle/data/qwen/Qwen3-8B/config.json --reps 10"
       ;;
@@ -218,7 +218,7 @@ gpu_check_plan() {
       # llama.cpp picks them): the Q4_K and Q6_K GEMV kernels, about 5 GB a token.
       echo "decode_quantize_q4_k_m|cmd|240|run||nice -n 10 @kiln quantize --model %decode_dir --type q4_k_m --force --out %decode_q4_k_m"
       echo "decode_kiln_q4_k_m|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_q4_k_m --prompt-ids $ids --max-new-tokens 128 --temperature 0"
-      # The same with one weight row per warp in the Q4_K/Q6_K GEMVs: the R-rows kernels' A/B.
+      # The same with one weight row per warp in the Q4_K GEMV: the R-rows kernel's A/B.
       echo "decode_kiln_q4_k_m_warp|bench|120|run|$te KILN_CUDA_QGEMV_ROWS=0|@kiln generate --device cuda --dtype bf16 --model %decode_q4_k_m --prompt-ids $ids --max-new-tokens 128 --temperature 0"
       # Where a decode token's time goes, kernel by kernel (the lever list of the next change):
       # Nsight Compute over 400 launches inside the decode (after the prefill's), time and DRAM

@@ -233,16 +233,18 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
   store_rows<T, M>(acc, lane, n, bias, y, ldy);
 }
 
-// ---- K-quant GEMVs with kQuantGemvRowsPerWarp rows per warp (gemv_quant_rows_enabled()) ------
+// ---- Q4_K GEMV with kQuantGemvRowsPerWarp rows per warp (gemv_quant_rows_enabled()) -----------
 //
-// The kernels above spend more issue slots than bytes: every lane converts 64 values of x and
+// gemv_q4_k_kernel spends more issue slots than bytes: every lane converts 64 values of x and
 // sums them for each weight row (x is 3.5x a Q4_K row's bytes), and turns each code into a float
 // with I2F, a quarter-rate instruction. Here a warp takes R = kQuantGemvRowsPerWarp rows: a lane
 // loads and converts its chunk of x once per row of x and uses it for R weight rows, and a code q
-// becomes a float in two full-rate integer ops, as the mantissa of 1 + q / 2^b (b = 4 for Q4_K's
-// nibbles, 6 for Q6_K's 6-bit codes): sum_i q_i x_i = 2^b (sum_i (1 + q_i / 2^b) x_i - sum_i x_i),
-// with sum_i x_i computed once per chunk. A row's arithmetic does not depend on M (batch
-// invariance holds within these kernels).
+// becomes a float in two full-rate integer ops, as the mantissa of 1 + q / 16:
+// sum_i q_i x_i = 16 (sum_i (1 + q_i / 16) x_i - sum_i x_i), with sum_i x_i computed once per
+// chunk. A row's arithmetic does not depend on M (batch invariance holds within the kernel).
+// Measured on Qwen3-8B's decode weights (kiln_bench_gemv_cuda, H200, 2026-11-27): 1046 GB/s
+// against 768 with one row per warp. The same scheme for Q6_K (6-bit codes as 1 + q / 64) ran
+// at 1121 GB/s against its one-row kernel's 1307, so Q6_K keeps one row per warp.
 
 // 1 + (bits [shift, shift + 4) of v) / 16: the nibble placed in the top 4 mantissa bits of 1.0f.
 __device__ __forceinline__ float one_plus_nibble_16th(std::uint32_t v, int shift) {
@@ -342,80 +344,6 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
     if (n0 + r < N) store_rows<T, M>(acc[r], lane, n0 + r, bias, y, ldy);
 }
 
-// Q6_K: lane l on 64-weight units c = l, l + 32, ... of rows n0 .. n0 + R - 1 (the units of
-// gemv_q6_k_kernel); a 6-bit code q becomes 1 + q / 64.
-template <typename T, int M>
-__global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
-    gemv_q6_k_rows_kernel(std::int64_t N, std::int64_t K, const T* x, std::int64_t ldx,
-                          const std::uint8_t* w, const T* bias, T* y, std::int64_t ldy) {
-  constexpr int R = kQuantGemvRowsPerWarp, P = 16 / sizeof(T);
-  const int lane = threadIdx.x % 32;
-  const std::int64_t n0 = warp_row() * R;
-  if (n0 >= N) return;  // whole warps
-  const std::int64_t units = K / 64, row_bytes = (K / 256) * 210;
-  float acc[R][M] = {};
-  for (std::int64_t c = lane; c < units; c += 32) {
-    const int u = static_cast<int>(c % 4), h = u / 2, l0 = 16 * (u % 2);
-    std::uint32_t qa[R][4], qb[R][4], qh[R][4];
-    float dr[R][4];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (n0 + r < N) {
-        const std::uint8_t* blk = w + (n0 + r) * row_bytes + (c / 4) * 210;
-        load16_align2(blk + 64 * h + l0, qa[r]);
-        load16_align2(blk + 64 * h + 32 + l0, qb[r]);
-        load16_align2(blk + 128 + 32 * h + l0, qh[r]);
-        const float d = quant::f16_at(blk + 208);
-        const auto* scales = reinterpret_cast<const std::int8_t*>(blk + 192 + 8 * h + u % 2);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) dr[r][q] = d * static_cast<float>(scales[2 * q]);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      // quarter q of the half: x[(c / 4) * 256 + 128h + 32q + l0 + i], i < 16
-      const T* xr = x + m * ldx + (c / 4) * 256 + 128 * h + l0;
-      float xv[4][16], xs[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int g = 0; g < 16 / P; ++g) {
-          const Pack<T, P> xp = *reinterpret_cast<const Pack<T, P>*>(xr + 32 * q + g * P);
-#pragma unroll
-          for (int e = 0; e < P; ++e) {
-            xv[q][g * P + e] = load(xp.v[e]);
-            xs[q] += xv[q][g * P + e];
-          }
-        }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (n0 + r >= N) break;
-        float sum = 0.f;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          float s = 0.f;  // sum of (1 + code / 64) x
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            const std::uint32_t lw = (q & 1 ? qb[r] : qa[r])[i / 4], hw = qh[r][i / 4];
-            const int lsh = 8 * (i % 4) + (q >= 2 ? 4 : 0), hsh = 8 * (i % 4) + 2 * q;
-            // the low nibble to mantissa bits 17..20, the 2 high bits to 21..22
-            const std::uint32_t lo =
-                (lsh <= 17 ? lw << (17 - lsh) : lw >> (lsh - 17)) & 0x001E0000u;
-            const std::uint32_t hi =
-                (hsh <= 21 ? hw << (21 - hsh) : hw >> (hsh - 21)) & 0x00600000u;
-            s = fmaf(__uint_as_float(0x3F800000u | lo | hi), xv[q][i], s);
-          }
-          sum += dr[r][q] * (64.f * (s - xs[q]) - 32.f * xs[q]);
-        }
-        acc[r][m] += sum;
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    if (n0 + r < N) store_rows<T, M>(acc[r], lane, n0 + r, bias, y, ldy);
-}
-
 std::atomic<int> g_gemv_quant_rows{-1};  // -1: not read from the environment yet
 
 template <typename T, int M>
@@ -427,15 +355,11 @@ void launch_gemv_quant(quant::QuantType type, std::int64_t N, std::int64_t K,
   KILN_CHECK(blocks <= 0x7fffffffLL, "[linear_quant] {} weight rows exceed the grid", N);
   const unsigned grid = static_cast<unsigned>(blocks), threads = 32 * kQuantGemvWarpsPerBlock;
   const GemvQuantKernel kernel = gemv_quant_kernel_for(type, x, ldx, sizeof(T), w);
-  if ((kernel == GemvQuantKernel::Q4_K || kernel == GemvQuantKernel::Q6_K) &&
-      gemv_quant_rows_enabled()) {
+  if (kernel == GemvQuantKernel::Q4_K && gemv_quant_rows_enabled()) {
     const auto row_grid =
         static_cast<unsigned>((N + kQuantGemvWarpsPerBlock * kQuantGemvRowsPerWarp - 1) /
                               (kQuantGemvWarpsPerBlock * kQuantGemvRowsPerWarp));
-    if (kernel == GemvQuantKernel::Q4_K)
-      gemv_q4_k_rows_kernel<T, M><<<row_grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
-    else
-      gemv_q6_k_rows_kernel<T, M><<<row_grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
+    gemv_q4_k_rows_kernel<T, M><<<row_grid, threads, 0, stream>>>(N, K, x, ldx, w, bias, y, ldy);
     KILN_CUDA_CHECK_LAUNCH();
     return;
   }

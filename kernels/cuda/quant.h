@@ -13,7 +13,7 @@
 // Q8_0 lane l takes whole blocks l, l + 32, ... (the scale once, the 32 codes as 16 two-byte
 // loads, x in 16-byte loads); Q4_K and Q6_K lanes take 64-weight chunks of a 256-weight block
 // (Q4_K's codes in two 16-byte loads, Q6_K's in 4-byte loads), a block's scales applied to f32
-// sums of codes times x once per sub-block. The general kernel decodes every weight through
+// sums of codes times x once per sub-block; Q4_K's kernel takes 4 weight rows per warp. The general kernel decodes every weight through
 // block_weight's switch: the first window measured it at 201 GB/s on Qwen3-8B Q8_0 (H200,
 // 2026-11-27), a fifth of bf16's decode.
 // A row's result depends on nothing but that row of x: the same bits alone or among M - 1
@@ -38,8 +38,8 @@ inline constexpr int kQuantGemvWarpsPerBlock = 4;
 
 enum class GemvQuantKernel { General, Q8_0, Q4_K, Q6_K };
 
-// The Q4_K and Q6_K kernels take this many weight rows per warp when gemv_quant_rows_enabled()
-// (x converted once for all of them; quant.cu says why). KILN_CUDA_QGEMV_ROWS=0 at start-up, or
+// The Q4_K kernel takes this many weight rows per warp when gemv_quant_rows_enabled() (x
+// converted once for all of them; quant.cu says why and what it measured). KILN_CUDA_QGEMV_ROWS=0 at start-up, or
 // set_gemv_quant_rows_enabled(false), runs one row per warp instead (A/B in one process).
 inline constexpr int kQuantGemvRowsPerWarp = 4;
 #if defined(KILN_CUDA)

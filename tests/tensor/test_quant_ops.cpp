@@ -332,7 +332,8 @@ TEST(CudaLinearQuant, GemvRowsMatchFloat64AndEachOther) {
     QuantType t;
     std::int64_t blocks_per_row;
   };
-  // The K-quants run twice: R rows per warp (the default) and one (KILN_CUDA_QGEMV_ROWS=0).
+  // Everything runs twice: Q4_K with R rows per warp (the default) and with one
+  // (KILN_CUDA_QGEMV_ROWS=0); the other formats' kernels do not change.
   struct RestoreRows {
     bool on = cuda::gemv_quant_rows_enabled();
     ~RestoreRows() { cuda::set_gemv_quant_rows_enabled(on); }
