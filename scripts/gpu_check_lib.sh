@@ -210,16 +210,22 @@ gpu_check_plan() {
       # kiln serve on the same folder: throughput at 1, 8 and 32 streams (continuous batching
       # over the paged KV pool), 64-token prompts, 64 new tokens each.
       echo "serve_8b|bench|180|run|$te PYTHONUNBUFFERED=1|%serve_check load @kiln %decode_dir"
-      # The same model in Q8_0 (kiln quantize, CPU), decoded on the GPU through the quantized
-      # GEMV (cuda::gemv_quant, the blocks read in place): its tok/s against bf16's above.
-      echo "decode_quantize|cmd|240|run||nice -n 10 @kiln quantize --model %decode_dir --type q8_0 --force --out %decode_q8_0"
-      echo "decode_kiln_q8_0|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_q8_0 --prompt-ids $ids --max-new-tokens 128 --temperature 0"
-      # And in Q4_K_M (Q4_K, with Q6_K for the LM head and some value and down projections, as
-      # llama.cpp picks them): the Q4_K and Q6_K GEMV kernels, about 5 GB a token.
-      echo "decode_quantize_q4_k_m|cmd|240|run||nice -n 10 @kiln quantize --model %decode_dir --type q4_k_m --force --out %decode_q4_k_m"
-      echo "decode_kiln_q4_k_m|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_q4_k_m --prompt-ids $ids --max-new-tokens 128 --temperature 0"
-      # The same with one weight row per warp in the Q4_K GEMV: the R-rows kernel's A/B.
-      echo "decode_kiln_q4_k_m_warp|bench|120|run|$te KILN_CUDA_QGEMV_ROWS=0|@kiln generate --device cuda --dtype bf16 --model %decode_q4_k_m --prompt-ids $ids --max-new-tokens 128 --temperature 0"
+      # The same model quantized by kiln quantize (CPU) into each format of
+      # $KILN_GPU_CHECK_QUANT (comma-separated: q8_0, q4_k_m; default q8_0, as Q4_K_M's quantize
+      # takes 158 s of the window), decoded on the GPU through the quantized GEMVs (the blocks
+      # read in place): tok/s against bf16's above.
+      local quant=",${KILN_GPU_CHECK_QUANT-q8_0},"
+      if [[ "$quant" == *,q8_0,* ]]; then
+        echo "decode_quantize|cmd|240|run||nice -n 10 @kiln quantize --model %decode_dir --type q8_0 --force --out %decode_q8_0"
+        echo "decode_kiln_q8_0|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_q8_0 --prompt-ids $ids --max-new-tokens 128 --temperature 0"
+      fi
+      if [[ "$quant" == *,q4_k_m,* ]]; then
+        # Q4_K, with Q6_K for the LM head and some value and down projections (llama.cpp's
+        # choice): 4.7 GB a token; then again with one row per warp in the Q4_K GEMV (its A/B).
+        echo "decode_quantize_q4_k_m|cmd|240|run||nice -n 10 @kiln quantize --model %decode_dir --type q4_k_m --force --out %decode_q4_k_m"
+        echo "decode_kiln_q4_k_m|bench|120|run|$te|@kiln generate --device cuda --dtype bf16 --model %decode_q4_k_m --prompt-ids $ids --max-new-tokens 128 --temperature 0"
+        echo "decode_kiln_q4_k_m_warp|bench|120|run|$te KILN_CUDA_QGEMV_ROWS=0|@kiln generate --device cuda --dtype bf16 --model %decode_q4_k_m --prompt-ids $ids --max-new-tokens 128 --temperature 0"
+      fi
       # Where a decode token's time goes, kernel by kernel (the lever list of the next change):
       # Nsight Compute over 400 launches inside the decode (after the prefill's), time and DRAM
       # bytes read per kernel (CSV, a row per kernel and metric: the raw page carries every device

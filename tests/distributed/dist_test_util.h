@@ -86,6 +86,33 @@ inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b)
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+// The bound on |a_i - b_i| for one tensor's weights after AdamW's first step, taken by two runs
+// from the same weights with clipped gradients that differ by at most delta_i per element (g: the
+// reference's clipped gradient, w: its weights after the step). The first step is
+// w - lr (g / (|g| + eps) + wd w) (bias-corrected m = g, v = g^2; the decay term is the same on
+// both sides). f(g) = g / (|g| + eps) has slope eps / (|g| + eps)^2, largest where |g| is
+// smallest, so element i's update differs by at most
+//   lr min(2, delta_i eps / ((|g_i| - delta_i)_+ + eps)^2)
+// (2 when a gradient within delta_i of zero flips sign), plus the rounding of each side's update
+// in the weights' dtype: at most 4 units of roundoff u of |w_i| and of lr each (the subtraction,
+// the decay product, the quotient and the square root). delta_i = rel_g max_j |g_j| + rel_c |g_i|:
+// the per-tensor gradient bound the test asserts, and the clipping scale's relative difference
+// (it is computed from the gradients' norm on each side).
+inline std::vector<double> adamw_first_step_bounds(const std::vector<double>& g,
+                                                   const std::vector<double>& w, double lr,
+                                                   double eps, double rel_g, double rel_c,
+                                                   double u) {
+  double gmax = 0;
+  for (double v : g) gmax = std::max(gmax, std::fabs(v));
+  std::vector<double> e(std::min(g.size(), w.size()));
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    const double delta = rel_g * gmax + rel_c * std::fabs(g[i]);
+    const double slack = std::max(0.0, std::fabs(g[i]) - delta) + eps;
+    e[i] = lr * std::min(2.0, delta * eps / (slack * slack)) + 2 * 4 * u * (std::fabs(w[i]) + lr);
+  }
+  return e;
+}
+
 // The largest rel_l2 over the parameters.
 inline double max_rel_l2(models::DecoderModel& a, models::DecoderModel& b) {
   auto pa = a.named_parameters(), pb = b.named_parameters();

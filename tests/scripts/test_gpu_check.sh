@@ -59,7 +59,7 @@ KILN_BUNDLE_COMMIT='unknown'
 KILN_BUNDLE_DATE='2026-01-01T00:00:00Z'
 KILN_BUNDLE_BUILD_OK='1'
 KILN_BUNDLE_NVCC='nvcc 13.0'
-KILN_BUNDLE_EXES='tests/test_kernels tests/test_tensor apps/kiln bench/kiln_bench_train_step bench/kiln_bench_attention bench/kiln_bench_gemm bench/kiln_write_random_safetensors'
+KILN_BUNDLE_EXES='tests/test_kernels tests/test_tensor apps/kiln bench/kiln_bench_train_step bench/kiln_bench_attention bench/kiln_bench_gemv_cuda bench/kiln_bench_gemm bench/kiln_write_random_safetensors'
 EOF
 # A gtest binary: lists two CUDA suites and a host suite; writes XML for the filter it is given.
 # FAKE_SKIP: the skip message of its one skipped test; FAKE_SLEEP: seconds before finishing.
@@ -122,6 +122,10 @@ for t in 1024 4096; do for impl in kiln cudnn; do
   echo "{\"bench\": \"attention\", \"T\": $t, \"B\": 8, \"H\": 16, \"impl\": \"$impl\", \"fwd_tflops\": 100.0, \"bwd_tflops\": 90.0, \"fwd_bwd_tflops\": 95.0, \"clb\": \"${CUDA_LAUNCH_BLOCKING:-unset}\"}"
 done; done
 EOF
+cat >"$bundle/bench/kiln_bench_gemv_cuda" <<'EOF'
+#!/usr/bin/env bash
+echo "{\"bench\": \"gemv_cuda\", \"kernel\": \"bf16\", \"gbs\": 3000.0, \"clb\": \"${CUDA_LAUNCH_BLOCKING:-unset}\"}"
+EOF
 printf '#!/usr/bin/env bash\necho "a CPU benchmark: must not run"\n' >"$bundle/bench/kiln_bench_gemm"
 cat >"$bundle/bench/kiln_write_random_safetensors" <<'EOF'
 #!/usr/bin/env bash
@@ -182,7 +186,7 @@ plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=smoke,
 check "smoke + bench: smoke steps" grep -q '^smoke_generate|' <<<"$plan"
 check "smoke + bench: bench step 120 s per run" grep -q '^bench_gpu_vs_torch|.*RUN_TIMEOUT=120' <<<"$plan"
 check "bench: the GPU benchmarks only ($(grep '^bench' <<<"$plan" | steps_of))" \
-  [ "$(grep '^bench' <<<"$plan" | steps_of)" = "bench_gpu_vs_torch " ]
+  [ "$(grep '^bench' <<<"$plan" | steps_of)" = "bench_gpu_vs_torch bench_gemv_cuda " ]
 check "bench: both training configs, attention at 1024 and 4096" grep -q \
   '^bench_gpu_vs_torch|bench|[0-9]*|bench|.*CONFIGS=stories15M:256:64,stories42M:1024:16 ATTN_SEQS=1024,4096 ' <<<"$plan"
 check "bench: asynchronous launches" grep -q '^bench_gpu_vs_torch|bench|[0-9]*|bench|CUDA_LAUNCH_BLOCKING=0 ' <<<"$plan"
@@ -191,9 +195,13 @@ check "every planned limit under 8 minutes" bash -c "! grep -v '^#' <<<'$plan' |
 plan=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=window "$repo/scripts/gpu_check.sh" "$tmp/dry")
 check "window: the plan, in order ($(steps_of <<<"$plan"))" [ "$(steps_of <<<"$plan")" = "smoke_probe smoke_runtime \
 smoke_train smoke_generate smoke_write_folder smoke_generate_folder smoke_serve kernels.CudaProbe kernels.CudaDevice tensor.CudaProbe tensor.CudaDevice bench_gpu_vs_torch \
-decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate " ]
+bench_gemv_cuda decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate " ]
+plan_q=$(KILN_BUNDLE=$bundle KILN_GPU_CHECK_DRY_RUN=1 KILN_GPU_CHECK_STAGES=decode KILN_GPU_CHECK_QUANT=q8_0,q4_k_m "$repo/scripts/gpu_check.sh" "$tmp/dry")
+check "decode: KILN_GPU_CHECK_QUANT=q8_0,q4_k_m adds Q4_K_M and its A/B ($(steps_of <<<"$plan_q"))" [ "$(grep -E '^decode_(quantize|kiln_q)' <<<"$plan_q" | steps_of)" = \
+  "decode_quantize decode_kiln_q8_0 decode_quantize_q4_k_m decode_kiln_q4_k_m decode_kiln_q4_k_m_warp " ]
+check "decode: the A/B with one row per warp" grep -q '^decode_kiln_q4_k_m_warp|bench|120|run|CUDA_LAUNCH_BLOCKING=0 KILN_CUDA_QGEMV_ROWS=0|' <<<"$plan_q"
 check "window: timing steps asynchronous" \
-  [ "$(grep -E '^(bench|decode_kiln|decode_hf|serve_8b|decode_ncu)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 8 ]
+  [ "$(grep -E '^(bench|decode_kiln|decode_hf|serve_8b|decode_ncu)' <<<"$plan" | cut -d'|' -f5 | grep -c '^CUDA_LAUNCH_BLOCKING=0')" = 9 ]
 check "window: Qwen3-8B decode, 64 ids, 128 new, greedy" grep -q \
   '^decode_kiln|bench|.*--model %decode_dir --prompt-ids 1,2,.*,64 --max-new-tokens 128 --temperature 0' <<<"$plan"
 check "window: the HF peer on the same folder" grep -q \
@@ -245,7 +253,7 @@ run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=window KILN_PYTHON="$tmp/bin/fak
 rc=$?
 check "window: exit 0 ($rc)" [ "$rc" = 0 ]
 check "window: steps in order" [ "$(json "$o" '" ".join(n for n in r["steps"] if not n.startswith(("kernels.", "tensor.")))')" = \
-  "smoke_probe smoke_runtime smoke_train smoke_generate smoke_write_folder smoke_generate_folder smoke_serve bench_gpu_vs_torch decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate" ]
+  "smoke_probe smoke_runtime smoke_train smoke_generate smoke_write_folder smoke_generate_folder smoke_serve bench_gpu_vs_torch bench_gemv_cuda decode_write decode_kiln decode_kiln_cublaslt decode_kiln_generic_attention decode_hf serve_8b decode_quantize decode_kiln_q8_0 decode_ncu memcheck_train_bf16 memcheck_generate" ]
 check "window: bench and decode asynchronous" [ "$(json "$o" 'sorted(set(r["timing_env"].values()))')" = "['0']" ]
 check "window: the benchmarks saw asynchronous launches" [ "$(python3 -c 'import json, sys
 print(sorted({x["result"].get("clb") for x in json.load(open(sys.argv[1]))["runs"]}))' "$o/gpu_bench.json")" = "['0']" ]
