@@ -103,6 +103,10 @@ Run add_train_command(CLI::App& app) {
   app.add_option("--time-limit", o->time_limit_s, "Stop training after this many seconds (0: none)")
       ->capture_default_str()
       ->check(real_in(0, 1e9));
+  app.add_flag("--fit-time-limit", o->fit_time_limit,
+               "With --time-limit: after the warm-up and at every evaluation, plan only the steps "
+               "that fit the limit at the measured step time, so the learning rate finishes its "
+               "decay by the limit");
   app.add_option("--stop-at", o->stop_at, "Stop (and checkpoint) at this step; resume later")
       ->capture_default_str()
       ->check(int_in(0, kMaxSteps));

@@ -401,7 +401,36 @@ void Trainer::save(bool final) {
   if (final) save_checkpoint(final_path_, *model_, nullptr, st_);
 }
 
+std::int64_t fitted_steps(std::int64_t done, double secs, double limit, std::int64_t planned) {
+  if (done <= 0 || secs <= 0) return planned;
+  const double more = 0.95 * std::max(0.0, limit - secs) / (secs / static_cast<double>(done));
+  const double fit = static_cast<double>(done) + std::floor(more);
+  if (fit >= static_cast<double>(planned)) return planned;
+  return std::max(done + 1, static_cast<std::int64_t>(fit));
+}
+
+// fit_time_limit: rank 0's measurement decides, so that every rank plans the same steps.
+void Trainer::fit_steps_to_time_limit() {
+  if (!o_.fit_time_limit || o_.time_limit_s <= 0) return;
+  const std::int64_t start = std::max<std::int64_t>(o_.warmup, 20);
+  const bool at_eval = o_.eval_interval > 0 && st_.step % o_.eval_interval == 0;
+  if (st_.step < start || (st_.step != start && !at_eval)) return;
+  const double mine = comm_->rank() == 0
+                          ? static_cast<double>(fitted_steps(st_.step, train_secs_, o_.time_limit_s,
+                                                             planned_steps_))
+                          : 0.0;
+  const auto fit = static_cast<std::int64_t>(comm_->all_reduce_scalar(mine, dist::ReduceOp::Sum));
+  if (fit == o_.steps) return;
+  log_ << fmt::format(
+      "[train] --time-limit {:.0f} s at {:.1f} ms a step (the mean of {} steps): the schedule "
+      "now ends at step {} (was {}; asked {})\n",
+      o_.time_limit_s, 1000.0 * train_secs_ / static_cast<double>(st_.step), st_.step, fit,
+      o_.steps, planned_steps_);
+  o_.steps = fit;
+}
+
 TrainResult Trainer::run() {
+  planned_steps_ = std::max(planned_steps_, o_.steps);
   while (st_.step < o_.steps) {
     if (o_.stop_at > 0 && st_.step >= o_.stop_at) break;
     // Every rank must stop at the same step: rank 0's clock decides.
@@ -422,6 +451,7 @@ TrainResult Trainer::run() {
                nonfinite_run_, s.step, s.loss, s.norm, ckpt_path_);
     if (o_.eval_interval > 0 && st_.step % o_.eval_interval == 0 && comm_->rank() == 0) evaluate();
     if (o_.ckpt_interval > 0 && st_.step % o_.ckpt_interval == 0) save();
+    fit_steps_to_time_limit();
   }
   batch_ = {};
   if ((o_.eval_interval <= 0 || st_.step % o_.eval_interval != 0) && comm_->rank() == 0) evaluate();

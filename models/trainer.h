@@ -66,7 +66,11 @@ struct TrainOptions {
   bool resume = false;  // continue from out_dir/ckpt.h5
   std::uint64_t seed = 1337;
   bool recompute = false;
-  double time_limit_s = 0;   // 0: none; else stop after this much training time
+  double time_limit_s = 0;  // 0: none; else stop after this much training time
+  // With time_limit_s: from the end of the warm-up, and again at every evaluation, `steps` becomes
+  // what fits the limit at the step time measured so far (fitted_steps), so that the learning
+  // rate's cosine ends by the limit instead of being cut off mid-decay on a slower machine.
+  bool fit_time_limit = false;
   std::int64_t stop_at = 0;  // 0: none; else stop (and checkpoint) at this step
   int progress = -1;         // -1: when stderr is a terminal
   int threads = 0;           // 0: OpenMP default
@@ -115,6 +119,11 @@ struct StepStats {
   bool timeline_written = false;  // its allocations went to TrainOptions::mem_timeline
 };
 
+// The steps a run limited to `limit` seconds of training can plan for, when `done` steps took
+// `secs`: done plus 95% (a margin for the machine's variation) of what the rest of the limit holds
+// at that rate, at most `planned` and at least done + 1.
+std::int64_t fitted_steps(std::int64_t done, double secs, double limit, std::int64_t planned);
+
 class Trainer {
  public:
   // Reads and tokenizes the data, builds the model and AdamW on `device` in `dtype` (bf16: f32
@@ -158,6 +167,8 @@ class Trainer {
   std::string world_text() const;  // "world N, global batch B": the end of every log line
 
   TrainOptions o_;
+  std::int64_t planned_steps_ = 0;  // o_.steps as asked; fit_time_limit moves o_.steps under it
+  void fit_steps_to_time_limit();
   Device device_;
   std::unique_ptr<dist::Communicator> own_comm_;  // NCCL over the MPI world, on CUDA
   dist::Communicator* comm_;

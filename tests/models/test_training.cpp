@@ -145,6 +145,31 @@ TEST(Training, TrainerStepsByHandMatchRun) {
     EXPECT_EQ(0, std::memcmp(va.data(), wb[name].data(), va.size() * sizeof(float))) << name;
 }
 
+// fit_time_limit's arithmetic: 95% of what the rest of the limit holds at the measured rate,
+// within [done + 1, planned].
+TEST(Training, FittedStepsFillTheTimeLeft) {
+  EXPECT_EQ(models::fitted_steps(100, 20.0, 570.0, 3000), 100 + 2612);  // 0.95 * 550 / 0.2
+  EXPECT_EQ(models::fitted_steps(100, 5.0, 570.0, 3000), 3000);         // all of it fits
+  EXPECT_EQ(models::fitted_steps(100, 600.0, 570.0, 3000), 101);        // past the limit
+  EXPECT_EQ(models::fitted_steps(0, 0.0, 570.0, 3000), 3000);           // nothing measured yet
+}
+
+// A run asked for far more steps than its time limit holds plans what fits once the warm-up is
+// measured, says so, and ends by its (shortened) schedule or the limit, whichever comes first.
+TEST(Training, FitTimeLimitShortensTheSchedule) {
+  const fs::path d = temp_dir("fit_time_limit");
+  std::ofstream(d / "data.txt") << make_text(20000);
+  models::TrainOptions o = tiny_options(d);
+  o.steps = 10'000'000;
+  o.time_limit_s = 3;
+  o.fit_time_limit = true;
+  std::ostringstream log;
+  const models::TrainResult r = train(o, log);
+  EXPECT_NE(log.str().find("the schedule now ends at step"), std::string::npos) << log.str();
+  EXPECT_LT(r.steps_done, o.steps);
+  EXPECT_GE(r.steps_done, 21);  // the first fit comes after 20 steps, and plans at least one more
+}
+
 TEST(Training, TruncatedCheckpointGivesClearError) {
   fs::path d = temp_dir("truncated");
   std::ofstream(d / "data.txt") << make_text(8000);
