@@ -7,10 +7,13 @@
 // Below that they widen their tiles to f32 in per-thread scratch (a query block of at most 64
 // rows, the keys and values [0, kend) of its kv head) and run the f32 block steps
 // (attention_blocks.h, BLAS); results are rounded once into bf16. Decode blocks (Tq == 1) with
-// AVX-512 read the bf16 cache directly instead, so it is read once, at half the bytes of an f32
-// one, and nothing is widened into a tile: scores by vdpbf16ps on the bf16 q and cache rows
-// (AVX512-BF16, D % 32 == 0) or by FMAs on rows widened in registers, then P V by FMAs on value
-// rows widened in registers. No whole-tensor f32 copy is made anywhere.
+// AVX-512 (D % 16 == 0) or AVX2 (D % 8 == 0) read the bf16 cache directly instead, so it is read
+// once, at half the bytes of an f32 one, and nothing is widened into a tile: scores by vdpbf16ps on
+// the bf16 q and cache rows (AVX512-BF16, D % 32 == 0) or by FMAs on rows widened in registers,
+// then P V by FMAs on value rows widened in registers; AVX2 does the same on 8 lanes. On AVX2,
+// before, every decode step widened its head's whole K and V into f32 tiles and multiplied them by
+// sgemm, which read the cache three times (Qwen3-0.6B at 150 keys, 28 layers: ~85 MB per token
+// beside 1.2 GB of weights). No whole-tensor f32 copy is made anywhere.
 //
 // Measured (bench/bench_cpu_attention_bf16.cpp; bench/results/cpu_attention_bf16_*.txt), one
 // thread, caches flushed between runs, Sapphire Rapids:
@@ -68,6 +71,19 @@ KILN_TARGET_AVX512 void dot_fma(const float* q, const bf16* kj, int64_t ldkv, in
       acc[i] = _mm512_fmadd_ps(load_bf16x16(kj + i * ldkv + c), qc, acc[i]);
   }
   for (int i = 0; i < N; ++i) sums[i] = _mm512_reduce_add_ps(acc[i]);
+}
+
+// The same on 8 lanes (AVX2, D % 8 == 0).
+template <int N>
+KILN_TARGET_AVX2 void dot_fma_avx2(const float* q, const bf16* kj, int64_t ldkv, int64_t D,
+                                   float* sums) {
+  __m256 acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < D; c += 8) {
+    const __m256 qc = _mm256_loadu_ps(q + c);
+    for (int i = 0; i < N; ++i) acc[i] = _mm256_fmadd_ps(load_f32x8(kj + i * ldkv + c), qc, acc[i]);
+  }
+  for (int i = 0; i < N; ++i) sums[i] = reduce_add_f32x8(acc[i]);
 }
 
 // 32 bf16 at p, as a vdpbf16ps operand.
@@ -134,21 +150,60 @@ KILN_TARGET_AVX512 void decode_values_rows(int64_t kend, int64_t D, const float*
   for (; c0 < D; c0 += 16) decode_values_tile<R, 1>(kend, D, c0, p, v, ldkv, o);
 }
 
-// o (rows x D, f32) = P V for a decode block; D % 16 == 0. Rows go four at a time (4 x 4
-// accumulators), so V is read once per four query heads.
+// The same on 8 lanes (AVX2, 16 registers): 4 rows x 2 column vectors of accumulators.
+template <int R, int C>
+KILN_TARGET_AVX2 inline void decode_values_tile_avx2(int64_t kend, int64_t D, int64_t c0,
+                                                     const float* p, const bf16* v, int64_t ldkv,
+                                                     float* o) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < kend; ++j) {
+    __m256 vj[C];
+    for (int c = 0; c < C; ++c) vj[c] = load_f32x8(v + j * ldkv + c0 + 8 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m256 pr = _mm256_set1_ps(p[r * kend + j]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(pr, vj[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + r * D + c0 + 8 * c, acc[r][c]);
+}
+
+template <int R>
+KILN_TARGET_AVX2 void decode_values_rows_avx2(int64_t kend, int64_t D, const float* p,
+                                              const bf16* v, int64_t ldkv, float* o) {
+  int64_t c0 = 0;
+  for (; c0 + 16 <= D; c0 += 16) decode_values_tile_avx2<R, 2>(kend, D, c0, p, v, ldkv, o);
+  for (; c0 < D; c0 += 8) decode_values_tile_avx2<R, 1>(kend, D, c0, p, v, ldkv, o);
+}
+
+template <bool Avx512, int R>
+void decode_values_rows_at(int64_t kend, int64_t D, const float* p, const bf16* v, int64_t ldkv,
+                           float* o) {
+  if constexpr (Avx512)
+    decode_values_rows<R>(kend, D, p, v, ldkv, o);
+  else
+    decode_values_rows_avx2<R>(kend, D, p, v, ldkv, o);
+}
+
+// o (rows x D, f32) = P V for a decode block; D % 16 == 0 (Avx512) or D % 8 == 0. Rows go four
+// at a time, so V is read once per four query heads.
+template <bool Avx512>
 void decode_values(int64_t rows, int64_t kend, int64_t D, const float* p, const bf16* v,
                    int64_t ldkv, float* o) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) decode_values_rows<4>(kend, D, p + r * kend, v, ldkv, o + r * D);
+  for (; r + 4 <= rows; r += 4)
+    decode_values_rows_at<Avx512, 4>(kend, D, p + r * kend, v, ldkv, o + r * D);
   switch (rows - r) {
     case 3:
-      decode_values_rows<3>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      decode_values_rows_at<Avx512, 3>(kend, D, p + r * kend, v, ldkv, o + r * D);
       break;
     case 2:
-      decode_values_rows<2>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      decode_values_rows_at<Avx512, 2>(kend, D, p + r * kend, v, ldkv, o + r * D);
       break;
     case 1:
-      decode_values_rows<1>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      decode_values_rows_at<Avx512, 1>(kend, D, p + r * kend, v, ldkv, o + r * D);
       break;
     default:
       break;
@@ -156,10 +211,18 @@ void decode_values(int64_t rows, int64_t kend, int64_t D, const float* p, const 
 }
 #endif
 
-// Whether a decode block reads the cache directly: AVX-512 and D a multiple of 16.
-bool decode_direct(int64_t D) {
+// Whether a decode block's 16-lane (AVX-512) or 8-lane (AVX2) path reads the cache directly.
+bool decode_direct_avx512(int64_t D) {
 #if KILN_CPU_X86
   return D % 16 == 0 && cpu_has(CpuIsa::Avx512);
+#else
+  (void)D;
+  return false;
+#endif
+}
+bool decode_direct(int64_t D) {
+#if KILN_CPU_X86
+  return decode_direct_avx512(D) || (D % 8 == 0 && cpu_has(CpuIsa::Avx2));
 #else
   (void)D;
   return false;
@@ -171,16 +234,24 @@ void decode_block_bf16(Tiles& t, int64_t rows, int64_t kend, int64_t D, float sc
                        int64_t ldq, const bf16* k, const bf16* v, int64_t ldkv, bf16* out,
                        float* lse_blk, int64_t lse_stride) {
 #if KILN_CPU_X86
+  const bool avx512 = decode_direct_avx512(D);
   if (D % 32 == 0 && cpu_has(CpuIsa::Avx512Bf16)) {
     decode_scores<bf16, dot_dpbf16<4>, dot_dpbf16<1>>(rows, kend, D, scale, q, ldq, k, ldkv,
                                                       t.s.data());
   } else {
     for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
-    decode_scores<float, dot_fma<4>, dot_fma<1>>(rows, kend, D, scale, t.q.data(), D, k, ldkv,
-                                                 t.s.data());
+    if (avx512)
+      decode_scores<float, dot_fma<4>, dot_fma<1>>(rows, kend, D, scale, t.q.data(), D, k, ldkv,
+                                                   t.s.data());
+    else
+      decode_scores<float, dot_fma_avx2<4>, dot_fma_avx2<1>>(rows, kend, D, scale, t.q.data(), D, k,
+                                                             ldkv, t.s.data());
   }
   attn::softmax_rows(rows, kend, kend, int64_t(0), t.s.data(), lse_blk, lse_stride);
-  decode_values(rows, kend, D, t.s.data(), v, ldkv, t.o.data());
+  if (avx512)
+    decode_values<true>(rows, kend, D, t.s.data(), v, ldkv, t.o.data());
+  else
+    decode_values<false>(rows, kend, D, t.s.data(), v, ldkv, t.o.data());
   for (int64_t r = 0; r < rows; ++r) f32_to_bf16(D, t.o.data() + r * D, out + r * ldq);
 #else
   (void)t, (void)rows, (void)kend, (void)D, (void)scale, (void)q, (void)ldq, (void)k, (void)v;

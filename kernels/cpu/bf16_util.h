@@ -97,6 +97,13 @@ KILN_TARGET_AVX2 inline __m256 load_f32x8(const bf16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+// The sum of 8 f32 lanes.
+KILN_TARGET_AVX2 inline float reduce_add_f32x8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 // The first `count` (0..16) bf16 at p; the other lanes are 0. Reads only those elements.
 KILN_TARGET_AVX512 inline __m512 load_bf16x16_partial(const bf16* p, int count) {
   const __mmask16 m = static_cast<__mmask16>((1u << count) - 1u);

@@ -167,13 +167,6 @@ struct Avx512Block {
 
 // ---- AVX2: the same on 8 lanes, scalar K tail ------------------------------------------------
 
-KILN_TARGET_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <int MB, int RB, typename X>
 struct Avx2Block {
   KILN_TARGET_AVX2 static void run(int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
@@ -197,7 +190,7 @@ struct Avx2Block {
     }
     for (int m = 0; m < MB; ++m)
       for (int r = 0; r < RB; ++r) {
-        float s = hsum8(acc[m][r]);
+        float s = reduce_add_f32x8(acc[m][r]);
         for (int64_t j = k; j < K; ++j) s += bf16_to_float(w[r * ldw + j]) * to_f32(x[m * ldx + j]);
         sums[m * RB + r] = s;
       }

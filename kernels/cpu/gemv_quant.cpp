@@ -116,13 +116,6 @@ float dot_q6_k_scalar(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb)
 // ---- AVX2 (also the Avx512 level's) ---------------------------------------------------------
 
 #if KILN_CPU_X86
-KILN_TARGET_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 KILN_TARGET_AVX2 float dot_q8_0_avx2(const std::uint8_t* w, const BlockQ8* x, std::int64_t nb) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc = _mm256_setzero_ps();
@@ -136,7 +129,7 @@ KILN_TARGET_AVX2 float dot_q8_0_avx2(const std::uint8_t* w, const BlockQ8* x, st
     const float d = _cvtsh_ss(static_cast<unsigned short>(blk[0] | (blk[1] << 8))) * x[b].d;
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d), acc);
   }
-  return hsum8(acc);
+  return reduce_add_f32x8(acc);
 }
 
 KILN_TARGET_AVX2 float dot_q4_k_avx2(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
@@ -168,7 +161,7 @@ KILN_TARGET_AVX2 float dot_q4_k_avx2(const std::uint8_t* w, const BlockQ8K* x, s
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
     acc_min += f16_at(blk + 2) * x[b].d * static_cast<float>(summ);
   }
-  return hsum8(acc) - acc_min;
+  return reduce_add_f32x8(acc) - acc_min;
 }
 
 KILN_TARGET_AVX2 float dot_q6_k_avx2(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb) {
@@ -204,7 +197,7 @@ KILN_TARGET_AVX2 float dot_q6_k_avx2(const std::uint8_t* w, const BlockQ8K* x, s
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
     acc_corr += d * static_cast<float>(32 * corr);
   }
-  return hsum8(acc) - acc_corr;
+  return reduce_add_f32x8(acc) - acc_corr;
 }
 
 // ---- AVX512-VNNI ----------------------------------------------------------------------------
@@ -221,7 +214,7 @@ KILN_TARGET_AVX512VNNI float dot_q8_0_vnni(const std::uint8_t* w, const BlockQ8*
     const float d = _cvtsh_ss(static_cast<unsigned short>(blk[0] | (blk[1] << 8))) * x[b].d;
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d), acc);
   }
-  return hsum8(acc);
+  return reduce_add_f32x8(acc);
 }
 
 // R rows of x (R <= 4, at x + r * xstride bytes) against one weight row: each row's sum is
@@ -247,7 +240,7 @@ KILN_TARGET_AVX512VNNI void dot_q8_0_vnni_rows(const std::uint8_t* w, const std:
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(dw * xr[r][b].d), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]);
+  for (int r = 0; r < R; ++r) out[r] = reduce_add_f32x8(acc[r]);
 }
 
 #endif

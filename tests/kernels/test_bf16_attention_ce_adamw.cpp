@@ -91,6 +91,8 @@ const std::vector<Shape> kForward = {
     {1, 1, 129, 6, 1, 128, 128},    // decode, MQA, large D (rows 4 + 2)
     {1, 1, 50, 3, 1, 80, 49},       // decode, 3 rows, D = 64 + 16
     {2, 1, 20, 4, 4, 48, 19},       // decode, MHA, D = 48 (stories15M's)
+    {1, 1, 30, 4, 2, 24, 29},       // decode, D = 24: 8-lane tails only at AVX2, widened at AVX-512
+    {1, 1, 9, 2, 1, 12, 8},         // decode, D = 12 (not a multiple of 8): widened tiles
 };
 
 TEST(AttentionBf16, ForwardMatchesFloat64AtEveryIsa) {
