@@ -74,8 +74,9 @@ void add_common(CLI::App& app, CommonOptions& o) {
   app.add_option("--seed", o.seed, "Sampling seed")->capture_default_str()->check(uint64_flag());
   app.add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
   app.add_option("--dtype", o.dtype,
-                 "auto (bf16 on cuda and on CPUs with AVX512-BF16 or AMX, else f32) | f32 | "
-                 "bf16 (weights and KV cache)")
+                 "auto (bf16 on cuda and on CPUs with AVX2 or better: decode runs at the "
+                 "weights' bytes, and bf16 halves them; f32 below AVX2; printed with the reason) "
+                 "| f32 | bf16 (weights and KV cache)")
       ->capture_default_str();
   app.add_option("--attention", o.attention,
                  "CUDA attention: auto (cuDNN for training's shape, kiln's kernels for decode; "
@@ -104,7 +105,10 @@ models::LoadedModel load(const CommonOptions& o) {
   src.weights_seed = o.weights_seed;
   src.tokenizer = o.tokenizer;
   src.device = resolve_device(o.device, "generate");
-  src.dtype = resolve_train_dtype(o.dtype, src.device, "generate");
+  const DTypeChoice dtype_choice = choose_inference_dtype(o.dtype, src.device, "generate");
+  src.dtype = dtype_choice.dtype;
+  if (!dtype_choice.why.empty())
+    fmt::print(stderr, "dtype auto: {} ({})\n", dtype_name(src.dtype), dtype_choice.why);
   src.keep_quantized = !o.dequantize;
   KILN_CHECK(!o.dequantize || o.model.ends_with(".gguf"),
              "[generate] --dequantize applies to a .gguf --model only");

@@ -56,7 +56,10 @@ int run_serve(const ServeCmd& o) {
   src.weights_seed = o.weights_seed;
   src.tokenizer = o.tokenizer;
   src.device = resolve_device(o.device, "serve");
-  src.dtype = resolve_train_dtype(o.dtype, src.device, "serve");
+  const DTypeChoice dtype_choice = choose_inference_dtype(o.dtype, src.device, "serve");
+  src.dtype = dtype_choice.dtype;
+  if (!dtype_choice.why.empty())
+    fmt::print(stderr, "dtype auto: {} ({})\n", dtype_name(src.dtype), dtype_choice.why);
   KILN_CHECK(o.random_weights || !o.model.empty(),
              "[serve] give --model DIR|file.gguf, or --random-weights --config config.json");
   KILN_CHECK(!(o.random_weights && !o.model.empty()),
@@ -239,7 +242,10 @@ Run add_serve_command(CLI::App& app) {
   s->add_option("--max-body-kb", o->max_body_kb, "Largest request body (413 above)")
       ->capture_default_str();
   s->add_option("--device", o->device, "cpu | cuda[:N]")->capture_default_str();
-  s->add_option("--dtype", o->dtype, "auto | f32 | bf16")->capture_default_str();
+  s->add_option("--dtype", o->dtype,
+                "auto (bf16 on cuda and on CPUs with AVX2 or better, else f32; printed with the "
+                "reason) | f32 | bf16")
+      ->capture_default_str();
   return [o] { return run_serve(*o); };
 }
 

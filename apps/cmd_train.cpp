@@ -27,9 +27,10 @@ Run add_train_command(CLI::App& app) {
                  "auto (cuda when a GPU is visible, else cpu) | cpu | cuda[:N]")
       ->capture_default_str();
   app.add_option("--dtype", o->dtype,
-                 "auto (bf16 on cuda and on CPUs with AVX512-BF16 or AMX, else f32) | bf16 (bf16 "
-                 "weights/activations, f32 "
-                 "masters and moments, on either device) | f32 (checking mode)")
+                 "auto (bf16 on cuda and on CPUs with AVX512-BF16 or AMX, else f32: without "
+                 "bf16 arithmetic f32 trains faster; printed with the reason) | bf16 (bf16 "
+                 "weights/activations, f32 masters and moments, on either device) | f32 "
+                 "(checking mode)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "f32", "fp32"}));
   app.add_option("--attention", o->attention,
@@ -156,7 +157,10 @@ Run add_train_command(CLI::App& app) {
                    o->out_dir, p.string());
       }
     const Device device = resolve_device(o->device, "train");
-    const DType dtype = resolve_train_dtype(o->dtype, device);
+    const DTypeChoice dtype_choice = choose_train_dtype(o->dtype, device);
+    const DType dtype = dtype_choice.dtype;
+    if (!dtype_choice.why.empty() && dist::world().rank() == 0)
+      std::cout << fmt::format("dtype auto: {} ({})\n", dtype_name(dtype), dtype_choice.why);
     set_attention_from_flag(o->attention, "train");
     models::TrainResult r = models::train(*o, device, dtype, std::cout);
     if (dist::world().rank() != 0) return 0;  // rank 0 reports for the run

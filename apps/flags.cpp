@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/isa.h"
@@ -46,12 +47,42 @@ Device resolve_device(const std::string& spec, std::string_view who) {
   return d;
 }
 
-DType resolve_train_dtype(const std::string& spec, Device device, std::string_view who) {
-  if (spec == "auto")
-    return device.is_cuda() || cpu::cpu_has(cpu::CpuIsa::Avx512Bf16) ? DType::BF16 : DType::F32;
+namespace {
+
+// An explicit --dtype, or nothing for "auto"; fails on anything else.
+std::optional<DType> explicit_dtype(const std::string& spec, std::string_view who) {
+  if (spec == "auto") return std::nullopt;
   if (spec == "f32" || spec == "fp32") return DType::F32;
   if (spec == "bf16") return DType::BF16;
   fail("[{}] unknown dtype '{}' (auto, f32 or bf16)", who, spec);
+}
+
+std::string isa_level() { return std::string(cpu::cpu_isa_name(cpu::cpu_isa())); }
+
+}  // namespace
+
+DTypeChoice choose_train_dtype(const std::string& spec, Device device, std::string_view who) {
+  if (auto d = explicit_dtype(spec, who)) return {*d, ""};
+  if (device.is_cuda()) return {DType::BF16, "bf16 tensor cores on the GPU"};
+  if (cpu::cpu_has(cpu::CpuIsa::Avx512Bf16))
+    return {DType::BF16, fmt::format("isa {}: the CPU multiplies bf16 natively", isa_level())};
+  return {DType::F32,
+          fmt::format("isa {}: no bf16 arithmetic, every bf16 product is widened first, so f32 "
+                      "trains faster; an AVX2 EPYC ran bf16 steps at 0.79x f32's speed",
+                      isa_level())};
+}
+
+DTypeChoice choose_inference_dtype(const std::string& spec, Device device, std::string_view who) {
+  if (auto d = explicit_dtype(spec, who)) return {*d, ""};
+  if (device.is_cuda()) return {DType::BF16, "bf16 tensor cores on the GPU"};
+  if (cpu::cpu_has(cpu::CpuIsa::Avx2))
+    return {DType::BF16,
+            fmt::format("isa {}: decode runs at the weights' bytes and bf16 halves them; an AVX2 "
+                        "EPYC decoded 1.31x as fast as in f32, in 0.6x the memory",
+                        isa_level())};
+  return {DType::F32,
+          "isa scalar: bf16 is widened one value at a time while f32 runs on the BLAS; an AVX2 "
+          "EPYC capped at scalar decoded 2.7x as fast in f32"};
 }
 
 void set_attention_from_flag(const std::string& impl, std::string_view who) {

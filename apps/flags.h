@@ -17,10 +17,31 @@ namespace kiln::apps {
 // where there is none fails with a clear "[who] --device ...: ..." message (built without
 // CUDA, or no device found); a CUDA device is made current.
 Device resolve_device(const std::string& spec, std::string_view who);
-// "auto", "f32"/"fp32", "bf16". auto is bf16 where bf16 is native and fast: on CUDA, and on a CPU
-// with AVX512-BF16 or AMX (kernels/cpu/isa.h, so KILN_CPU_ISA=avx512 makes it f32); f32
-// elsewhere. f32 is the checking mode.
-DType resolve_train_dtype(const std::string& spec, Device device, std::string_view who = "train");
+// A resolved --dtype, and for "auto" the reason for the pick (empty for an explicit dtype), which
+// the commands print so that a user sees which mode runs and why.
+struct DTypeChoice {
+  DType dtype = DType::F32;
+  std::string why;
+};
+// Training: "auto", "f32"/"fp32", "bf16". auto is bf16 where bf16 arithmetic is native and fast:
+// on CUDA, and on a CPU with AVX512-BF16 or AMX (kernels/cpu/isa.h, so KILN_CPU_ISA=avx512 makes
+// it f32); f32 elsewhere, where every bf16 product is widened first (measured on an AVX2-only
+// EPYC: a bf16 training step ran at 0.79x f32's speed). f32 is the checking mode.
+DTypeChoice choose_train_dtype(const std::string& spec, Device device,
+                               std::string_view who = "train");
+// Inference (generate, chat, serve): the same names, but auto is bf16 on every device and CPU
+// level with vector units (AVX2 and up): decode reads every weight once per token, so it runs at
+// the weights' bytes, and bf16 halves them whether or not the CPU multiplies in bf16 (measured
+// on an AVX2-only EPYC, 2 threads, Qwen3-0.6B: bf16 decode 1.31x f32, prefill 1.04x, peak RSS
+// 2.4 GB against 4.0 GB; bench/results/cpu_decode_20261127_220522.json). Below AVX2 (the scalar
+// level) auto is f32: bf16 is widened one value at a time there, while f32 runs on the BLAS (the
+// same EPYC with KILN_CPU_ISA=scalar: f32 decoded 2.7x as fast as bf16).
+DTypeChoice choose_inference_dtype(const std::string& spec, Device device, std::string_view who);
+// choose_train_dtype's dtype alone.
+inline DType resolve_train_dtype(const std::string& spec, Device device,
+                                 std::string_view who = "train") {
+  return choose_train_dtype(spec, device, who).dtype;
+}
 // "auto" | "kiln" | "cudnn" -> ops::set_attention_impl; fails on anything else.
 void set_attention_from_flag(const std::string& impl, std::string_view who);
 

@@ -12,6 +12,36 @@
 using namespace kiln;
 using namespace kiln::apps;
 
+// Inference's auto is bf16 wherever bf16 can be widened in vector registers (decode runs at the
+// weights' bytes), and f32 only at the scalar level; training's auto needs bf16 arithmetic.
+TEST(Flags, InferenceDtypeFollowsTheIsaLevel) {
+  const cpu::CpuIsa detected = cpu::cpu_isa_detected();
+  EXPECT_EQ(choose_inference_dtype("auto", Device::cuda(), "generate").dtype, DType::BF16);
+  EXPECT_EQ(choose_inference_dtype("f32", Device::cpu(), "generate").dtype, DType::F32);
+  EXPECT_EQ(choose_inference_dtype("fp32", Device::cpu(), "generate").dtype, DType::F32);
+  EXPECT_EQ(choose_inference_dtype("bf16", Device::cpu(), "generate").dtype, DType::BF16);
+  EXPECT_TRUE(choose_inference_dtype("bf16", Device::cpu(), "generate").why.empty());
+  try {
+    choose_inference_dtype("f16", Device::cpu(), "serve");
+    ADD_FAILURE() << "f16 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[serve] unknown dtype 'f16'"), std::string::npos)
+        << e.what();
+  }
+  for (cpu::CpuIsa level : {cpu::CpuIsa::Scalar, cpu::CpuIsa::Avx2, cpu::CpuIsa::Avx512,
+                            cpu::CpuIsa::Avx512Bf16, cpu::CpuIsa::Amx}) {
+    if (level > detected) continue;  // capping can only lower the level
+    cpu::ScopedCpuIsa cap(level);
+    const DTypeChoice c = choose_inference_dtype("auto", Device::cpu(), "generate");
+    EXPECT_EQ(c.dtype, level >= cpu::CpuIsa::Avx2 ? DType::BF16 : DType::F32)
+        << cpu::cpu_isa_name(level);
+    EXPECT_FALSE(c.why.empty()) << cpu::cpu_isa_name(level);
+    EXPECT_EQ(choose_train_dtype("auto", Device::cpu()).dtype,
+              level >= cpu::CpuIsa::Avx512Bf16 ? DType::BF16 : DType::F32)
+        << cpu::cpu_isa_name(level);
+  }
+}
+
 TEST(Flags, DevicesAndDtypes) {
   EXPECT_EQ(resolve_device("cpu", "train"), Device::cpu());
   EXPECT_EQ(resolve_train_dtype("auto", Device::cpu()),
@@ -24,6 +54,9 @@ TEST(Flags, DevicesAndDtypes) {
         << "a CPU without AVX512-BF16 trains in f32 by default";
   }
   EXPECT_EQ(resolve_train_dtype("auto", Device::cuda()), DType::BF16);
+  // auto says why; an explicit dtype needs no reason.
+  EXPECT_FALSE(choose_train_dtype("auto", Device::cpu()).why.empty());
+  EXPECT_TRUE(choose_train_dtype("bf16", Device::cpu()).why.empty());
   EXPECT_EQ(resolve_train_dtype("fp32", Device::cuda()), DType::F32);
   EXPECT_THROW(resolve_train_dtype("f16", Device::cpu()), Error);
   EXPECT_THROW(resolve_device("meta", "train"), Error);
