@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU training-step benchmark: kiln (f32 and bf16) against PyTorch 2.x from PyPI (fp32 eager,
-# bf16 autocast eager, bf16 autocast + torch.compile), all in one run, quoted as tokens/s ratios.
+# fp32 + torch.compile, bf16 autocast eager, bf16 autocast + torch.compile), all in one run,
+# quoted as tokens/s ratios.
 #
 #   bench/run_cpu_bench.sh [THREADS=2]
 #
@@ -15,8 +16,12 @@
 #   kiln bf16 / best torch mode, kiln bf16 / kiln f32, kiln f32 / torch fp32.
 #
 # Environment: PRESET (stories15M), BATCH (8), SEQ (256), WARMUP (2), STEPS (5), PAIRS (1; the
-# ratios quoted are medians over rounds), TORCH_MODES ("fp32 bf16 bf16-compile"), KILN_DTYPES
-# ("f32 bf16"), TORCH_VERSION (2.15.0), VENV, BUILD_DIR, OMP_WAIT_POLICY (passed to both peers).
+# ratios quoted are medians over rounds), TORCH_MODES ("fp32 fp32-compile bf16 bf16-compile"),
+# KILN_DTYPES ("f32 bf16"), PEER_TIMEOUT (seconds one peer run may take, 900: on a CPU without
+# AVX512-BF16, torch's bf16 autocast emulates every matmul and one eager run takes many minutes;
+# a run that fails or times out is recorded as {"failed": true, "exit_code", "timed_out"} and
+# left out of the ratios),
+# TORCH_VERSION (2.15.0), VENV, BUILD_DIR, OMP_WAIT_POLICY (passed to both peers).
 set -euo pipefail
 
 THREADS="${1:-2}"
@@ -26,7 +31,8 @@ SEQ="${SEQ:-256}"
 WARMUP="${WARMUP:-2}"
 STEPS="${STEPS:-5}"
 PAIRS="${PAIRS:-1}"
-TORCH_MODES="${TORCH_MODES:-fp32 bf16 bf16-compile}"
+TORCH_MODES="${TORCH_MODES:-fp32 fp32-compile bf16 bf16-compile}"
+PEER_TIMEOUT="${PEER_TIMEOUT:-900}"
 KILN_DTYPES="${KILN_DTYPES:-f32 bf16}"
 TORCH_VERSION="${TORCH_VERSION:-2.15.0}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,8 +54,14 @@ common=(--threads "$THREADS" --batch "$BATCH" --seq "$SEQ" --warmup "$WARMUP" --
 LINES="$(mktemp)"
 for ((i = 0; i < PAIRS; i++)); do
   for m in $TORCH_MODES; do
-    "$PY" "$ROOT/bench/torch_train_step.py" --config "$PRESET" --mode "$m" "${common[@]}" \
-      2>/dev/null | tail -n 1 | tee -a "$LINES"
+    rc=0
+    out="$(timeout "$PEER_TIMEOUT" "$PY" "$ROOT/bench/torch_train_step.py" --config "$PRESET" \
+      --mode "$m" "${common[@]}" 2>/dev/null)" || rc=$?
+    line="$(tail -n 1 <<<"$out")"
+    if [[ "$rc" != 0 || "$line" != "{"* ]]; then
+      line="{\"peer\": \"pytorch\", \"mode\": \"$m\", \"failed\": true, \"exit_code\": $rc, \"timed_out\": $([[ $rc == 124 ]] && echo true || echo false), \"timeout_s\": $PEER_TIMEOUT}"
+    fi
+    echo "$line" | tee -a "$LINES"
   done
   for d in $KILN_DTYPES; do
     "$BIN" --preset "$PRESET" --dtype "$d" "${common[@]}" | tail -n 1 | tee -a "$LINES"
@@ -68,6 +80,8 @@ out, commit, dirty, cpu, ncpu, threads, pairs, lines = sys.argv[1:9]
 runs = [json.loads(l) for l in open(lines) if l.strip().startswith("{")]
 by = collections.defaultdict(list)  # "torch fp32", "kiln bf16", ... -> tok/s per round
 for r in runs:
+    if r.get("failed"):
+        continue
     key = f"torch {r['mode']}" if r["peer"] == "pytorch" else f"kiln {r['dtype']}"
     by[key].append(r["tok_per_s"])
 med = {k: statistics.median(v) for k, v in by.items()}

@@ -20,11 +20,19 @@
 # 3. With MODEL8B=1: the same for Qwen3-8B in bf16 (a 16.4 GB folder written under WORK_DIR,
 #    read once to warm the page cache, deleted afterwards; needs about 20 GB of free disk).
 #    A prompt of PROMPT8B <= 16 tokens keeps prefill on the GEMV too (no f32 weight copies).
+# 4. With LLAMA_BENCH=path/to/llama-bench and LLAMA_CPP_SRC=path/to/llama.cpp (both from the
+#    llama-cpp-python sdist: its vendor/llama.cpp, built; convert_hf_to_gguf.py and gguf-py) and
+#    CONVERT_PYTHON (a python with PyTorch 2.x and transformers): the same random 0.6B folder
+#    (with Qwen's vocab.json and merges.txt beside it) converted by llama.cpp's own
+#    convert_hf_to_gguf.py --outtype bf16, then llama-bench on it with the same threads, PAIRS
+#    repetitions: pp PROMPT for prefill, and tg NEW at depth PROMPT (-d) for decode, so that both
+#    decode with the context kiln's run has. The JSON adds llama_cpp_bf16 and kiln over it.
 # Prints each figure and writes bench/results/cpu_decode_<date>.json (commit, CPU model, date).
 #
 # Environment: PAIRS (2: f32+bf16 pairs, run alternately; the ratios use each dtype's best run,
 # since other work on the cores slows single runs by up to 10x), PROMPT (128), NEW (32),
-# PROMPT8B (16), NEW8B (8), MODEL8B (0), WORK_DIR (mktemp -d), BUILD_DIR
+# PROMPT8B (16), NEW8B (8), MODEL8B (0), LLAMA_BENCH, LLAMA_CPP_SRC, CONVERT_PYTHON (python3),
+# WORK_DIR (mktemp -d), BUILD_DIR
 # (build-bench next to the repo's build/), OMP_WAIT_POLICY (passed on unchanged).
 set -euo pipefail
 
@@ -80,6 +88,10 @@ EOF
   rm -f "$err"
 }
 
+if [[ -n "${LLAMA_BENCH:-}" && -z "${LLAMA_CPP_SRC:-}" ]]; then
+  echo "[bench] LLAMA_BENCH needs LLAMA_CPP_SRC (convert_hf_to_gguf.py writes the bf16 file)" >&2
+  exit 1
+fi
 lines=()
 "$BUILD_DIR/bench/kiln_write_random_safetensors" --config "$QWEN/Qwen3-0.6B/config.json" \
   --out "$WORK_DIR/qwen3-0.6b" --dtype bf16 2>/dev/null
@@ -90,6 +102,22 @@ for ((i = 0; i < PAIRS; i++)); do
     lines+=("$l")
   done
 done
+# llama.cpp on the same weights: its converter's bf16 GGUF, then llama-bench's CSV rows.
+LLAMA_LOG="$WORK_DIR/llama.csv"
+: >"$LLAMA_LOG"
+if [[ -n "${LLAMA_BENCH:-}" ]]; then
+  cp "$QWEN/vocab.json" "$QWEN/merges.txt" "$WORK_DIR/qwen3-0.6b/"
+  gguf="$WORK_DIR/qwen3-0.6b-bf16.gguf"
+  PYTHONPATH="$LLAMA_CPP_SRC/gguf-py" "${CONVERT_PYTHON:-python3}" \
+    "$LLAMA_CPP_SRC/convert_hf_to_gguf.py" "$WORK_DIR/qwen3-0.6b" --outtype bf16 --outfile "$gguf" \
+    >"$WORK_DIR/convert.log" 2>&1 || true
+  [[ -s "$gguf" ]] || { tail -n 5 "$WORK_DIR/convert.log" >&2; echo "[bench] convert failed" >&2; exit 1; }
+  "$LLAMA_BENCH" -m "$gguf" -t "$THREADS" -p "$PROMPT" -n 0 -r "$PAIRS" -o csv 2>/dev/null |
+    tee -a "$LLAMA_LOG"
+  "$LLAMA_BENCH" -m "$gguf" -t "$THREADS" -p 0 -n "$NEW" -d "$PROMPT" -r "$PAIRS" -o csv \
+    2>/dev/null | tee -a "$LLAMA_LOG"
+  rm -f "$gguf"
+fi
 # The prefill's GEMM shapes (--shape PROMPTxNxK each), how many of each a layer runs, and the
 # work per prefill token: "shapes|counts|flop_per_token".
 prefill_work="$("$PY" - "$QWEN/Qwen3-0.6B/config.json" "$PROMPT" <<'EOF'
@@ -134,10 +162,13 @@ COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 CPU="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
 "$PY" - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$NCPU" "$THREADS" "$PROMPT" "$NEW" "$g" \
-  "$(printf '%s\n' "${lines[@]}")" "$LOADAVG" "$gemm" "$gemm_counts" "$flop_token" <<'EOF'
-import datetime, json, math, sys
+  "$(printf '%s\n' "${lines[@]}")" "$LOADAVG" "$gemm" "$gemm_counts" "$flop_token" "$LLAMA_LOG" \
+  "$("$KILN" --version | sed -n 's/^cpu isa: //p')" \
+  <<'EOF'
+import csv, datetime, json, math, sys
 out, commit, dirty, cpu, ncpu, threads, prompt, new, gemv, runs, loadavg = sys.argv[1:12]
 gemm, gemm_counts, flop_token = sys.argv[12], sys.argv[13], float(sys.argv[14])
+llama_log, cpu_isa = sys.argv[15], sys.argv[16]
 runs = [json.loads(l) for l in runs.splitlines() if l.strip()]
 gemv = [json.loads(l) for l in gemv.replace("} {", "}\n{").splitlines() if l.strip()]
 def best(dtype, key):
@@ -145,7 +176,8 @@ def best(dtype, key):
     return max(v) if v else None
 res = {
     "bench": "cpu_decode", "date": datetime.datetime.utcnow().isoformat() + "Z",
-    "commit": commit, "dirty_files": int(dirty), "cpu": cpu, "nproc": int(ncpu),
+    "commit": commit, "dirty_files": int(dirty), "cpu": cpu, "cpu_isa": cpu_isa,
+    "nproc": int(ncpu),
     "threads": int(threads), "loadavg_1m": float(loadavg), "prompt_tokens": int(prompt),
     "new_tokens": int(new),
     "runs": runs, "gemv": gemv,
@@ -168,6 +200,31 @@ res["onednn_bf16_tflops_flop_weighted"] = onednn / 1e12
 res["prefill_flop_per_token"] = flop_token
 pre = res["best_bf16_prefill_tok_s"]
 res["prefill_fraction_of_onednn"] = pre * flop_token / onednn if pre else None
+# llama-bench CSV: a header row (build_commit, ...) before each test's row; n_prompt > 0 is pp.
+llama, header = {}, None
+for row in csv.reader(open(llama_log)):
+    if row and row[0] == "build_commit":
+        header = row
+        continue
+    if header is None or not row:
+        continue
+    r = dict(zip(header, row))
+    key = "prefill_tok_s" if int(r["n_prompt"]) > 0 else "decode_tok_s"
+    llama[key] = float(r["avg_ts"])
+    llama[key + "_stddev"] = float(r["stddev_ts"])
+    if key == "decode_tok_s":
+        llama["decode_depth"] = int(r.get("n_depth", 0))
+    llama["build"], llama["backend"] = r.get("build_commit", ""), r.get("backends", "")
+if llama:
+    res["llama_cpp_bf16"] = llama
+    for key, name in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
+        for dt in ("bf16", "f32"):
+            k = res[f"best_{dt}_{key}"]
+            if k and llama.get(key):
+                res[f"kiln_{dt}_over_llama_cpp_bf16_{name}"] = k / llama[key]
+        print(f"{name}: llama.cpp bf16 {llama.get(key)} tok/s; kiln bf16 "
+              f"{res.get(f'kiln_bf16_over_llama_cpp_bf16_{name}')}x, kiln f32 "
+              f"{res.get(f'kiln_f32_over_llama_cpp_bf16_{name}')}x of it")
 json.dump(res, open(out, "w"), indent=1)
 print(f"bf16/f32 decode {res['bf16_over_f32_decode']}, prefill {res['bf16_over_f32_prefill']}")
 if pre:

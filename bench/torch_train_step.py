@@ -5,6 +5,7 @@ One step = forward, cross-entropy, backward, AdamW step, zero_grad, on a fixed b
 token ids. The model is the golden reference's (tests/golden/reference_llama.py), so kiln and
 this peer run the same math. --mode picks how PyTorch runs it:
   fp32          fp32 eager
+  fp32-compile  fp32 with the forward + loss under torch.compile (inductor)
   bf16          bf16 autocast, eager (f32 weights and AdamW state; matmuls in bf16)
   bf16-compile  bf16 autocast with the forward + loss under torch.compile (inductor)
 Prints one JSON line:
@@ -35,8 +36,9 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
-    ap.add_argument("--mode", default="fp32", choices=["fp32", "bf16", "bf16-compile"],
-                    help="fp32 eager, bf16 autocast eager, or bf16 autocast + torch.compile")
+    ap.add_argument("--mode", default="fp32", choices=["fp32", "fp32-compile", "bf16", "bf16-compile"],
+                    help="fp32 eager, fp32 + torch.compile, bf16 autocast eager, or bf16 "
+                         "autocast + torch.compile")
     for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, dest=k,
                         help="override the preset's " + k)
@@ -78,11 +80,11 @@ def main():
     def forward_loss():
         return ref.loss_fn(ref.forward(cfg, P, ids), targets)
 
-    if args.mode == "bf16-compile":
+    if args.mode.endswith("-compile"):
         forward_loss = torch.compile(forward_loss)
 
     def step():
-        if args.mode == "fp32":
+        if args.mode.startswith("fp32"):
             loss = forward_loss()
         else:
             with torch.autocast("cpu", dtype=torch.bfloat16):
