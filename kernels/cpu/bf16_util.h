@@ -15,7 +15,8 @@
 //   avx512      the same on 16 lanes, masked tails
 //   avx512bf16  f32 -> bf16 with vcvtneps2bf16, which flushes f32 subnormal inputs to zero;
 //               lanes holding a subnormal take the integer rounding instead, so results match
-// f16 converts per element through half.h at every level.
+// f16 <-> f32 use F16C's vcvtph2ps / vcvtps2ph at AVX2 and above (same values as half.h; a NaN
+// stays NaN), half.h per element below.
 //
 // Header-only (functions carry per-function target attributes), so it needs only isa.h's
 // cpu_isa() from kiln_kernels; nothing here is compiled with -march flags.
@@ -88,14 +89,21 @@ KILN_TARGET_AVX512 inline __m512 load_bf16x16(const bf16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-// 16 values at p as floats, for kernels templated on their input's type (f32 or bf16).
+// 16 values at p as floats, for kernels templated on their input's type (f32, bf16 or f16; f16
+// by F16C's vcvtph2ps, exact).
 KILN_TARGET_AVX512 inline __m512 load_f32x16(const float* p) { return _mm512_loadu_ps(p); }
 KILN_TARGET_AVX512 inline __m512 load_f32x16(const bf16* p) { return load_bf16x16(p); }
+KILN_TARGET_AVX512 inline __m512 load_f32x16(const f16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 // The same on 8 lanes (AVX2).
 KILN_TARGET_AVX2 inline __m256 load_f32x8(const float* p) { return _mm256_loadu_ps(p); }
 KILN_TARGET_AVX2 inline __m256 load_f32x8(const bf16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+KILN_TARGET_AVX2 inline __m256 load_f32x8(const f16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 // The sum of 8 f32 lanes.
 KILN_TARGET_AVX2 inline float reduce_add_f32x8(__m256 v) {
@@ -224,9 +232,41 @@ KILN_TARGET_AVX512BF16 inline void f32_to_bf16_avx512bf16(int64_t n, const float
                              round_bf16x16_avx512bf16(_mm512_maskz_loadu_ps(m, src + i)));
   }
 }
+
+// f16 <-> f32 with F16C (part of the AVX2 level): vcvtph2ps is exact; vcvtps2ph rounds to
+// nearest even, as half.h's float_to_f16, subnormals included. NaNs stay NaN (F16C sets the
+// quiet bit). Tails go through half.h.
+KILN_TARGET_AVX2 inline void f16_to_f32_f16c(int64_t n, const f16* src, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_f32x8(src + i));
+  for (; i < n; ++i) dst[i] = f16_to_float(src[i]);
+}
+KILN_TARGET_AVX2 inline void f32_to_f16_f16c(int64_t n, const float* src, f16* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i] = float_to_f16(src[i]);
+}
 #endif  // KILN_CPU_X86
 
 }  // namespace bf16_detail
+
+// dst[i] = float(src[i]) for i < n (exact): F16C at AVX2 and above, else half.h.
+inline void f16_to_f32(int64_t n, const f16* src, float* dst) {
+#if KILN_CPU_X86
+  if (cpu_has(CpuIsa::Avx2)) return bf16_detail::f16_to_f32_f16c(n, src, dst);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
+}
+
+// dst[i] = f16(src[i]) for i < n, rounded to nearest even as half.h's float_to_f16.
+inline void f32_to_f16(int64_t n, const float* src, f16* dst) {
+#if KILN_CPU_X86
+  if (cpu_has(CpuIsa::Avx2)) return bf16_detail::f32_to_f16_f16c(n, src, dst);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_f16(src[i]);
+}
 
 // dst[i] = float(src[i]) for i < n (exact).
 inline void bf16_to_f32(int64_t n, const bf16* src, float* dst) {
@@ -255,7 +295,7 @@ inline void to_compute_n(int64_t n, const T* src, compute_t<T>* dst) {
   if constexpr (std::is_same_v<T, bf16>) {
     bf16_to_f32(n, src, dst);
   } else if constexpr (std::is_same_v<T, f16>) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
+    f16_to_f32(n, src, dst);
   } else {
     if (n > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(T));
   }
@@ -268,7 +308,7 @@ inline void from_compute_n(int64_t n, const compute_t<T>* src, T* dst) {
   if constexpr (std::is_same_v<T, bf16>) {
     f32_to_bf16(n, src, dst);
   } else if constexpr (std::is_same_v<T, f16>) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_f16(src[i]);
+    f32_to_f16(n, src, dst);
   } else {
     if (n > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(T));
   }

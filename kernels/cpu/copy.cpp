@@ -3,7 +3,8 @@
 // contiguous source becomes one flat loop and a permuted one becomes (rows, inner) loops, or
 // blocks of (mid, inner) loop nests for 3+ dims.
 // A 2-D transpose-like case (inner stride > 1, other dim contiguous) is tiled for cache use.
-// Contiguous bf16 <-> f32 runs use the vectorized conversions of kernels/cpu/bf16_util.h.
+// Contiguous bf16 <-> f32 and f16 <-> f32 runs use the vectorized conversions of
+// kernels/cpu/bf16_util.h.
 #include "kernels/cpu/copy.h"
 
 #include <omp.h>
@@ -34,6 +35,10 @@ inline void convert_run(int64_t n, const Src* __restrict src, int64_t stride, Ds
       bf16_to_f32(n, src, dst);  // vectorized, dispatched on cpu_isa() (bf16_util.h)
     } else if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, bf16>) {
       f32_to_bf16(n, src, dst);  // same bits as convert_scalar at every ISA level
+    } else if constexpr (std::is_same_v<Src, f16> && std::is_same_v<Dst, float>) {
+      f16_to_f32(n, src, dst);  // F16C at AVX2 and above
+    } else if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, f16>) {
+      f32_to_f16(n, src, dst);
     } else {
       for (int64_t i = 0; i < n; ++i) dst[i] = convert_scalar<Dst>(src[i]);
     }

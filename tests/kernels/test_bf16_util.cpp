@@ -1,8 +1,10 @@
-// kernels/cpu/bf16_util.h: the bulk bf16 <-> f32 conversions give half.h's bits at every ISA level
-// this machine supports (every bf16 pattern; f32 patterns covering ties, subnormals, NaN, inf,
-// overflow and random bits), for every length and tail.
+// kernels/cpu/bf16_util.h: the bulk bf16 <-> f32 and f16 <-> f32 conversions give half.h's bits at
+// every ISA level this machine supports (every bf16 and f16 pattern; f32 patterns covering ties,
+// subnormals, NaN, inf, overflow and random bits), for every length and tail. The one allowed
+// difference: F16C quiets a signalling NaN, so an f16 NaN only has to stay a NaN of the same sign.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -72,6 +74,85 @@ TEST(Bf16Util, TailsWriteExactlyNElements) {
           if (inside) {
             ASSERT_EQ(h[i].bits, float_to_bf16(src[100 + i]).bits) << cpu_isa_name(level);
             ASSERT_EQ(float_bits(f[i]), uint32_t(h[i].bits) << 16) << cpu_isa_name(level);
+          } else {
+            ASSERT_EQ(h[i].bits, 0xdead) << cpu_isa_name(level) << " n " << n << " at " << i;
+            ASSERT_EQ(f[i], -7.0f) << cpu_isa_name(level) << " n " << n << " at " << i;
+          }
+        }
+      }
+  }
+}
+
+// Same sign and both NaN, or the same bits.
+::testing::AssertionResult same_f16_value(uint16_t got, uint16_t want) {
+  const bool got_nan = (got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0;
+  const bool want_nan = (want & 0x7c00u) == 0x7c00u && (want & 0x3ffu) != 0;
+  if (want_nan ? got_nan && (got & 0x8000u) == (want & 0x8000u) : got == want)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << std::hex << "got 0x" << got << ", want 0x" << want;
+}
+
+TEST(F16Util, WidenIsExactForEveryPatternAtEveryLevel) {
+  std::vector<f16> src(65536);
+  for (uint32_t i = 0; i < 65536; ++i) src[i].bits = static_cast<uint16_t>(i);
+  for (CpuIsa level : levels_here()) {
+    ScopedCpuIsa cap(level);
+    std::vector<float> dst(src.size());
+    f16_to_f32(static_cast<int64_t>(src.size()), src.data(), dst.data());
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const float want = f16_to_float(src[i]);
+      if (std::isnan(want))
+        ASSERT_TRUE(std::isnan(dst[i]) && std::signbit(dst[i]) == std::signbit(want))
+            << cpu_isa_name(level) << " pattern " << i;
+      else
+        ASSERT_EQ(float_bits(dst[i]), float_bits(want)) << cpu_isa_name(level) << " pattern " << i;
+    }
+  }
+}
+
+// f16's rounding points: ties and near-ties at the 13 dropped bits, the subnormal range (below
+// 2^-14), the overflow edge (65504 and the tie at 65520), then rounding_cases()' random bits.
+std::vector<float> f16_rounding_cases() {
+  std::vector<float> v;
+  for (uint32_t e : {103u, 104u, 110u, 112u, 113u, 127u, 142u})  // 2^-24 ... 2^15
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x0fffu, 0x1000u, 0x1001u, 0x1fffu, 0x3000u})
+      for (uint32_t m : {0u, 1u, 0x155u, 0x3ffu})
+        for (uint32_t sign : {0u, 0x80000000u})
+          v.push_back(bits_float(sign | e << 23 | m << 13 | lo));
+  for (float x : {65504.0f, 65519.0f, 65520.0f, 65535.0f, 65536.0f, 1e30f, 5.96e-8f, 2.98e-8f,
+                  2.99e-8f, 0.0f, -0.0f})
+    v.push_back(x), v.push_back(-x);
+  for (float x : rounding_cases()) v.push_back(x);
+  return v;
+}
+
+TEST(F16Util, NarrowRoundsLikeHalfHAtEveryLevel) {
+  const std::vector<float> src = f16_rounding_cases();
+  for (CpuIsa level : levels_here()) {
+    ScopedCpuIsa cap(level);
+    std::vector<f16> dst(src.size());
+    f32_to_f16(static_cast<int64_t>(src.size()), src.data(), dst.data());
+    for (size_t i = 0; i < src.size(); ++i)
+      ASSERT_TRUE(same_f16_value(dst[i].bits, float_to_f16(src[i]).bits))
+          << cpu_isa_name(level) << " f32 bits 0x" << std::hex << float_bits(src[i]);
+  }
+}
+
+TEST(F16Util, TailsWriteExactlyNElements) {
+  const std::vector<float> src = f16_rounding_cases();
+  for (CpuIsa level : levels_here()) {
+    ScopedCpuIsa cap(level);
+    for (int off = 0; off < 4; ++off)
+      for (int n = 0; n <= 40; ++n) {
+        std::vector<f16> h(48, f16{0xdead});
+        std::vector<float> f(48, -7.0f);
+        f32_to_f16(n, src.data() + off, h.data() + off);
+        f16_to_f32(n, h.data() + off, f.data() + off);
+        for (int i = 0; i < 48; ++i) {
+          const bool inside = i >= off && i < off + n;
+          if (inside) {
+            ASSERT_TRUE(same_f16_value(h[i].bits, float_to_f16(src[i]).bits))
+                << cpu_isa_name(level);
           } else {
             ASSERT_EQ(h[i].bits, 0xdead) << cpu_isa_name(level) << " n " << n << " at " << i;
             ASSERT_EQ(f[i], -7.0f) << cpu_isa_name(level) << " n " << n << " at " << i;
