@@ -76,7 +76,8 @@ void add_common(CLI::App& app, CommonOptions& o) {
   app.add_option("--dtype", o.dtype,
                  "auto (bf16 on cuda and on CPUs with AVX2 or better: decode runs at the "
                  "weights' bytes, and bf16 halves them; f32 below AVX2; printed with the reason) "
-                 "| f32 | bf16 (weights and KV cache)")
+                 "| f32 | bf16 (weights and KV cache) | f16 (an f16 model's weights used in place, "
+                 "exactly, widened by F16C)")
       ->capture_default_str();
   app.add_option("--attention", o.attention,
                  "CUDA attention: auto (cuDNN for training's shape, kiln's kernels for decode; "

@@ -244,7 +244,7 @@ Run add_serve_command(CLI::App& app) {
   s->add_option("--device", o->device, "cpu | cuda[:N]")->capture_default_str();
   s->add_option("--dtype", o->dtype,
                 "auto (bf16 on cuda and on CPUs with AVX2 or better, else f32; printed with the "
-                "reason) | f32 | bf16")
+                "reason) | f32 | bf16 | f16")
       ->capture_default_str();
   return [o] { return run_serve(*o); };
 }

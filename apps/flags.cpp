@@ -49,12 +49,20 @@ Device resolve_device(const std::string& spec, std::string_view who) {
 
 namespace {
 
-// An explicit --dtype, or nothing for "auto"; fails on anything else.
-std::optional<DType> explicit_dtype(const std::string& spec, std::string_view who) {
+// An explicit --dtype, or nothing for "auto"; fails on anything else. f16 only for inference:
+// training in f16 needs loss scaling, which kiln does not implement.
+std::optional<DType> explicit_dtype(const std::string& spec, std::string_view who, bool inference) {
   if (spec == "auto") return std::nullopt;
   if (spec == "f32" || spec == "fp32") return DType::F32;
   if (spec == "bf16") return DType::BF16;
-  fail("[{}] unknown dtype '{}' (auto, f32 or bf16)", who, spec);
+  if (spec == "f16" || spec == "fp16") {
+    KILN_CHECK(inference,
+               "[{}] --dtype {}: f16 training needs loss scaling, which kiln does not implement; "
+               "train in bf16 or f32 (generate, chat and serve take f16)",
+               who, spec);
+    return DType::F16;
+  }
+  fail("[{}] unknown dtype '{}' (auto, f32, bf16{})", who, spec, inference ? " or f16" : "");
 }
 
 std::string isa_level() { return std::string(cpu::cpu_isa_name(cpu::cpu_isa())); }
@@ -62,7 +70,7 @@ std::string isa_level() { return std::string(cpu::cpu_isa_name(cpu::cpu_isa()));
 }  // namespace
 
 DTypeChoice choose_train_dtype(const std::string& spec, Device device, std::string_view who) {
-  if (auto d = explicit_dtype(spec, who)) return {*d, ""};
+  if (auto d = explicit_dtype(spec, who, /*inference=*/false)) return {*d, ""};
   if (device.is_cuda()) return {DType::BF16, "bf16 tensor cores on the GPU"};
   if (cpu::cpu_has(cpu::CpuIsa::Avx512Bf16))
     return {DType::BF16, fmt::format("isa {}: the CPU multiplies bf16 natively", isa_level())};
@@ -73,7 +81,7 @@ DTypeChoice choose_train_dtype(const std::string& spec, Device device, std::stri
 }
 
 DTypeChoice choose_inference_dtype(const std::string& spec, Device device, std::string_view who) {
-  if (auto d = explicit_dtype(spec, who)) return {*d, ""};
+  if (auto d = explicit_dtype(spec, who, /*inference=*/true)) return {*d, ""};
   if (device.is_cuda()) return {DType::BF16, "bf16 tensor cores on the GPU"};
   if (cpu::cpu_has(cpu::CpuIsa::Avx2))
     return {DType::BF16,

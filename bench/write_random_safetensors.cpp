@@ -7,7 +7,7 @@
 // Values: uniform with the config's init std (norm weights 1), from a counter-based hash,
 // so a folder is the same for the same --seed whatever the shard size.
 //
-// Usage: kiln_write_random_safetensors --config config.json --out DIR [--dtype bf16]
+// Usage: kiln_write_random_safetensors --config config.json --out DIR [--dtype bf16|f16|f32]
 //        [--shard-gb 4] [--seed 0]
 #include <CLI/CLI.hpp>
 #include <cmath>
@@ -43,14 +43,14 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 0;
   app.add_option("--config", config, "HF config.json")->required();
   app.add_option("--out", out, "Folder to create (must not exist)")->required();
-  app.add_option("--dtype", dtype_name, "bf16 | f32")->capture_default_str();
+  app.add_option("--dtype", dtype_name, "bf16 | f16 | f32")->capture_default_str();
   app.add_option("--shard-gb", shard_gb, "Largest shard, GB")->capture_default_str();
   app.add_option("--seed", seed, "Seed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     const DType dtype = parse_dtype(dtype_name);
-    KILN_CHECK(dtype == DType::BF16 || dtype == DType::F32,
-               "[write_random_safetensors] --dtype {} must be bf16 or f32", dtype_name);
+    KILN_CHECK(dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32,
+               "[write_random_safetensors] --dtype {} must be bf16, f16 or f32", dtype_name);
     KILN_CHECK(shard_gb > 0, "[write_random_safetensors] --shard-gb must be > 0");
     KILN_CHECK(!fs::exists(out), "[write_random_safetensors] {} exists: give a new folder", out);
     const models::ModelConfig cfg = models::load_hf_config(config);

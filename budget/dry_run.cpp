@@ -357,8 +357,8 @@ bool simulates_native_dtype(const BudgetSpec& s) {
 }
 
 bool gemm_scratch_unmodelled(const BudgetSpec& s) {
-  return s.simulate == DeviceType::CPU && s.dtype == DType::BF16 &&
-         ops::find_kernel<ops::LinearArgs>(DeviceType::CPU, DType::BF16) != nullptr;
+  return s.simulate == DeviceType::CPU && (s.dtype == DType::BF16 || s.dtype == DType::F16) &&
+         ops::find_kernel<ops::LinearArgs>(DeviceType::CPU, s.dtype) != nullptr;
 }
 
 BudgetFigures run_budget(const BudgetSpec& s, Device device, bool timeline) {

@@ -51,8 +51,8 @@ TilePlan tile_plan(std::optional<quant::QuantType> quant, DType weight, const Te
   const bool cpu_kernels = ops::kernel_device(x.device()) == DeviceType::CPU;
   const bool quantized = quant.has_value();
   if (cpu_kernels && quantized) return {cpu::quant_gemv_max_rows(*quant), false};
-  if (cpu_kernels && weight == DType::BF16 && x.dtype() == DType::BF16)
-    return {kBf16GemvRows, false};
+  if (cpu_kernels && (weight == DType::BF16 || weight == DType::F16) && x.dtype() == weight)
+    return {kBf16GemvRows, false};  // the bf16 and f16 GEMVs take up to this many rows
   if (!cpu_kernels && quantized) return {cuda::kQuantGemvMaxRows, false};
   if (!cpu_kernels && weight == DType::BF16 && x.dtype() == DType::BF16 && !bias &&
       x.size(1) % 8 == 0 && cuda::gemv_enabled())

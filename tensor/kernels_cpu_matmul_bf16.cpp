@@ -1,6 +1,7 @@
-// Native bf16 CPU kernels of the matmul family (gemm, matmul, linear) on kernels/cpu/matmul_dnnl.h
-// (oneDNN, or widened blocks through sgemm below AVX-512): bf16 tensors are multiplied as they
-// are, with f32 accumulation, instead of through f32 copies of every operand.
+// Native bf16 and f16 CPU kernels of the matmul family (gemm, matmul, linear) on
+// kernels/cpu/matmul_dnnl.h (bf16: oneDNN on AMX, widened blocks through sgemm below; f16:
+// widened blocks, by F16C) and kernels/cpu/gemv_bf16.h (decode): 16-bit tensors are multiplied
+// as they are, with f32 accumulation, instead of through f32 copies of every operand.
 //
 // Strided operands are read in place whenever a BLAS can read them: a row-major view with any row
 // stride, or a transposed view (unit row stride), which flips the op's trans flag; a 3-d operand
@@ -21,6 +22,7 @@ namespace cpu_glue {
 namespace {
 
 using kiln::cpu::Bf16Gemm;
+using kiln::cpu::GemmElt;
 
 // A (rows, cols) matrix with strides (sr, sc) as a BLAS reads it: the stored row-major matrix's
 // row stride ld, and whether it is stored transposed.
@@ -137,9 +139,29 @@ Bf16Gemm linear_plan(const LinearArgs& a) {
   return g;
 }
 
-template <class A, Bf16Gemm (*Plan)(const A&)>
+// E: the storage type, bf16 (oneDNN, or widening below AMX) or f16 (always widening, by F16C).
+template <class E>
+constexpr GemmElt kElt = std::is_same_v<E, f16> ? GemmElt::F16 : GemmElt::BF16;
+
+// The plan with C and the bias in the op's storage type.
+template <class E>
+Bf16Gemm typed(Bf16Gemm g) {
+  g.c_type = kElt<E>;
+  g.bias_type = kElt<E>;
+  return g;
+}
+
+template <class E>
+std::int64_t scratch_bytes(const Bf16Gemm& g) {
+  if constexpr (std::is_same_v<E, f16>)
+    return kiln::cpu::f16_gemm_scratch_bytes(g);
+  else
+    return kiln::cpu::bf16_gemm_scratch_bytes(g);
+}
+
+template <class A, Bf16Gemm (*Plan)(const A&), class E>
 ScratchList plan_scratch(const A& a, DType) {
-  return {kiln::cpu::bf16_gemm_scratch_bytes(Plan(a))};
+  return {scratch_bytes<E>(typed<E>(Plan(a)))};
 }
 
 // The GEMM's scratch, tracked as Temporaries (as charge_scratch does on meta).
@@ -149,17 +171,31 @@ Tensor scratch_buffer(std::int64_t bytes, Device device) {
   return Tensor::empty({bytes}, DType::Bool, device);
 }
 
-void run_plan(const Bf16Gemm& g, const Tensor& a, const Tensor& b, Tensor& c, const Tensor& bias) {
-  const std::int64_t bytes = kiln::cpu::bf16_gemm_scratch_bytes(g);
+template <class E>
+void run_plan(const Bf16Gemm& plan, const Tensor& a, const Tensor& b, Tensor& c,
+              const Tensor& bias) {
+  const Bf16Gemm g = typed<E>(plan);
+  const std::int64_t bytes = scratch_bytes<E>(g);
   Tensor scratch = scratch_buffer(bytes, c.device());
-  kiln::cpu::bf16_gemm(g, a.data<bf16>(), b.data<bf16>(), c.raw_data(),
-                       bias.defined() ? bias.raw_data() : nullptr,
-                       scratch.defined() ? scratch.raw_data() : nullptr, bytes);
+  const void* bias_data = bias.defined() ? bias.raw_data() : nullptr;
+  void* scratch_data = scratch.defined() ? scratch.raw_data() : nullptr;
+  if constexpr (std::is_same_v<E, f16>)
+    kiln::cpu::f16_gemm(g, a.data<f16>(), b.data<f16>(), c.raw_data(), bias_data, scratch_data,
+                        bytes);
+  else
+    kiln::cpu::bf16_gemm(g, a.data<bf16>(), b.data<bf16>(), c.raw_data(), bias_data, scratch_data,
+                         bytes);
 }
 
-void gemm_bf16_dnnl(GemmArgs& a) { run_plan(gemm_plan(a), a.a, a.b, a.c, Tensor()); }
+template <class E>
+void gemm_half(GemmArgs& a) {
+  run_plan<E>(gemm_plan(a), a.a, a.b, a.c, Tensor());
+}
 
-void matmul_bf16_dnnl(MatmulArgs& a) { run_plan(matmul_plan(a), a.a, a.b, a.out, Tensor()); }
+template <class E>
+void matmul_half(MatmulArgs& a) {
+  run_plan<E>(matmul_plan(a), a.a, a.b, a.out, Tensor());
+}
 
 // Up to this many rows of x (decode, small batches), bf16 Linear is the bandwidth-bound GEMV
 // (kernels/cpu/gemv_bf16.h), which reads the weight once, in place, and allocates nothing. At
@@ -174,18 +210,39 @@ bool linear_runs_gemv(const LinearArgs& a) {
 }
 
 // out (rows, N) = x (rows, K) w^T + bias: the GEMV for decode, else one GEMM with the bias fused.
-void linear_bf16(LinearArgs& a) {
-  if (!linear_runs_gemv(a)) return run_plan(linear_plan(a), a.x, a.w, a.out, a.bias);
+template <class E>
+void linear_half(LinearArgs& a) {
+  if (!linear_runs_gemv(a)) return run_plan<E>(linear_plan(a), a.x, a.w, a.out, a.bias);
   const Operand ox = rows_operand(a.x), ow = operand(a.w);
   const std::int64_t N = a.w.size(0), K = a.w.size(1);
-  kiln::cpu::gemv_bf16<bf16, bf16>(rows_of(a.x), N, K, a.x.data<bf16>(), ox.ld, a.w.data<bf16>(),
-                                   ow.ld, a.bias.defined() ? a.bias.data<bf16>() : nullptr,
-                                   a.out.data<bf16>(), N);
+  const E* bias = a.bias.defined() ? a.bias.data<E>() : nullptr;
+  if constexpr (std::is_same_v<E, f16>)
+    kiln::cpu::gemv_f16<f16, f16>(rows_of(a.x), N, K, a.x.data<f16>(), ox.ld, a.w.data<f16>(),
+                                  ow.ld, bias, a.out.data<f16>(), N);
+  else
+    kiln::cpu::gemv_bf16<bf16, bf16>(rows_of(a.x), N, K, a.x.data<bf16>(), ox.ld, a.w.data<bf16>(),
+                                     ow.ld, bias, a.out.data<bf16>(), N);
 }
 
+template <class E>
 ScratchList linear_scratch(const LinearArgs& a, DType d) {
   if (linear_runs_gemv(a)) return {};
-  return plan_scratch<LinearArgs, linear_plan>(a, d);
+  return plan_scratch<LinearArgs, linear_plan, E>(a, d);
+}
+
+template <class E>
+void register_half(DType dtype) {
+  register_kernel<GemmArgs>(DeviceType::CPU, dtype,
+                            {.run = &gemm_half<E>,
+                             .accepts = &gemm_accepts,
+                             .scratch = &plan_scratch<GemmArgs, gemm_plan, E>});
+  register_kernel<MatmulArgs>(DeviceType::CPU, dtype,
+                              {.run = &matmul_half<E>,
+                               .accepts = &matmul_accepts,
+                               .scratch = &plan_scratch<MatmulArgs, matmul_plan, E>});
+  register_kernel<LinearArgs>(
+      DeviceType::CPU, dtype,
+      {.run = &linear_half<E>, .accepts = &linear_accepts, .scratch = &linear_scratch<E>});
 }
 
 }  // namespace
@@ -207,17 +264,8 @@ std::int64_t linear_bf16_dense_scratch_bytes(std::int64_t rows, std::int64_t n, 
 }
 
 void register_matmul_bf16() {
-  register_kernel<GemmArgs>(DeviceType::CPU, DType::BF16,
-                            {.run = &gemm_bf16_dnnl,
-                             .accepts = &gemm_accepts,
-                             .scratch = &plan_scratch<GemmArgs, gemm_plan>});
-  register_kernel<MatmulArgs>(DeviceType::CPU, DType::BF16,
-                              {.run = &matmul_bf16_dnnl,
-                               .accepts = &matmul_accepts,
-                               .scratch = &plan_scratch<MatmulArgs, matmul_plan>});
-  register_kernel<LinearArgs>(
-      DeviceType::CPU, DType::BF16,
-      {.run = &linear_bf16, .accepts = &linear_accepts, .scratch = &linear_scratch});
+  register_half<bf16>(DType::BF16);
+  register_half<f16>(DType::F16);
 }
 
 }  // namespace cpu_glue

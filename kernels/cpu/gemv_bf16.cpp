@@ -30,29 +30,23 @@ constexpr int64_t prefetch_rows(int RB) { return RB >= 8 ? RB : 8; }
 
 template <typename T>
 inline float to_f32(T v) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return bf16_to_float(v);
-  else
-    return v;
+  return static_cast<float>(to_compute(v));
 }
 template <typename T>
 inline T from_f32(float v) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return float_to_bf16(v);
-  else
-    return v;
+  return from_compute<T>(v);
 }
 
 // ---- scalar ---------------------------------------------------------------------------------
 
-template <int MB, int RB, typename X>
+template <int MB, int RB, typename X, typename W>
 struct ScalarBlock {
   // sums[m * RB + r] = sum_k x[m, k] * w[r, k]
-  static void run(int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw, float* sums) {
+  static void run(int64_t K, const X* x, int64_t ldx, const W* w, int64_t ldw, float* sums) {
     float acc[MB][RB] = {};
     for (int64_t k = 0; k < K; ++k)
       for (int r = 0; r < RB; ++r) {
-        const float wf = bf16_to_float(w[r * ldw + k]);
+        const float wf = to_f32(w[r * ldw + k]);
         for (int m = 0; m < MB; ++m) acc[m][r] += wf * to_f32(x[m * ldx + k]);
       }
     for (int m = 0; m < MB; ++m)
@@ -85,8 +79,9 @@ KILN_TARGET_AVX512BF16 inline __m512bh load_pairs(const float* p, int64_t n) {
                              _mm512_maskz_loadu_ps(first_lanes16(n), p));
 }
 
-template <int MB, int RB, typename X>
+template <int MB, int RB, typename X, typename W>
 struct Avx512Bf16Block {
+  static_assert(std::is_same_v<W, bf16>, "vdpbf16ps multiplies bf16 weights only");
   KILN_TARGET_AVX512BF16 static void run(int64_t K, const X* x, int64_t ldx, const bf16* w,
                                          int64_t ldw, float* sums) {
     __m512 acc[MB][RB];
@@ -126,13 +121,16 @@ KILN_TARGET_AVX512 inline __m512 widen16(__m256i v) {
 KILN_TARGET_AVX512 inline __m512 load16(const bf16* p, int64_t n) {
   return widen16(_mm256_maskz_loadu_epi16(first_lanes16(n), p));
 }
+KILN_TARGET_AVX512 inline __m512 load16(const f16* p, int64_t n) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes16(n), p));
+}
 KILN_TARGET_AVX512 inline __m512 load16(const float* p, int64_t n) {
   return _mm512_maskz_loadu_ps(first_lanes16(n), p);
 }
 
-template <int MB, int RB, typename X>
+template <int MB, int RB, typename X, typename W>
 struct Avx512Block {
-  KILN_TARGET_AVX512 static void run(int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
+  KILN_TARGET_AVX512 static void run(int64_t K, const X* x, int64_t ldx, const W* w, int64_t ldw,
                                      float* sums) {
     __m512 acc[MB][RB];
     for (int m = 0; m < MB; ++m)
@@ -167,9 +165,9 @@ struct Avx512Block {
 
 // ---- AVX2: the same on 8 lanes, scalar K tail ------------------------------------------------
 
-template <int MB, int RB, typename X>
+template <int MB, int RB, typename X, typename W>
 struct Avx2Block {
-  KILN_TARGET_AVX2 static void run(int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
+  KILN_TARGET_AVX2 static void run(int64_t K, const X* x, int64_t ldx, const W* w, int64_t ldw,
                                    float* sums) {
     __m256 acc[MB][RB];
     for (int m = 0; m < MB; ++m)
@@ -191,7 +189,7 @@ struct Avx2Block {
     for (int m = 0; m < MB; ++m)
       for (int r = 0; r < RB; ++r) {
         float s = reduce_add_f32x8(acc[m][r]);
-        for (int64_t j = k; j < K; ++j) s += bf16_to_float(w[r * ldw + j]) * to_f32(x[m * ldx + j]);
+        for (int64_t j = k; j < K; ++j) s += to_f32(w[r * ldw + j]) * to_f32(x[m * ldx + j]);
         sums[m * RB + r] = s;
       }
   }
@@ -201,20 +199,20 @@ struct Avx2Block {
 
 // ---- shared driver ----------------------------------------------------------------------------
 
-template <typename X>
-using BlockFn = void (*)(int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
-                         float* sums);
+template <typename X, typename W>
+using BlockFn = void (*)(int64_t K, const X* x, int64_t ldx, const W* w, int64_t ldw, float* sums);
 
 // The block function for mb rows of x (1..MB) and rb rows of w (1, or RB when mb * RB fits the
 // kAccs accumulator registers).
-template <template <int, int, class> class Block, int kAccs, typename X, int MB, int RB>
-BlockFn<X> pick_block(int mb, int rb) {
+template <template <int, int, class, class> class Block, int kAccs, typename X, typename W, int MB,
+          int RB>
+BlockFn<X, W> pick_block(int mb, int rb) {
   if constexpr (MB > 1)
-    if (mb < MB) return pick_block<Block, kAccs, X, MB - 1, RB>(mb, rb);
+    if (mb < MB) return pick_block<Block, kAccs, X, W, MB - 1, RB>(mb, rb);
   if constexpr (MB * RB <= kAccs)
-    if (rb == RB) return &Block<MB, RB, X>::run;
-  KILN_CHECK(rb == 1, "[gemv_bf16] no register block for {} x {} rows", mb, rb);
-  return &Block<MB, 1, X>::run;
+    if (rb == RB) return &Block<MB, RB, X, W>::run;
+  KILN_CHECK(rb == 1, "[gemv] no register block for {} x {} rows", mb, rb);
+  return &Block<MB, 1, X, W>::run;
 }
 
 // y[m, r] = sums[m * rb + r] + bias[r] for the block's mb x rb outputs.
@@ -226,10 +224,10 @@ inline void store_block(int mb, int rb, const float* sums, const Y* bias, Y* y, 
 }
 
 // One pass over w in blocks of RB rows, each used for all M rows of x, kMaxMB at a time.
-template <template <int, int, class> class Block, int kAccs, int kMaxMB, int RB, typename X,
-          typename Y>
-void run_blocks(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const bf16* w,
-                int64_t ldw, const Y* bias, Y* y, int64_t ldy) {
+template <template <int, int, class, class> class Block, int kAccs, int kMaxMB, int RB, typename X,
+          typename W, typename Y>
+void run_blocks(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, int64_t ldw,
+                const Y* bias, Y* y, int64_t ldy) {
   const int64_t nblocks = (N + RB - 1) / RB;
   const bool parallel = N * K >= kParallelMinElems && nblocks > 1;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -241,11 +239,11 @@ void run_blocks(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const 
       const X* xm = x + m0 * ldx;
       Y* ym = y + m0 * ldy + n0;
       if (rows == RB) {
-        pick_block<Block, kAccs, X, kMaxMB, RB>(mb, RB)(K, xm, ldx, w + n0 * ldw, ldw, sums);
+        pick_block<Block, kAccs, X, W, kMaxMB, RB>(mb, RB)(K, xm, ldx, w + n0 * ldw, ldw, sums);
         store_block(mb, RB, sums, bias ? bias + n0 : nullptr, ym, ldy);
         continue;
       }
-      const BlockFn<X> one_row = pick_block<Block, kAccs, X, kMaxMB, RB>(mb, 1);
+      const BlockFn<X, W> one_row = pick_block<Block, kAccs, X, W, kMaxMB, RB>(mb, 1);
       for (int64_t r = 0; r < rows; ++r) {
         one_row(K, xm, ldx, w + (n0 + r) * ldw, ldw, sums);
         store_block(mb, 1, sums, bias ? bias + n0 + r : nullptr, ym + r, ldy);
@@ -257,8 +255,9 @@ void run_blocks(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const 
 // Row blocks as tall as the kAccs accumulators allow for min(M, kMaxMB) rows of x: more rows of
 // w in flight keep more memory streams busy (one thread, Qwen3-0.6B's shapes, M = 1: 11.7 GB/s
 // with 4-row blocks, 13.5 with 8, 14.4 with 16, as fast as OpenBLAS's f32 sgemv in the same run).
-template <template <int, int, class> class Block, int kAccs, int kMaxMB, typename X, typename Y>
-void run_gemv(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
+template <template <int, int, class, class> class Block, int kAccs, int kMaxMB, typename X,
+          typename W, typename Y>
+void run_gemv(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, int64_t ldw,
               const Y* bias, Y* y, int64_t ldy) {
   const int64_t rb = kAccs / std::min<int64_t>(M, kMaxMB);
   if (rb >= 16 && kAccs >= 16)
@@ -268,14 +267,20 @@ void run_gemv(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const bf
   run_blocks<Block, kAccs, kMaxMB, kGemvRowBlock>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
 }
 
+template <typename X, typename W, typename Y>
+void check_gemv(const char* who, int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldw,
+                int64_t ldy) {
+  KILN_CHECK(M >= 0 && N >= 0 && K >= 0, "[{}] negative size M={} N={} K={}", who, M, N, K);
+  KILN_CHECK(ldx >= K && ldw >= K && ldy >= N, "[{}] ldx {} / ldw {} < K {} or ldy {} < N {}", who,
+             ldx, ldw, K, ldy, N);
+}
+
 }  // namespace
 
 template <typename X, typename Y>
 void gemv_bf16(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
                const Y* bias, Y* y, int64_t ldy) {
-  KILN_CHECK(M >= 0 && N >= 0 && K >= 0, "[gemv_bf16] negative size M={} N={} K={}", M, N, K);
-  KILN_CHECK(ldx >= K && ldw >= K && ldy >= N,
-             "[gemv_bf16] ldx {} / ldw {} < K {} or ldy {} < N {}", ldx, ldw, K, ldy, N);
+  check_gemv<X, bf16, Y>("gemv_bf16", M, N, K, ldx, ldw, ldy);
   if (M == 0 || N == 0) return;
 #if KILN_CPU_X86
   switch (cpu_isa()) {
@@ -293,6 +298,20 @@ void gemv_bf16(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const b
   run_gemv<ScalarBlock, 16, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
 }
 
+template <typename X, typename Y>
+void gemv_f16(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const f16* w, int64_t ldw,
+              const Y* bias, Y* y, int64_t ldy) {
+  check_gemv<X, f16, Y>("gemv_f16", M, N, K, ldx, ldw, ldy);
+  if (M == 0 || N == 0) return;
+#if KILN_CPU_X86
+  if (cpu_has(CpuIsa::Avx512))
+    return run_gemv<Avx512Block, 16, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+  if (cpu_has(CpuIsa::Avx2))
+    return run_gemv<Avx2Block, 8, 2>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+#endif
+  run_gemv<ScalarBlock, 16, 4>(M, N, K, x, ldx, w, ldw, bias, y, ldy);
+}
+
 template void gemv_bf16<bf16, bf16>(int64_t, int64_t, int64_t, const bf16*, int64_t, const bf16*,
                                     int64_t, const bf16*, bf16*, int64_t);
 template void gemv_bf16<bf16, float>(int64_t, int64_t, int64_t, const bf16*, int64_t, const bf16*,
@@ -301,5 +320,9 @@ template void gemv_bf16<float, bf16>(int64_t, int64_t, int64_t, const float*, in
                                      int64_t, const bf16*, bf16*, int64_t);
 template void gemv_bf16<float, float>(int64_t, int64_t, int64_t, const float*, int64_t, const bf16*,
                                       int64_t, const float*, float*, int64_t);
+template void gemv_f16<f16, f16>(int64_t, int64_t, int64_t, const f16*, int64_t, const f16*,
+                                 int64_t, const f16*, f16*, int64_t);
+template void gemv_f16<float, float>(int64_t, int64_t, int64_t, const float*, int64_t, const f16*,
+                                     int64_t, const float*, float*, int64_t);
 
 }  // namespace kiln::cpu

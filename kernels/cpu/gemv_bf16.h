@@ -1,4 +1,4 @@
-// Matrix-vector products on bf16 weights, for decode (a few rows of activations).
+// Matrix-vector products on bf16 (and f16) weights, for decode (a few rows of activations).
 //
 //   gemv_bf16:  y(M, N) = x(M, K) @ w(N, K)^T (+ bias(N))          (=, y is not read)
 //
@@ -36,5 +36,14 @@ inline constexpr int64_t kGemvRowBlock = 4;
 template <typename X, typename Y>
 void gemv_bf16(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const bf16* w, int64_t ldw,
                const Y* bias, Y* y, int64_t ldy);
+
+// The same on f16 weights (an f16 safetensors model, used in place): widened by F16C's
+// vcvtph2ps in registers at AVX2 and AVX-512 (AVX512-BF16 has no f16 dot product, so it takes the
+// AVX-512 FMA blocks), so an f16 model decodes at its 2 bytes per weight, exactly, where a bf16
+// copy would round away 3 bits of each weight and an f32 one would double the bytes. X and Y:
+// f16 and f16, or float and float.
+template <typename X, typename Y>
+void gemv_f16(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const f16* w, int64_t ldw,
+              const Y* bias, Y* y, int64_t ldy);
 
 }  // namespace kiln::cpu

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/common/error.h"
+#include "kernels/cpu/bf16_util.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 
@@ -107,7 +108,9 @@ const dnnl::engine& engine() {
   return e;
 }
 
-dt elt_type(GemmElt e) { return e == GemmElt::F32 ? dt::f32 : dt::bf16; }
+dt elt_type(GemmElt e) {
+  return e == GemmElt::F32 ? dt::f32 : e == GemmElt::F16 ? dt::f16 : dt::bf16;
+}
 
 // The problem with batches folded where they can be: a shared B (stride_b 0) under row-major As
 // and Cs whose batches are back to back is one (batch*M, K) x (K, N) GEMM, which oneDNN tiles
@@ -253,12 +256,21 @@ void check_gemm(const char* op, const Bf16Gemm& g) {
 }
 
 float load(const void* p, GemmElt t, std::int64_t i) {
-  return t == GemmElt::F32 ? static_cast<const float*>(p)[i]
-                           : bf16_to_float(static_cast<const bf16*>(p)[i]);
+  switch (t) {
+    case GemmElt::F32:
+      return static_cast<const float*>(p)[i];
+    case GemmElt::F16:
+      return f16_to_float(static_cast<const f16*>(p)[i]);
+    case GemmElt::BF16:
+      break;
+  }
+  return bf16_to_float(static_cast<const bf16*>(p)[i]);
 }
 void store(void* p, GemmElt t, std::int64_t i, float v) {
   if (t == GemmElt::F32)
     static_cast<float*>(p)[i] = v;
+  else if (t == GemmElt::F16)
+    static_cast<f16*>(p)[i] = float_to_f16(v);
   else
     static_cast<bf16*>(p)[i] = float_to_bf16(v);
 }
@@ -307,21 +319,27 @@ WidenBlocks widen_blocks(const Bf16Gemm& g) {
 // Either way the reads run along stored rows: gathering a transposed block column by column
 // strides whole rows apart (64 KiB for a 32000-wide gradient), which thrashes the caches.
 // Returns dst's row stride.
-std::int64_t widen_block(const bf16* X, std::int64_t ld, bool trans, std::int64_t r0,
-                         std::int64_t c0, std::int64_t rows, std::int64_t cols, float* dst) {
+// E: bf16 or f16 (f16 rows through F16C's vcvtph2ps where the CPU has it).
+template <class E>
+std::int64_t widen_block(const E* X, std::int64_t ld, bool trans, std::int64_t r0, std::int64_t c0,
+                         std::int64_t rows, std::int64_t cols, float* dst) {
   const std::int64_t stored_rows = trans ? cols : rows, stored_cols = trans ? rows : cols;
-  const bf16* base = trans ? X + c0 * ld + r0 : X + r0 * ld + c0;
+  const E* base = trans ? X + c0 * ld + r0 : X + r0 * ld + c0;
   for (std::int64_t r = 0; r < stored_rows; ++r) {
-    const bf16* s = base + r * ld;
+    const E* s = base + r * ld;
     float* d = dst + r * stored_cols;
-    for (std::int64_t c = 0; c < stored_cols; ++c) d[c] = bf16_to_float(s[c]);
+    if constexpr (std::is_same_v<E, f16>)
+      f16_to_f32(stored_cols, s, d);
+    else
+      for (std::int64_t c = 0; c < stored_cols; ++c) d[c] = bf16_to_float(s[c]);
   }
   return stored_cols;
 }
 
 // C tile (i0, j0) of one batch entry (A, B, C already offset to it): K in blocks, accumulated
 // in f32, rounded once into a bf16 C.
-void widen_tile(const Bf16Gemm& g, const WidenBlocks& w, const bf16* A, const bf16* B, void* C,
+template <class E>
+void widen_tile(const Bf16Gemm& g, const WidenBlocks& w, const E* A, const E* B, void* C,
                 const void* bias, std::int64_t i0, std::int64_t j0, float* scratch) {
   float* a_blk = scratch;
   float* b_blk = a_blk + w.a_floats;
@@ -348,12 +366,13 @@ void widen_tile(const Bf16Gemm& g, const WidenBlocks& w, const bf16* A, const bf
   if (!in_place)
     for (std::int64_t i = 0; i < mb; ++i)
       for (std::int64_t j = 0; j < nb; ++j)
-        static_cast<bf16*>(C)[(i0 + i) * g.ldc + j0 + j] = float_to_bf16(acc[i * ldacc + j]);
+        store(C, g.c_type, (i0 + i) * g.ldc + j0 + j, acc[i * ldacc + j]);
 }
 
 std::int64_t elt_size(GemmElt t) { return t == GemmElt::F32 ? 4 : 2; }
 
-void widen_sgemm(const Bf16Gemm& g, const bf16* A, const bf16* B, void* C, const void* bias,
+template <class E>
+void widen_sgemm(const Bf16Gemm& g, const E* A, const E* B, void* C, const void* bias,
                  void* scratch, std::int64_t scratch_bytes) {
   const WidenBlocks w = widen_blocks(g);
   KILN_CHECK(scratch_bytes >= w.bytes(), "[bf16_gemm] needs {} scratch bytes, was given {}",
@@ -441,6 +460,22 @@ void onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, st
   void* aligned =
       scratch.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch.data()) % 64) % 64;
   execute(p, *e, A, B, C, nullptr, aligned, e->scratch_bytes);
+}
+
+std::int64_t f16_gemm_scratch_bytes(const Bf16Gemm& g) {
+  check_gemm("f16_gemm", g);
+  if (g.M == 0 || g.N == 0 || g.batch == 0 || g.K == 0 || g.alpha == 0.0f) return 0;
+  return widen_blocks(g).bytes();
+}
+
+void f16_gemm(const Bf16Gemm& g, const f16* A, const f16* B, void* C, const void* bias,
+              void* scratch, std::int64_t scratch_bytes) {
+  check_gemm("f16_gemm", g);
+  KILN_CHECK(g.c_type != GemmElt::BF16 && (!g.has_bias || g.bias_type != GemmElt::BF16),
+             "[f16_gemm] C and the bias are f16 or f32");
+  if (g.M == 0 || g.N == 0 || g.batch == 0) return;
+  if (g.K == 0 || g.alpha == 0.0f) return scale_and_bias(g, C, bias);
+  widen_sgemm(g, A, B, C, bias, scratch, scratch_bytes);
 }
 
 OnednnCacheStats onednn_cache_stats() {

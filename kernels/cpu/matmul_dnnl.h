@@ -34,7 +34,7 @@
 
 namespace kiln::cpu {
 
-enum class GemmElt : std::uint8_t { F32, BF16 };  // C's and the bias's element type
+enum class GemmElt : std::uint8_t { F32, BF16, F16 };  // C's and the bias's element type
 
 struct Bf16Gemm {
   bool trans_a = false, trans_b = false;
@@ -64,6 +64,13 @@ std::int64_t bf16_gemm_scratch_bytes(const Bf16Gemm& g);
 // that is 0). bias: N elements of g.bias_type when g.has_bias.
 void bf16_gemm(const Bf16Gemm& g, const bf16* A, const bf16* B, void* C, const void* bias,
                void* scratch, std::int64_t scratch_bytes);
+
+// The same GEMM on f16 A and B (C and bias f16 or f32), always on the widening path: f16 blocks
+// widened to f32 by F16C (AVX2 and above; half.h below) and multiplied by OpenBLAS sgemm.
+// f16_gemm_scratch_bytes: the scratch it needs (the widening blocks), as bf16's.
+std::int64_t f16_gemm_scratch_bytes(const Bf16Gemm& g);
+void f16_gemm(const Bf16Gemm& g, const f16* A, const f16* B, void* C, const void* bias,
+              void* scratch, std::int64_t scratch_bytes);
 
 // The oneDNN implementation g runs on (e.g. "brg:avx512_core_amx_bf16"), or "widen+sgemm".
 std::string bf16_gemm_impl(const Bf16Gemm& g);

@@ -21,11 +21,21 @@ TEST(Flags, InferenceDtypeFollowsTheIsaLevel) {
   EXPECT_EQ(choose_inference_dtype("fp32", Device::cpu(), "generate").dtype, DType::F32);
   EXPECT_EQ(choose_inference_dtype("bf16", Device::cpu(), "generate").dtype, DType::BF16);
   EXPECT_TRUE(choose_inference_dtype("bf16", Device::cpu(), "generate").why.empty());
+  EXPECT_EQ(choose_inference_dtype("f16", Device::cpu(), "generate").dtype, DType::F16);
+  EXPECT_EQ(choose_inference_dtype("fp16", Device::cpu(), "generate").dtype, DType::F16);
   try {
-    choose_inference_dtype("f16", Device::cpu(), "serve");
-    ADD_FAILURE() << "f16 must be refused";
+    choose_inference_dtype("f8", Device::cpu(), "serve");
+    ADD_FAILURE() << "f8 must be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("[serve] unknown dtype 'f16'"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("[serve] unknown dtype 'f8' (auto, f32, bf16 or f16)"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    choose_train_dtype("f16", Device::cpu());
+    ADD_FAILURE() << "f16 training must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f16 training needs loss scaling"), std::string::npos)
         << e.what();
   }
   for (cpu::CpuIsa level : {cpu::CpuIsa::Scalar, cpu::CpuIsa::Avx2, cpu::CpuIsa::Avx512,

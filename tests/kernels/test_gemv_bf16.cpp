@@ -1,6 +1,6 @@
-// Tests for kernels/cpu/gemv_bf16.h against a float64 reference, at every ISA level this machine
-// supports (ScopedCpuIsa), for bf16 and f32 x and y, with and without bias, odd sizes and padded
-// row strides.
+// Tests for kernels/cpu/gemv_bf16.h (gemv_bf16, and gemv_f16 on f16 weights) against a float64
+// reference, at every ISA level this machine supports (ScopedCpuIsa), for bf16 and f32 x and y
+// (f16 and f32 with f16 weights), with and without bias, odd sizes and padded row strides.
 //
 // Tolerance, per output element, with S = sum_k |x_k w_k| + |bias| (the f64 reference uses the
 // exact bf16 values of w, and of x and bias when they are bf16):
@@ -9,6 +9,8 @@
 //                                               kernel feeds vdpbf16ps bf16 pairs; half an ulp
 //                                               is 2^-9, doubled for the f32 sums around it)
 //   y rounded to bf16         2^-8 * |ref|     (bf16 y: half an ulp of bf16 is 2^-9 relative)
+//   y rounded to f16          2^-10 * |ref| + 2^-24  (half an ulp of f16 is 2^-11 relative;
+//                                               below 2^-14 f16 is subnormal, spaced 2^-24)
 // Padding columns of x and w hold NaN, so a read past K in any row shows up as NaN, and
 // padding of y holds a sentinel that must survive.
 #include <gtest/gtest.h>
@@ -33,6 +35,8 @@ template <typename T>
 T from_double(double v) {
   if constexpr (std::is_same_v<T, bf16>)
     return float_to_bf16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, f16>)
+    return float_to_f16(static_cast<float>(v));
   else
     return static_cast<T>(v);
 }
@@ -40,6 +44,8 @@ template <typename T>
 double to_double(T v) {
   if constexpr (std::is_same_v<T, bf16>)
     return bf16_to_float(v);
+  else if constexpr (std::is_same_v<T, f16>)
+    return f16_to_float(v);
   else
     return static_cast<double>(v);
 }
@@ -52,7 +58,7 @@ std::vector<cpu::CpuIsa> supported_levels() {
   return levels;
 }
 
-template <typename X, typename Y>
+template <typename X, typename Y, typename W = bf16>
 ::testing::AssertionResult check_gemv(cpu::CpuIsa level, int64_t M, int64_t N, int64_t K,
                                       bool with_bias, int64_t pad, uint64_t seed) {
   const int64_t ldx = K + pad, ldw = K + pad, ldy = N + pad;
@@ -61,21 +67,26 @@ template <typename X, typename Y>
   auto wr = test::random_uniform_vec<double>(N * ldw, seed + 1);
   auto br = test::random_uniform_vec<double>(N, seed + 2);
   std::vector<X> x(xr.size());
-  std::vector<bf16> w(wr.size());
+  std::vector<W> w(wr.size());
   std::vector<Y> bias(br.size());
   for (size_t i = 0; i < x.size(); ++i)
     x[i] = from_double<X>(static_cast<int64_t>(i) % ldx < K ? xr[i] : nan);
   for (size_t i = 0; i < w.size(); ++i)
-    w[i] = float_to_bf16(static_cast<float>(static_cast<int64_t>(i) % ldw < K ? wr[i] : nan));
+    w[i] = from_double<W>(static_cast<int64_t>(i) % ldw < K ? wr[i] : nan);
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = from_double<Y>(br[i]);
   const Y sentinel = from_double<Y>(12345.0);
   std::vector<Y> y(static_cast<size_t>(M * ldy), sentinel);
 
-  cpu::gemv_bf16<X, Y>(M, N, K, x.data(), ldx, w.data(), ldw, with_bias ? bias.data() : nullptr,
-                       y.data(), ldy);
+  if constexpr (std::is_same_v<W, f16>)
+    cpu::gemv_f16<X, Y>(M, N, K, x.data(), ldx, w.data(), ldw, with_bias ? bias.data() : nullptr,
+                        y.data(), ldy);
+  else
+    cpu::gemv_bf16<X, Y>(M, N, K, x.data(), ldx, w.data(), ldw, with_bias ? bias.data() : nullptr,
+                         y.data(), ldy);
 
-  const bool x_rounded = level >= cpu::CpuIsa::Avx512Bf16 && std::is_same_v<X, float>;
-  const bool y_bf16 = std::is_same_v<Y, bf16>;
+  const bool x_rounded =
+      level >= cpu::CpuIsa::Avx512Bf16 && std::is_same_v<X, float> && std::is_same_v<W, bf16>;
+  const bool y_bf16 = std::is_same_v<Y, bf16>, y_f16 = std::is_same_v<Y, f16>;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < ldy; ++n) {
       const double got = to_double(y[m * ldy + n]);
@@ -92,7 +103,8 @@ template <typename X, typename Y>
         mag += std::abs(p);
       }
       const double tol = double(K + 2) * 0x1p-24 * mag + (x_rounded ? 0x1p-8 * mag : 0.0) +
-                         (y_bf16 ? 0x1p-8 * std::abs(ref) : 0.0) + 1e-30;
+                         (y_bf16 ? 0x1p-8 * std::abs(ref) : 0.0) +
+                         (y_f16 ? 0x1p-10 * std::abs(ref) + 0x1p-24 : 0.0) + 1e-30;
       if (!(std::abs(got - ref) <= tol))
         return ::testing::AssertionFailure() << "at [" << m << ", " << n << "]: got " << got
                                              << ", ref " << ref << ", tol " << tol;
@@ -100,7 +112,7 @@ template <typename X, typename Y>
   return ::testing::AssertionSuccess();
 }
 
-template <typename X, typename Y>
+template <typename X, typename Y, typename W = bf16>
 void check_all_shapes() {
   uint64_t seed = 7;
   for (cpu::CpuIsa level : supported_levels()) {
@@ -110,7 +122,7 @@ void check_all_shapes() {
         for (int64_t K : {0, 1, 7, 16, 31, 32, 33, 47, 64, 100, 515})
           for (bool bias : {false, true}) {
             const int64_t pad = (seed % 3 == 0) ? 0 : 5;
-            EXPECT_TRUE((check_gemv<X, Y>(level, M, N, K, bias, pad, seed += 3)))
+            EXPECT_TRUE((check_gemv<X, Y, W>(level, M, N, K, bias, pad, seed += 3)))
                 << "level " << cpu::cpu_isa_name(level) << " M " << M << " N " << N << " K " << K
                 << " bias " << bias << " pad " << pad;
           }
@@ -121,6 +133,16 @@ TEST(GemvBf16, Bf16InBf16Out) { check_all_shapes<bf16, bf16>(); }
 TEST(GemvBf16, Bf16InF32Out) { check_all_shapes<bf16, float>(); }
 TEST(GemvBf16, F32InBf16Out) { check_all_shapes<float, bf16>(); }
 TEST(GemvBf16, F32InF32Out) { check_all_shapes<float, float>(); }
+// f16 weights (gemv_f16): F16C widening at AVX2 and up, half.h in the scalar blocks.
+TEST(GemvF16, F16InF16Out) { check_all_shapes<f16, f16, f16>(); }
+TEST(GemvF16, F32InF32Out) { check_all_shapes<float, float, f16>(); }
+TEST(GemvF16, ThreadedLargeShape) {
+  for (cpu::CpuIsa level : supported_levels()) {
+    cpu::ScopedCpuIsa cap(level);
+    EXPECT_TRUE((check_gemv<f16, f16, f16>(level, 2, 1023, 1037, true, 3, 300)))
+        << "level " << cpu::cpu_isa_name(level);
+  }
+}
 
 // Large enough to run on all OpenMP threads, with a row count that leaves a partial last block
 // and K with a tail, as Qwen3's projections would not but a vocabulary might.

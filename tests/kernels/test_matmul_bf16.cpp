@@ -266,6 +266,84 @@ TEST(Bf16Gemm, RefusesBadArgumentsAndShortScratch) {
                Error);
 }
 
+// f16_gemm (the f16 model's prefill and Linear backward): f16 A and B widened by F16C, sgemm, C f16
+// or f32, against f64 on the exact f16 inputs. Bound as above, with r = 2^-10 and an absolute
+// 2^-24 for an f16 C (half an ulp is 2^-11 relative, doubled; f16 subnormals are 2^-24 apart).
+void check_f16_case(Bf16Gemm g, uint64_t seed, CpuIsa level) {
+  const int64_t a_rows = g.trans_a ? g.K : g.M, a_cols = g.trans_a ? g.M : g.K;
+  const int64_t b_rows = g.trans_b ? g.N : g.K, b_cols = g.trans_b ? g.K : g.N;
+  g.lda = a_cols + 1, g.ldb = b_cols + 2, g.ldc = g.N + 3;
+  auto to_f16 = [](const std::vector<float>& f) {
+    std::vector<f16> h;
+    for (float x : f) h.push_back(float_to_f16(x));
+    return h;
+  };
+  const auto A = to_f16(test::random_uniform_vec<float>(a_rows * g.lda, seed));
+  const auto B = to_f16(test::random_uniform_vec<float>(b_rows * g.ldb, seed + 1));
+  const auto bias = to_f16(test::random_uniform_vec<float>(g.N, seed + 2));
+  const auto c0 = to_f16(test::random_uniform_vec<float>(g.M * g.ldc, seed + 3));
+  std::vector<f16> Ch = c0;
+  std::vector<float> Cf;
+  for (f16 x : c0) Cf.push_back(f16_to_float(x));
+  const bool f32_c = g.c_type == GemmElt::F32;
+  g.bias_type = GemmElt::F16;
+  const int64_t bytes = cpu::f16_gemm_scratch_bytes(g);
+  std::vector<std::byte> scratch(static_cast<size_t>(bytes) + 64);
+  void* sp = scratch.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch.data()) % 64) % 64;
+  cpu::f16_gemm(g, A.data(), B.data(), f32_c ? static_cast<void*>(Cf.data()) : Ch.data(),
+                g.has_bias ? bias.data() : nullptr, sp, bytes);
+  int bad = 0;
+  for (int64_t i = 0; i < g.M; ++i)
+    for (int64_t j = 0; j < g.ldc; ++j) {
+      const int64_t at = i * g.ldc + j;
+      const double got = f32_c ? double(Cf[at]) : double(f16_to_float(Ch[at]));
+      const double before = f16_to_float(c0[at]);
+      if (j >= g.N) {
+        if (got != before && bad++ < 5) ADD_FAILURE() << "padding of C changed at " << at;
+        continue;
+      }
+      double sum = 0, mag = 0;
+      for (int64_t k = 0; k < g.K; ++k) {
+        const double a = f16_to_float(g.trans_a ? A[k * g.lda + i] : A[i * g.lda + k]);
+        const double b = f16_to_float(g.trans_b ? B[j * g.ldb + k] : B[k * g.ldb + j]);
+        sum += a * b, mag += std::abs(a * b);
+      }
+      const double cb = double(g.beta) * before, bj = g.has_bias ? f16_to_float(bias[j]) : 0.0;
+      const double ref = double(g.alpha) * sum + cb + bj;
+      const double bound = double(g.K + 3) * 0x1p-24 *
+                               (std::abs(double(g.alpha)) * mag + std::abs(cb) + std::abs(bj)) +
+                           (f32_c ? 0.0 : 0x1p-10 * std::abs(ref) + 0x1p-24);
+      if (!(std::abs(got - ref) <= bound) && bad++ < 5)
+        ADD_FAILURE() << cpu::cpu_isa_name(level) << (g.trans_a ? " T" : " N")
+                      << (g.trans_b ? "T" : "N") << " M=" << g.M << " N=" << g.N << " K=" << g.K
+                      << " C[" << i << "," << j << "] = " << got << ", reference " << ref
+                      << ", bound " << bound;
+    }
+}
+
+TEST(F16Gemm, TransposesAlphaBetaBiasAtEveryLevel) {
+  uint64_t seed = 5000;
+  KILN_FOR_EACH_LEVEL(level) {
+    cpu::ScopedCpuIsa cap(level);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (GemmElt c_type : {GemmElt::F16, GemmElt::F32})
+          for (int64_t M : {1, 9, 260})
+            for (int64_t K : {1, 37, 300}) {
+              Bf16Gemm g;
+              g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = 19, g.K = K, g.c_type = c_type;
+              check_f16_case(g, seed += 5, level);
+              g.alpha = 0.5f, g.beta = 1.0f;
+              check_f16_case(g, seed += 5, level);
+              g.alpha = 1.0f, g.beta = 0.0f, g.has_bias = true;
+              check_f16_case(g, seed += 5, level);
+            }
+  }
+  Bf16Gemm g;
+  g.M = g.N = g.K = 4, g.lda = g.ldb = g.ldc = 4, g.c_type = GemmElt::BF16;
+  EXPECT_THROW(cpu::f16_gemm(g, nullptr, nullptr, nullptr, nullptr, nullptr, 0), Error);
+}
+
 // The primitive cache: the second call with the same problem creates nothing.
 TEST(Bf16Gemm, PrimitivesAreCachedByProblem) {
   if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::Onednn)

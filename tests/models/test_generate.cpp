@@ -353,6 +353,41 @@ TEST_F(GenerateTest, Bf16ModelRunsWithBf16KvCache) {
   EXPECT_LT(max_abs_diff(a, b), 0.05 * scale) << "max |logit| " << scale;
 }
 
+// An f16 folder with --dtype f16: the weights are used in place from the mapping (no Weights
+// bytes allocated for them), the KV cache is f16, and the logits track the f32 model's on the same
+// (f16-exact) weights to f16 precision, both through the GEMV (4 tokens) and through the widening
+// GEMM (7 tokens). Bound: rounding the logits to f16 alone costs up to 2^-11 (4.9e-4) of the
+// largest one; the f16 activations rounded before them (norms, projections, attention, MLP, in
+// 2 layers) add a few such units: 6 x 2^-11 = 0.003 of the largest logit (measured: 6.6e-4),
+// where a dropped or misread weight is off by O(1).
+TEST_F(GenerateTest, F16ModelRunsInPlaceWithF16KvCache) {
+  models::DecoderModel src(tiny_qwen3(false, 64), 11);
+  init_weights(src, 12);
+  write_hf_folder(src, dir_ / "f16", nullptr, DType::F16);
+  auto f32 = load(dir_ / "f16");
+  MemoryTracker& tr = MemoryTracker::get(DeviceType::CPU);
+  const auto weights = [&] {
+    return tr.stats().current[static_cast<std::size_t>(MemCategory::Weights)];
+  };
+  const std::int64_t w0 = weights();
+  auto h = load(dir_ / "f16", DType::F16);
+  EXPECT_EQ(weights(), w0) << "f16 weights must be used in place from the mapped file";
+  EXPECT_EQ(h.model->lm_head_weight().dtype(), DType::F16);
+  models::GenerationSession s(*h.model, 24);
+  EXPECT_EQ(s.cache().k[0].dtype(), DType::F16);
+  auto toks = run(s, {4, 5, 6, 7}, greedy(8));
+  EXPECT_EQ(toks.size(), 8u);
+  NoGradGuard ng;
+  for (const std::vector<std::int32_t>& p :
+       {std::vector<std::int32_t>{4, 5, 6, 7}, std::vector<std::int32_t>{4, 5, 6, 7, 8, 9, 10}}) {
+    Tensor ids = ops::from_vector(p, {1, static_cast<std::int64_t>(p.size())});
+    auto a = f32.model->forward(ids).to_double_vector();
+    auto b = h.model->forward(ids).to_double_vector();
+    const double scale = max_abs(a);
+    EXPECT_LT(max_abs_diff(a, b), 0.003 * scale) << p.size() << " tokens, max |logit| " << scale;
+  }
+}
+
 // ---- bad input at the model-folder level ----------------------------------------------------
 
 TEST_F(GenerateTest, PromptTooLongAndIdOutOfRangeAreClearErrors) {
