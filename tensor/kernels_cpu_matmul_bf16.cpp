@@ -124,10 +124,17 @@ Bf16Gemm matmul_plan(const MatmulArgs& a) {
   return g;
 }
 
+// Linear's rows, counted by the output: with K == 0 the input (rows, 0) has no elements to count
+// rows by, and the output (the bias, or zeros) must still be written.
+std::int64_t linear_rows(const LinearArgs& a) {
+  const std::int64_t N = a.w.size(0);
+  return N > 0 ? a.out.numel() / N : rows_of(a.x);
+}
+
 Bf16Gemm linear_plan(const LinearArgs& a) {
   const Operand ox = rows_operand(a.x), ow = operand(a.w);
   Bf16Gemm g;
-  g.M = rows_of(a.x);
+  g.M = linear_rows(a);
   g.N = a.w.size(0);
   g.K = a.w.size(1);
   g.trans_a = ox.transposed;
@@ -205,7 +212,7 @@ constexpr std::int64_t kLinearGemvMaxRows = 4;
 
 // Whether the GEMV reads this Linear as it is: few rows, x and w row-major (any row stride).
 bool linear_runs_gemv(const LinearArgs& a) {
-  return rows_of(a.x) <= kLinearGemvMaxRows && !rows_operand(a.x).transposed &&
+  return linear_rows(a) <= kLinearGemvMaxRows && !rows_operand(a.x).transposed &&
          !operand(a.w).transposed;
 }
 
@@ -217,11 +224,11 @@ void linear_half(LinearArgs& a) {
   const std::int64_t N = a.w.size(0), K = a.w.size(1);
   const E* bias = a.bias.defined() ? a.bias.data<E>() : nullptr;
   if constexpr (std::is_same_v<E, f16>)
-    kiln::cpu::gemv_f16<f16, f16>(rows_of(a.x), N, K, a.x.data<f16>(), ox.ld, a.w.data<f16>(),
+    kiln::cpu::gemv_f16<f16, f16>(linear_rows(a), N, K, a.x.data<f16>(), ox.ld, a.w.data<f16>(),
                                   ow.ld, bias, a.out.data<f16>(), N);
   else
-    kiln::cpu::gemv_bf16<bf16, bf16>(rows_of(a.x), N, K, a.x.data<bf16>(), ox.ld, a.w.data<bf16>(),
-                                     ow.ld, bias, a.out.data<bf16>(), N);
+    kiln::cpu::gemv_bf16<bf16, bf16>(linear_rows(a), N, K, a.x.data<bf16>(), ox.ld,
+                                     a.w.data<bf16>(), ow.ld, bias, a.out.data<bf16>(), N);
 }
 
 template <class E>

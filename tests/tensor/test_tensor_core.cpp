@@ -272,6 +272,14 @@ TEST(Copies, EmptyTensorsAreContiguous) {
   Tensor c = ops::full({5, 7}, 1.5);
   ops::gemm_(c, a, b, false, false, 1.0, 2.0);
   EXPECT_EQ(c.to_double_vector(), std::vector<double>(35, 3.0));
+  // The 16-bit Linear kernels count rows by the output too (bf16 and f16 take the native path).
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const std::vector<double> y16 =
+        ops::linear(a.to(dt), ops::zeros({7, 0}, dt), bias.to(dt)).to_double_vector();
+    ASSERT_EQ(y16.size(), 35u) << dtype_name(dt);
+    for (std::size_t i = 0; i < y16.size(); ++i)
+      EXPECT_EQ(y16[i], static_cast<double>(i % 7 + 1)) << dtype_name(dt) << " at " << i;
+  }
 }
 
 TEST(Printing, StrShowsValuesAndShape) {
