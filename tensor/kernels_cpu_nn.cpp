@@ -362,6 +362,9 @@ void register_nn() {
   // Native bf16 (storage bf16, math in f32; statistics f32): no f32 conversion copies.
   register_bf16<AttentionArgs, AttentionCpu>({.accepts = &attention_accepts});
   register_bf16<AttentionBackwardArgs, AttentionBackwardCpu>();
+  // f16's forward too (an f16 model's prefill and decode); its backward converts.
+  register_kernel<AttentionArgs>(DeviceType::CPU, DType::F16,
+                                 {.run = &AttentionCpu<f16>::run, .accepts = &attention_accepts});
   register_bf16<CrossEntropyArgs, CrossEntropyCpu>();
   register_bf16<CrossEntropyBackwardArgs, CrossEntropyBackwardCpu>();
   register_float_storage<DropoutArgs, DropoutCpu>();

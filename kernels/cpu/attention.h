@@ -47,6 +47,12 @@ template <>
 void attention_forward<bf16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
                              int64_t q_offset, double scale, const bf16* q, const bf16* k,
                              const bf16* v, int64_t kv_batch_stride, bf16* out, float* lse);
+// f16 storage (an f16 model's prefill and KV-cache decode): attention_bf16.cpp's forward with f16
+// rows widened by F16C (no AMX tiles, no vdpbf16ps). The backward has no f16 kernel.
+template <>
+void attention_forward<f16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                            int64_t q_offset, double scale, const f16* q, const f16* k,
+                            const f16* v, int64_t kv_batch_stride, f16* out, float* lse);
 template <>
 void attention_backward<bf16>(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D,
                               double scale, const bf16* q, const bf16* k, const bf16* v,

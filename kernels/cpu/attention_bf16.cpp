@@ -32,6 +32,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -60,22 +61,21 @@ void grow(std::vector<float>& v, int64_t n) {
 // sums[i] = q . k_i for the n (1 or 4) cache rows k_i = kj + i * ldkv, D elements each: by FMAs
 // on rows widened in registers (q in f32, D % 16 == 0), or by vdpbf16ps on bf16 pairs (q in
 // bf16, D % 32 == 0). Four rows give four independent sums in flight.
-template <int N>
-KILN_TARGET_AVX512 void dot_fma(const float* q, const bf16* kj, int64_t ldkv, int64_t D,
-                                float* sums) {
+template <int N, class E>
+KILN_TARGET_AVX512 void dot_fma(const float* q, const E* kj, int64_t ldkv, int64_t D, float* sums) {
   __m512 acc[N];
   for (int i = 0; i < N; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < D; c += 16) {
     const __m512 qc = _mm512_loadu_ps(q + c);
     for (int i = 0; i < N; ++i)
-      acc[i] = _mm512_fmadd_ps(load_bf16x16(kj + i * ldkv + c), qc, acc[i]);
+      acc[i] = _mm512_fmadd_ps(load_f32x16(kj + i * ldkv + c), qc, acc[i]);
   }
   for (int i = 0; i < N; ++i) sums[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
 // The same on 8 lanes (AVX2, D % 8 == 0).
-template <int N>
-KILN_TARGET_AVX2 void dot_fma_avx2(const float* q, const bf16* kj, int64_t ldkv, int64_t D,
+template <int N, class E>
+KILN_TARGET_AVX2 void dot_fma_avx2(const float* q, const E* kj, int64_t ldkv, int64_t D,
                                    float* sums) {
   __m256 acc[N];
   for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
@@ -104,10 +104,10 @@ KILN_TARGET_AVX512BF16 void dot_dpbf16(const bf16* q, const bf16* kj, int64_t ld
 }
 
 // s[r * kend + j] = scale * q_r . k_j for rows q_r (row stride ldq), four keys at a time.
-template <class Q, void (*Dot4)(const Q*, const bf16*, int64_t, int64_t, float*),
-          void (*Dot1)(const Q*, const bf16*, int64_t, int64_t, float*)>
+template <class Q, class E, void (*Dot4)(const Q*, const E*, int64_t, int64_t, float*),
+          void (*Dot1)(const Q*, const E*, int64_t, int64_t, float*)>
 void decode_scores(int64_t rows, int64_t kend, int64_t D, float scale, const Q* q, int64_t ldq,
-                   const bf16* k, int64_t ldkv, float* s) {
+                   const E* k, int64_t ldkv, float* s) {
   float sums[4];
   int64_t j = 0;
   for (; j + 4 <= kend; j += 4)
@@ -123,16 +123,16 @@ void decode_scores(int64_t rows, int64_t kend, int64_t D, float scale, const Q* 
 }
 
 // o rows [0, R) columns [c0, c0 + 16 C) = sum_j p[r * kend + j] v_j; o: row stride D.
-template <int R, int C>
+template <int R, int C, class E>
 KILN_TARGET_AVX512 inline void decode_values_tile(int64_t kend, int64_t D, int64_t c0,
-                                                  const float* p, const bf16* v, int64_t ldkv,
+                                                  const float* p, const E* v, int64_t ldkv,
                                                   float* o) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t j = 0; j < kend; ++j) {
     __m512 vj[C];
-    for (int c = 0; c < C; ++c) vj[c] = load_bf16x16(v + j * ldkv + c0 + 16 * c);
+    for (int c = 0; c < C; ++c) vj[c] = load_f32x16(v + j * ldkv + c0 + 16 * c);
     for (int r = 0; r < R; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * kend + j]);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vj[c], acc[r][c]);
@@ -142,8 +142,8 @@ KILN_TARGET_AVX512 inline void decode_values_tile(int64_t kend, int64_t D, int64
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + r * D + c0 + 16 * c, acc[r][c]);
 }
 
-template <int R>
-KILN_TARGET_AVX512 void decode_values_rows(int64_t kend, int64_t D, const float* p, const bf16* v,
+template <int R, class E>
+KILN_TARGET_AVX512 void decode_values_rows(int64_t kend, int64_t D, const float* p, const E* v,
                                            int64_t ldkv, float* o) {
   int64_t c0 = 0;
   for (; c0 + 64 <= D; c0 += 64) decode_values_tile<R, 4>(kend, D, c0, p, v, ldkv, o);
@@ -151,9 +151,9 @@ KILN_TARGET_AVX512 void decode_values_rows(int64_t kend, int64_t D, const float*
 }
 
 // The same on 8 lanes (AVX2, 16 registers): 4 rows x 2 column vectors of accumulators.
-template <int R, int C>
+template <int R, int C, class E>
 KILN_TARGET_AVX2 inline void decode_values_tile_avx2(int64_t kend, int64_t D, int64_t c0,
-                                                     const float* p, const bf16* v, int64_t ldkv,
+                                                     const float* p, const E* v, int64_t ldkv,
                                                      float* o) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -170,16 +170,16 @@ KILN_TARGET_AVX2 inline void decode_values_tile_avx2(int64_t kend, int64_t D, in
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + r * D + c0 + 8 * c, acc[r][c]);
 }
 
-template <int R>
-KILN_TARGET_AVX2 void decode_values_rows_avx2(int64_t kend, int64_t D, const float* p,
-                                              const bf16* v, int64_t ldkv, float* o) {
+template <int R, class E>
+KILN_TARGET_AVX2 void decode_values_rows_avx2(int64_t kend, int64_t D, const float* p, const E* v,
+                                              int64_t ldkv, float* o) {
   int64_t c0 = 0;
   for (; c0 + 16 <= D; c0 += 16) decode_values_tile_avx2<R, 2>(kend, D, c0, p, v, ldkv, o);
   for (; c0 < D; c0 += 8) decode_values_tile_avx2<R, 1>(kend, D, c0, p, v, ldkv, o);
 }
 
-template <bool Avx512, int R>
-void decode_values_rows_at(int64_t kend, int64_t D, const float* p, const bf16* v, int64_t ldkv,
+template <bool Avx512, int R, class E>
+void decode_values_rows_at(int64_t kend, int64_t D, const float* p, const E* v, int64_t ldkv,
                            float* o) {
   if constexpr (Avx512)
     decode_values_rows<R>(kend, D, p, v, ldkv, o);
@@ -189,21 +189,21 @@ void decode_values_rows_at(int64_t kend, int64_t D, const float* p, const bf16* 
 
 // o (rows x D, f32) = P V for a decode block; D % 16 == 0 (Avx512) or D % 8 == 0. Rows go four
 // at a time, so V is read once per four query heads.
-template <bool Avx512>
-void decode_values(int64_t rows, int64_t kend, int64_t D, const float* p, const bf16* v,
-                   int64_t ldkv, float* o) {
+template <bool Avx512, class E>
+void decode_values(int64_t rows, int64_t kend, int64_t D, const float* p, const E* v, int64_t ldkv,
+                   float* o) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
-    decode_values_rows_at<Avx512, 4>(kend, D, p + r * kend, v, ldkv, o + r * D);
+    decode_values_rows_at<Avx512, 4, E>(kend, D, p + r * kend, v, ldkv, o + r * D);
   switch (rows - r) {
     case 3:
-      decode_values_rows_at<Avx512, 3>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      decode_values_rows_at<Avx512, 3, E>(kend, D, p + r * kend, v, ldkv, o + r * D);
       break;
     case 2:
-      decode_values_rows_at<Avx512, 2>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      decode_values_rows_at<Avx512, 2, E>(kend, D, p + r * kend, v, ldkv, o + r * D);
       break;
     case 1:
-      decode_values_rows_at<Avx512, 1>(kend, D, p + r * kend, v, ldkv, o + r * D);
+      decode_values_rows_at<Avx512, 1, E>(kend, D, p + r * kend, v, ldkv, o + r * D);
       break;
     default:
       break;
@@ -229,69 +229,72 @@ bool decode_direct(int64_t D) {
 #endif
 }
 
-// A decode block: rows queries (row stride ldq) against keys [0, kend), all visible.
-void decode_block_bf16(Tiles& t, int64_t rows, int64_t kend, int64_t D, float scale, const bf16* q,
-                       int64_t ldq, const bf16* k, const bf16* v, int64_t ldkv, bf16* out,
-                       float* lse_blk, int64_t lse_stride) {
+// A decode block: rows queries (row stride ldq) against keys [0, kend), all visible. E: bf16 or
+// f16 storage (f16 rows widened by F16C; vdpbf16ps only for bf16).
+template <class E>
+void decode_block(Tiles& t, int64_t rows, int64_t kend, int64_t D, float scale, const E* q,
+                  int64_t ldq, const E* k, const E* v, int64_t ldkv, E* out, float* lse_blk,
+                  int64_t lse_stride) {
 #if KILN_CPU_X86
   const bool avx512 = decode_direct_avx512(D);
-  if (D % 32 == 0 && cpu_has(CpuIsa::Avx512Bf16)) {
-    decode_scores<bf16, dot_dpbf16<4>, dot_dpbf16<1>>(rows, kend, D, scale, q, ldq, k, ldkv,
-                                                      t.s.data());
+  if (std::is_same_v<E, bf16> && D % 32 == 0 && cpu_has(CpuIsa::Avx512Bf16)) {
+    if constexpr (std::is_same_v<E, bf16>)
+      decode_scores<bf16, bf16, dot_dpbf16<4>, dot_dpbf16<1>>(rows, kend, D, scale, q, ldq, k, ldkv,
+                                                              t.s.data());
   } else {
-    for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
+    for (int64_t r = 0; r < rows; ++r) to_compute_n(D, q + r * ldq, t.q.data() + r * D);
     if (avx512)
-      decode_scores<float, dot_fma<4>, dot_fma<1>>(rows, kend, D, scale, t.q.data(), D, k, ldkv,
-                                                   t.s.data());
+      decode_scores<float, E, dot_fma<4, E>, dot_fma<1, E>>(rows, kend, D, scale, t.q.data(), D, k,
+                                                            ldkv, t.s.data());
     else
-      decode_scores<float, dot_fma_avx2<4>, dot_fma_avx2<1>>(rows, kend, D, scale, t.q.data(), D, k,
-                                                             ldkv, t.s.data());
+      decode_scores<float, E, dot_fma_avx2<4, E>, dot_fma_avx2<1, E>>(
+          rows, kend, D, scale, t.q.data(), D, k, ldkv, t.s.data());
   }
   attn::softmax_rows(rows, kend, kend, int64_t(0), t.s.data(), lse_blk, lse_stride);
   if (avx512)
     decode_values<true>(rows, kend, D, t.s.data(), v, ldkv, t.o.data());
   else
     decode_values<false>(rows, kend, D, t.s.data(), v, ldkv, t.o.data());
-  for (int64_t r = 0; r < rows; ++r) f32_to_bf16(D, t.o.data() + r * D, out + r * ldq);
+  for (int64_t r = 0; r < rows; ++r) from_compute_n(D, t.o.data() + r * D, out + r * ldq);
 #else
   (void)t, (void)rows, (void)kend, (void)D, (void)scale, (void)q, (void)ldq, (void)k, (void)v;
   (void)ldkv, (void)out, (void)lse_blk, (void)lse_stride;
 #endif
 }
 
-// One forward block on bf16 storage: rows queries (row stride ldq) against keys [0, kend), row r
-// seeing keys [0, min(kend, valid0 + r * valid_step)); out rows (stride ldq) =, lse_blk (stride
+// One forward block on 16-bit storage E: rows queries (row stride ldq) against keys [0, kend), row
+// r seeing keys [0, min(kend, valid0 + r * valid_step)); out rows (stride ldq) =, lse_blk (stride
 // lse_stride) =. Decode blocks (Tq == 1) read the cache directly where they can; the others
 // widen their tiles and run the f32 block step (BLAS).
-void forward_block_bf16(Tiles& t, bool decode, int64_t rows, int64_t kend, int64_t D, float scale,
-                        const bf16* q, int64_t ldq, const bf16* k, const bf16* v, int64_t ldkv,
-                        int64_t valid0, int64_t valid_step, bf16* out, float* lse_blk,
-                        int64_t lse_stride) {
+template <class E>
+void forward_block(Tiles& t, bool decode, int64_t rows, int64_t kend, int64_t D, float scale,
+                   const E* q, int64_t ldq, const E* k, const E* v, int64_t ldkv, int64_t valid0,
+                   int64_t valid_step, E* out, float* lse_blk, int64_t lse_stride) {
   if (decode && decode_direct(D))
-    return decode_block_bf16(t, rows, kend, D, scale, q, ldq, k, v, ldkv, out, lse_blk, lse_stride);
+    return decode_block(t, rows, kend, D, scale, q, ldq, k, v, ldkv, out, lse_blk, lse_stride);
   grow(t.k, kend * D);
   grow(t.v, kend * D);
-  for (int64_t r = 0; r < rows; ++r) bf16_to_f32(D, q + r * ldq, t.q.data() + r * D);
+  for (int64_t r = 0; r < rows; ++r) to_compute_n(D, q + r * ldq, t.q.data() + r * D);
   for (int64_t j = 0; j < kend; ++j) {
-    bf16_to_f32(D, k + j * ldkv, t.k.data() + j * D);
-    bf16_to_f32(D, v + j * ldkv, t.v.data() + j * D);
+    to_compute_n(D, k + j * ldkv, t.k.data() + j * D);
+    to_compute_n(D, v + j * ldkv, t.v.data() + j * D);
   }
   attn::forward_block(rows, kend, D, scale, t.q.data(), D, t.k.data(), t.v.data(), D, valid0,
                       valid_step, t.o.data(), D, lse_blk, lse_stride, t.s.data());
-  for (int64_t r = 0; r < rows; ++r) f32_to_bf16(D, t.o.data() + r * D, out + r * ldq);
+  for (int64_t r = 0; r < rows; ++r) from_compute_n(D, t.o.data() + r * D, out + r * ldq);
 }
 
-}  // namespace
-
-template <>
-void attention_forward<bf16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
-                             int64_t q_offset, double scale, const bf16* q, const bf16* k,
-                             const bf16* v, int64_t kv_batch_stride, bf16* out, float* lse) {
+// The forward on 16-bit storage E (bf16: AMX tiles for training and prefill where they apply).
+template <class E>
+void forward_16bit(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                   int64_t q_offset, double scale, const E* q, const E* k, const E* v,
+                   int64_t kv_batch_stride, E* out, float* lse) {
   attn::check_attention("forward", B, Tq, Tk, Hq, Hkv, D, q_offset, kv_batch_stride);
   if (B == 0 || Tq == 0) return;
-  if (attn::amx_forward_supported(Tq, D))
-    return attn::attention_forward_amx(B, Tq, Tk, Hq, Hkv, D, q_offset, float(scale), q, k, v,
-                                       kv_batch_stride, out, lse);
+  if constexpr (std::is_same_v<E, bf16>)
+    if (attn::amx_forward_supported(Tq, D))
+      return attn::attention_forward_amx(B, Tq, Tk, Hq, Hkv, D, q_offset, float(scale), q, k, v,
+                                         kv_batch_stride, out, lse);
   const attn::ForwardPlan plan(B, Tq, Tk, Hq, Hkv, D);
   const int64_t G = plan.G, ldq = plan.ldq, ldkv = plan.ldkv, max_rows = plan.max_rows;
   const float sc = float(scale);
@@ -308,24 +311,40 @@ void attention_forward<bf16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int6
       const int64_t qb = plan.block(task), hh = plan.head(task), b = plan.batch(task);
       if (plan.grouped) {
         const int64_t kvh = hh, kend = q_offset + 1;
-        const bf16* kb = k + b * kv_batch_stride + kvh * D;
-        const bf16* vb = v + b * kv_batch_stride + kvh * D;
+        const E* kb = k + b * kv_batch_stride + kvh * D;
+        const E* vb = v + b * kv_batch_stride + kvh * D;
         for (int64_t g0 = 0; g0 < G; g0 += kBlockQ) {
           const int64_t rows = std::min(kBlockQ, G - g0), h0 = kvh * G + g0;
-          forward_block_bf16(t, true, rows, kend, D, sc, q + (b * Hq + h0) * D, D, kb, vb, ldkv,
-                             kend, 0, out + (b * Hq + h0) * D, lse + b * Hq + h0, 1);
+          forward_block(t, true, rows, kend, D, sc, q + (b * Hq + h0) * D, D, kb, vb, ldkv, kend, 0,
+                        out + (b * Hq + h0) * D, lse + b * Hq + h0, 1);
         }
       } else {
         const int64_t h = hh, kvh = h / G;
         const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
         const int64_t kend = std::min(Tk, q_offset + i0 + rows);
         const int64_t off = (b * Tq + i0) * ldq + h * D;
-        forward_block_bf16(t, Tq == 1, rows, kend, D, sc, q + off, ldq,
-                           k + b * kv_batch_stride + kvh * D, v + b * kv_batch_stride + kvh * D,
-                           ldkv, q_offset + i0 + 1, 1, out + off, lse + (b * Hq + h) * Tq + i0, 1);
+        forward_block(t, Tq == 1, rows, kend, D, sc, q + off, ldq,
+                      k + b * kv_batch_stride + kvh * D, v + b * kv_batch_stride + kvh * D, ldkv,
+                      q_offset + i0 + 1, 1, out + off, lse + (b * Hq + h) * Tq + i0, 1);
       }
     }
   }
+}
+
+}  // namespace
+
+template <>
+void attention_forward<bf16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                             int64_t q_offset, double scale, const bf16* q, const bf16* k,
+                             const bf16* v, int64_t kv_batch_stride, bf16* out, float* lse) {
+  forward_16bit(B, Tq, Tk, Hq, Hkv, D, q_offset, scale, q, k, v, kv_batch_stride, out, lse);
+}
+
+template <>
+void attention_forward<f16>(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                            int64_t q_offset, double scale, const f16* q, const f16* k,
+                            const f16* v, int64_t kv_batch_stride, f16* out, float* lse) {
+  forward_16bit(B, Tq, Tk, Hq, Hkv, D, q_offset, scale, q, k, v, kv_batch_stride, out, lse);
 }
 
 // One task per (b, kv head), as the f32 kernel: its keys, values and their gradients live as f32

@@ -121,6 +121,46 @@ TEST(AttentionBf16, ForwardMatchesFloat64AtEveryIsa) {
   }
 }
 
+// The f16 forward (an f16 model's prefill and decode) on the same shapes: the same kernel with f16
+// rows widened by F16C. Its output is rounded to f16 (half an ulp is 2^-11, against bf16's 2^-8),
+// so the bound is 2^-10: the f32 arithmetic inside stays far below it at these D.
+TEST(AttentionF16, ForwardMatchesFloat64AtEveryIsa) {
+  constexpr double kF16Out = 1.0 / 1024;  // 2^-10
+  for (const Shape& s : kForward) {
+    const int64_t Tmax = s.Tk + 5;
+    const int64_t kvs = Tmax * s.Hkv * s.D;
+    const double scale = 1.0 / std::sqrt(double(s.D));
+    auto to_f16 = [](const std::vector<double>& x) {
+      std::vector<f16> out(x.size());
+      for (size_t i = 0; i < x.size(); ++i) out[i] = float_to_f16(float(x[i]));
+      return out;
+    };
+    auto f16_f64 = [](const std::vector<f16>& x) {
+      std::vector<double> out(x.size());
+      for (size_t i = 0; i < x.size(); ++i) out[i] = f16_to_float(x[i]);
+      return out;
+    };
+    auto q = to_f16(random_normal_vec<double>(s.B * s.Tq * s.Hq * s.D, 11 + s.Tq + s.D));
+    auto k = to_f16(random_normal_vec<double>(s.B * kvs, 12 + s.Tk));
+    auto v = to_f16(random_normal_vec<double>(s.B * kvs, 13 + s.Hq));
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t e = (s.q_offset + s.Tq) * s.Hkv * s.D; e < kvs; ++e)
+        k[b * kvs + e] = v[b * kvs + e] = float_to_f16(std::numeric_limits<float>::quiet_NaN());
+    std::vector<double> out_r(q.size()), lse_r(s.B * s.Hq * s.Tq);
+    const auto qd = f16_f64(q), kd = f16_f64(k), vd = f16_f64(v);
+    cpu::attention_forward<double>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_offset, scale, qd.data(),
+                                   kd.data(), vd.data(), kvs, out_r.data(), lse_r.data());
+    at_every_isa([&] {
+      std::vector<f16> out(q.size(), float_to_f16(7.0f));
+      std::vector<float> lse(lse_r.size(), 7.0f);
+      cpu::attention_forward<f16>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_offset, scale, q.data(),
+                                  k.data(), v.data(), kvs, out.data(), lse.data());
+      EXPECT_TRUE(all_close(f16_f64(out), out_r, kF16Out, kF16Out)) << str(s);
+      EXPECT_TRUE(all_close(lse, lse_r, kStat, kStat)) << str(s);
+    });
+  }
+}
+
 // The shapes above that the AMX blocks take at the amx level do take them (so the test keeps
 // covering that path).
 TEST(AttentionBf16, AmxBlocksTakeTrainingAndPrefillShapes) {

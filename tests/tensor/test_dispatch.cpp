@@ -79,17 +79,20 @@ TEST(Dispatch, RegisteringABf16CpuKernelIsAllItTakesToRunNatively) {
   EXPECT_EQ(dry.peak[kTemps], 0);
 }
 
-// f16 attention has no CPU kernel (the CPU's 16-bit attention is bf16 only), so the f32 kernel
-// runs on converted copies there; rmsnorm, silu and linear take f16 natively.
+// f16 attention's backward has no CPU kernel (the CPU's 16-bit attention backward is bf16 only),
+// so the f32 kernel runs on converted copies there; rmsnorm, silu, linear and the attention
+// forward take f16 natively.
 TEST(Dispatch, TheDryRunChargesTheConversionsTheSimulatedCpuMakes) {
   MetaSimulatesScope cpu(DeviceType::CPU);
-  ASSERT_FALSE(has_native_kernel<AttentionArgs>(Device::cpu(), DType::F16));
+  ASSERT_FALSE(has_native_kernel<AttentionBackwardArgs>(Device::cpu(), DType::F16));
+  ASSERT_TRUE(has_native_kernel<AttentionArgs>(Device::cpu(), DType::F16));
   ASSERT_TRUE(has_native_kernel<LinearArgs>(Device::cpu(), DType::F16));
   auto step = [](const Tensor& x, const Tensor& w, const Tensor& g) {
     auto [h, rstd] = ops::rmsnorm(x, g, 1e-5);
     Tensor y = ops::linear(ops::silu(h), w, Tensor()).view({1, x.size(0), 2, 4});  // (B, T, H, D)
     auto [out, lse] = ops::attention(y, y, y, 0.5, 0);
-    return out;
+    auto [dq, dk, dv] = ops::attention_backward(y, y, y, out, lse, out, 0.5);
+    return dq;
   };
   auto run_on = [&](Device dev) {
     Tensor x = bf16_input(Device::cpu()).to(DType::F16);
