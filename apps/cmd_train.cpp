@@ -30,9 +30,9 @@ Run add_train_command(CLI::App& app) {
                  "auto (bf16 on cuda and on CPUs with AVX512-BF16 or AMX, else f32: without "
                  "bf16 arithmetic f32 trains faster; printed with the reason) | bf16 (bf16 "
                  "weights/activations, f32 masters and moments, on either device) | f32 "
-                 "(checking mode)")
+                 "(checking mode); f16 is refused (it would need loss scaling)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "bf16", "f32", "fp32"}));
+      ->check(CLI::IsMember({"auto", "bf16", "f32", "fp32", "f16", "fp16"}));
   app.add_option("--attention", o->attention,
                  "CUDA attention: auto (cuDNN for training's shape, kiln's kernels for decode; "
                  "measured) | kiln | cudnn")

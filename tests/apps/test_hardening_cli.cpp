@@ -98,6 +98,8 @@ TEST(HardeningCli, FloatFlagsHaveCheckedRanges) {
   EXPECT_REFUSED(run_kiln(train_args(d, "--weight-decay 1e30")), "--weight-decay",
                  "1e30 is out of range [0, 10]");
   EXPECT_REFUSED(run_kiln(train_args(d, "--lr 0")), "--lr", "0 is out of range (0, 10]");
+  EXPECT_REFUSED(run_kiln(train_args(d, "--dtype f16")), "[train] --dtype f16",
+                 "f16 training needs loss scaling");
   fs::path cfg = write_config(d, {});
   EXPECT_REFUSED(generate(cfg, "--temperature -1"), "--temperature", "-1 is out of range");
   EXPECT_REFUSED(generate(cfg, "--top-p 0"), "--top-p", "0 is out of range (0, 1]");
