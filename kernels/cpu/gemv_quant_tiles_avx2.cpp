@@ -51,9 +51,10 @@ KILN_TARGET_AVX2 inline void load_rows_8x32(const std::uint8_t* p, std::int64_t 
 }
 
 // The 16 bytes at p + i * row_bytes of rows i = 0..7, transposed: out[k] lane i = dword k of row
-// i (the 8x4 dword transpose), for the super-block headers (scales, d). Four vpgatherdd did this
-// before; they are microcoded on AMD (about 20 cycles each on Zen 2), and on an AVX2-only EPYC
-// the loads and unpacks took Q4_K_M decode of Qwen3-0.6B from 29 to 31-32 tok/s.
+// i (the 8x4 dword transpose), for the super-block headers (scales, d): the 8-row twin of
+// gemv_quant_tiles.cpp's load_rows_16x16 (the widths need their own vector types). Four
+// vpgatherdd did this before; AMD microcodes them (about 20 cycles each on Zen 2). On an AVX2-only
+// EPYC, Q4_K_M Qwen3-0.6B decode in 4 alternated pairs: 28.3-35.3 tok/s against 25.1-32.3.
 KILN_TARGET_AVX2 inline void load_rows_8x16(const std::uint8_t* p, std::int64_t row_bytes,
                                             __m256i out[4]) {
   __m256i a[4];  // a[i]: row i in the low lane, row i + 4 in the high lane

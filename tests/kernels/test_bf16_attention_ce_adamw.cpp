@@ -95,70 +95,56 @@ const std::vector<Shape> kForward = {
     {1, 1, 9, 2, 1, 12, 8},         // decode, D = 12 (not a multiple of 8): widened tiles
 };
 
-TEST(AttentionBf16, ForwardMatchesFloat64AtEveryIsa) {
+// The forward on storage T (bf16, or f16 for an f16 model's prefill and decode: the same kernel
+// with f16 rows widened by F16C) against f64 on the same rounded inputs, at every level; out_tol:
+// the output's bound (its own rounding dominates: half an ulp is 2^-9 for bf16, 2^-11 for f16,
+// doubled). seed: the inputs' seed offset.
+template <class T>
+void check_forward_at_every_isa(double out_tol, uint64_t seed) {
+  const auto to_t = [](const std::vector<double>& x) {
+    std::vector<T> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = cpu::from_compute<T>(float(x[i]));
+    return out;
+  };
+  const auto t_f64 = [](const std::vector<T>& x) {
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = cpu::to_compute(x[i]);
+    return out;
+  };
   for (const Shape& s : kForward) {
     const int64_t Tmax = s.Tk + 5;  // a KV cache with capacity past Tk; its tail holds NaN
     const int64_t kvs = Tmax * s.Hkv * s.D;
     const double scale = 1.0 / std::sqrt(double(s.D));
-    auto q = to_bf16(random_normal_vec<double>(s.B * s.Tq * s.Hq * s.D, 1 + s.Tq + s.D));
-    auto k = to_bf16(random_normal_vec<double>(s.B * kvs, 2 + s.Tk));
-    auto v = to_bf16(random_normal_vec<double>(s.B * kvs, 3 + s.Hq));
+    auto q = to_t(random_normal_vec<double>(s.B * s.Tq * s.Hq * s.D, seed + 1 + s.Tq + s.D));
+    auto k = to_t(random_normal_vec<double>(s.B * kvs, seed + 2 + s.Tk));
+    auto v = to_t(random_normal_vec<double>(s.B * kvs, seed + 3 + s.Hq));
     for (int64_t b = 0; b < s.B; ++b)
       for (int64_t e = (s.q_offset + s.Tq) * s.Hkv * s.D; e < kvs; ++e)
-        k[b * kvs + e] = v[b * kvs + e] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+        k[b * kvs + e] = v[b * kvs + e] =
+            cpu::from_compute<T>(std::numeric_limits<float>::quiet_NaN());
     std::vector<double> out_r(q.size()), lse_r(s.B * s.Hq * s.Tq);
-    const auto qd = bf16_f64(q), kd = bf16_f64(k), vd = bf16_f64(v);
+    const auto qd = t_f64(q), kd = t_f64(k), vd = t_f64(v);
     cpu::attention_forward<double>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_offset, scale, qd.data(),
                                    kd.data(), vd.data(), kvs, out_r.data(), lse_r.data());
     at_every_isa([&] {
-      std::vector<bf16> out(q.size(), float_to_bf16(7.0f));
+      std::vector<T> out(q.size(), cpu::from_compute<T>(7.0f));
       std::vector<float> lse(lse_r.size(), 7.0f);
-      cpu::attention_forward<bf16>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_offset, scale, q.data(),
-                                   k.data(), v.data(), kvs, out.data(), lse.data());
-      EXPECT_TRUE(all_close(bf16_f64(out), out_r, kBf16Out, kBf16Out)) << str(s);
+      cpu::attention_forward<T>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_offset, scale, q.data(),
+                                k.data(), v.data(), kvs, out.data(), lse.data());
+      EXPECT_TRUE(all_close(t_f64(out), out_r, out_tol, out_tol)) << str(s);
       EXPECT_TRUE(all_close(lse, lse_r, kStat, kStat)) << str(s);
     });
   }
 }
 
-// The f16 forward (an f16 model's prefill and decode) on the same shapes: the same kernel with f16
-// rows widened by F16C. Its output is rounded to f16 (half an ulp is 2^-11, against bf16's 2^-8),
-// so the bound is 2^-10: the f32 arithmetic inside stays far below it at these D.
+TEST(AttentionBf16, ForwardMatchesFloat64AtEveryIsa) {
+  check_forward_at_every_isa<bf16>(kBf16Out, 0);
+}
+
+// f16's output rounding is 2^-11, so its bound is 2^-10: the f32 arithmetic inside stays far
+// below it at these D.
 TEST(AttentionF16, ForwardMatchesFloat64AtEveryIsa) {
-  constexpr double kF16Out = 1.0 / 1024;  // 2^-10
-  for (const Shape& s : kForward) {
-    const int64_t Tmax = s.Tk + 5;
-    const int64_t kvs = Tmax * s.Hkv * s.D;
-    const double scale = 1.0 / std::sqrt(double(s.D));
-    auto to_f16 = [](const std::vector<double>& x) {
-      std::vector<f16> out(x.size());
-      for (size_t i = 0; i < x.size(); ++i) out[i] = float_to_f16(float(x[i]));
-      return out;
-    };
-    auto f16_f64 = [](const std::vector<f16>& x) {
-      std::vector<double> out(x.size());
-      for (size_t i = 0; i < x.size(); ++i) out[i] = f16_to_float(x[i]);
-      return out;
-    };
-    auto q = to_f16(random_normal_vec<double>(s.B * s.Tq * s.Hq * s.D, 11 + s.Tq + s.D));
-    auto k = to_f16(random_normal_vec<double>(s.B * kvs, 12 + s.Tk));
-    auto v = to_f16(random_normal_vec<double>(s.B * kvs, 13 + s.Hq));
-    for (int64_t b = 0; b < s.B; ++b)
-      for (int64_t e = (s.q_offset + s.Tq) * s.Hkv * s.D; e < kvs; ++e)
-        k[b * kvs + e] = v[b * kvs + e] = float_to_f16(std::numeric_limits<float>::quiet_NaN());
-    std::vector<double> out_r(q.size()), lse_r(s.B * s.Hq * s.Tq);
-    const auto qd = f16_f64(q), kd = f16_f64(k), vd = f16_f64(v);
-    cpu::attention_forward<double>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_offset, scale, qd.data(),
-                                   kd.data(), vd.data(), kvs, out_r.data(), lse_r.data());
-    at_every_isa([&] {
-      std::vector<f16> out(q.size(), float_to_f16(7.0f));
-      std::vector<float> lse(lse_r.size(), 7.0f);
-      cpu::attention_forward<f16>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, s.q_offset, scale, q.data(),
-                                  k.data(), v.data(), kvs, out.data(), lse.data());
-      EXPECT_TRUE(all_close(f16_f64(out), out_r, kF16Out, kF16Out)) << str(s);
-      EXPECT_TRUE(all_close(lse, lse_r, kStat, kStat)) << str(s);
-    });
-  }
+  check_forward_at_every_isa<f16>(1.0 / 1024, 10);
 }
 
 // The shapes above that the AMX blocks take at the amx level do take them (so the test keeps
