@@ -157,27 +157,6 @@ models::GenerateOptions generate_options(const CommonOptions& o, const models::L
   return go;
 }
 
-std::vector<std::int32_t> parse_ids(const std::string& s) {
-  std::vector<std::int32_t> ids;
-  std::size_t i = 0;
-  while (i < s.size()) {
-    std::size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string item = s.substr(i, j - i);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    char* end = nullptr;
-    errno = 0;
-    long long v = std::strtoll(item.c_str(), &end, 10);
-    KILN_CHECK(!item.empty() && *end == '\0' && errno == 0 && v >= INT32_MIN && v <= INT32_MAX,
-               "[generate] --prompt-ids: '{}' is not a token id", item);
-    ids.push_back(static_cast<std::int32_t>(v));
-    i = j + 1;
-  }
-  KILN_CHECK(!ids.empty(), "[generate] --prompt-ids is empty");
-  return ids;
-}
-
 // Bytes a decode step reads at batch 1: every weight matrix once (the input embedding only its
 // row, unless tied, when the LM head reads it whole), plus the keys and values of `ctx` positions.
 struct DecodeBytes {
@@ -213,7 +192,8 @@ int run_generate(const GenerateCmd& o) {
   const io::Tokenizer* tok = m.tokenizer.get();
   std::vector<std::int32_t> ids;
   if (!o.prompt_ids.empty()) {
-    ids = parse_ids(o.prompt_ids);
+    ids = parse_token_ids(o.prompt_ids, "[generate] --prompt-ids");
+    KILN_CHECK(!ids.empty(), "[generate] --prompt-ids is empty");
   } else {
     KILN_CHECK(tok,
                "[generate] --prompt needs a tokenizer: none was found next to the model; "

@@ -3,13 +3,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cctype>
-#include <charconv>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "apps/commands.h"
+#include "apps/flags.h"
 #include "kernels/common/error.h"
 #include "models/io/mapped_file.h"
 #include "models/io/qwen_tokenizer.h"
@@ -23,26 +22,6 @@ struct TokenizeOptions {
   std::string model, spec, text, file, decode;
   bool pieces = false, eos = false;
 };
-
-// "1,2, 3" or "1 2 3" -> ids; every entry must be an int32.
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < s.size()) {
-    while (i < s.size() && (s[i] == ',' || std::isspace(static_cast<unsigned char>(s[i])))) ++i;
-    if (i == s.size()) break;
-    size_t j = i;
-    while (j < s.size() && s[j] != ',' && !std::isspace(static_cast<unsigned char>(s[j]))) ++j;
-    int32_t id = 0;
-    auto [p, ec] = std::from_chars(s.data() + i, s.data() + j, id);
-    KILN_CHECK(ec == std::errc() && p == s.data() + j,
-               "[tokenize] --decode: '{}' is not a token id (expected e.g. 1,2,3)",
-               s.substr(i, j - i));
-    ids.push_back(id);
-    i = j;
-  }
-  return ids;
-}
 
 // Bytes shown printable: ASCII as is, \n \t \r escaped, other bytes as \xHH.
 std::string escape(std::string_view bytes) {
@@ -90,7 +69,7 @@ Run add_tokenize_command(CLI::App& app) {
     std::unique_ptr<io::Tokenizer> tok =
         o->model.empty() ? io::make_tokenizer(o->spec) : io::QwenTokenizer::from_dir(o->model);
     if (dec->count()) {
-      std::cout << tok->decode(parse_ids(o->decode)) << std::flush;
+      std::cout << tok->decode(parse_token_ids(o->decode, "[tokenize] --decode")) << std::flush;
       return 0;
     }
     std::string input = o->text;

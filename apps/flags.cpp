@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -184,6 +185,27 @@ std::int64_t available_memory(Device d) {
   while (f >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return 0;
+}
+
+std::vector<std::int32_t> parse_token_ids(const std::string& s, std::string_view flag) {
+  std::vector<std::int32_t> ids;
+  const auto separator = [](char c) {
+    return c == ',' || std::isspace(static_cast<unsigned char>(c));
+  };
+  std::size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && separator(s[i])) ++i;
+    if (i == s.size()) break;
+    std::size_t j = i;
+    while (j < s.size() && !separator(s[j])) ++j;
+    std::int32_t id = 0;
+    auto [p, ec] = std::from_chars(s.data() + i, s.data() + j, id);
+    KILN_CHECK(ec == std::errc() && p == s.data() + j,
+               "{}: '{}' is not a token id (expected e.g. 1,2,3)", flag, s.substr(i, j - i));
+    ids.push_back(id);
+    i = j;
+  }
+  return ids;
 }
 
 }  // namespace kiln::apps

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tensor/device.h"
 #include "tensor/dtype.h"
@@ -61,5 +62,10 @@ int cap_threads(std::int64_t requested, std::string_view who);
 // Bytes the device can still give: MemAvailable on the CPU (0, no check, when unreadable), the
 // free memory on a GPU.
 std::int64_t available_memory(Device d);
+
+// "1,2, 3" or "1 2 3" -> token ids (commas and whitespace separate them); an entry that is not an
+// int32 is refused as "<flag>: '<entry>' is not a token id", with flag e.g. "[generate]
+// --prompt-ids".
+std::vector<std::int32_t> parse_token_ids(const std::string& s, std::string_view flag);
 
 }  // namespace kiln::apps

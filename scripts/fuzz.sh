@@ -23,11 +23,13 @@ cc=${KILN_FUZZ_CC:-clang-14}
 cxx=${KILN_FUZZ_CXX:-clang++-14}
 command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (scripts/setup.sh installs it)" >&2; exit 1; }
 
-# -O1 -g: the usual fuzzing trade-off (fast enough, readable stacks); asserts stay on.
+# -O1 -gline-tables-only: the usual fuzzing trade-off (fast enough, stacks that name the line);
+# asserts stay on.
 mkdir -p build-fuzz
 cmake -S . -B build-fuzz -DKILN_FUZZ=ON -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >build-fuzz/build.log 2>&1 ||
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DCMAKE_C_FLAGS_DEBUG="-O1 -gline-tables-only" \
+  >build-fuzz/build.log 2>&1 ||
   { cat build-fuzz/build.log; exit 1; }
 fuzz_bins=()
 for t in "${targets[@]}"; do fuzz_bins+=("fuzz_$t"); done

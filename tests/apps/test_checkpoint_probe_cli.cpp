@@ -11,16 +11,14 @@
 #include <vector>
 
 #include "tests/run_kiln.h"
+#include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("kiln_test_probe_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+fs::path probe_dir(const std::string& name) {
+  return kiln::test::fresh_temp_dir("kiln_test_probe_" + name);
 }
 
 std::string data_file(const std::string& name) {
@@ -37,7 +35,7 @@ void put(const fs::path& p, const std::string& bytes) {
 }
 
 // A 2-step training run in d/run (ckpt.h5 with the optimizer state, final.h5).
-std::string train_args(const fs::path& d, const std::string& more) {
+std::string probe_train_args(const fs::path& d, const std::string& more) {
   std::string text;
   for (int i = 0; i < 400; ++i) text += "to be or not to be, that is the question.\n";
   std::ofstream(d / "t.txt") << text;
@@ -60,15 +58,15 @@ void expect_clean_refusal(const KilnRun& r, const fs::path& file) {
 }  // namespace
 
 TEST(CheckpointProbeCli, CrashingAndCorruptCheckpointsAreCleanErrors) {
-  fs::path d = temp_dir("bad");
-  ASSERT_EQ(run_kiln(train_args(d, "--steps 2")).exit_code, 0);
+  fs::path d = probe_dir("bad");
+  ASSERT_EQ(run_kiln(probe_train_args(d, "--steps 2")).exit_code, 0);
   const fs::path ckpt = d / "run" / "ckpt.h5";
   const std::string good = slurp(ckpt);
 
   // The real checkpoint loads; resuming it continues to step 3.
   KilnRun s = run_kiln("sample --ckpt " + ckpt.string() + " --prompt to --max-new-tokens 4");
   EXPECT_EQ(s.exit_code, 0) << s.output;
-  KilnRun res = run_kiln(train_args(d, "--steps 3 --resume"));
+  KilnRun res = run_kiln(probe_train_args(d, "--steps 3 --resume"));
   EXPECT_EQ(res.exit_code, 0) << res.output;
   EXPECT_NE(res.output.find("step 3/3"), std::string::npos) << res.output;
 
@@ -90,7 +88,7 @@ TEST(CheckpointProbeCli, CrashingAndCorruptCheckpointsAreCleanErrors) {
     KilnRun r = run_kiln("sample --ckpt " + ckpt.string() + " --max-new-tokens 2");
     if (name.rfind("flip", 0) == 0 && r.exit_code == 0) continue;  // a byte HDF5 never reads
     expect_clean_refusal(r, ckpt);
-    expect_clean_refusal(run_kiln(train_args(d, "--steps 3 --resume")), ckpt);
+    expect_clean_refusal(run_kiln(probe_train_args(d, "--steps 3 --resume")), ckpt);
   }
 }
 
@@ -98,7 +96,7 @@ TEST(CheckpointProbeCli, CrashingAndCorruptCheckpointsAreCleanErrors) {
 // out-of-memory before the probe); in the child that request fails under the address-space limit,
 // and kiln refuses the file before its own process lets HDF5 near it.
 TEST(CheckpointProbeCli, HugeHdf5AllocationRefusedInTheChild) {
-  fs::path d = temp_dir("oom");
+  fs::path d = probe_dir("oom");
   const fs::path p = d / "oom.h5";
   put(p, slurp(data_file("hdf5_4gib_malloc.h5")));
   KilnRun r = run_kiln("sample --ckpt " + p.string());
@@ -112,7 +110,7 @@ TEST(CheckpointProbeCli, HugeHdf5AllocationRefusedInTheChild) {
 // signal 11 in 30 runs of 30; `kiln train --resume` with a small text: HDF5's error), so either
 // clean refusal passes; never a crash of kiln itself.
 TEST(CheckpointProbeCli, Libhdf5SegfaultInputIsACleanError) {
-  fs::path d = temp_dir("segv");
+  fs::path d = probe_dir("segv");
   fs::create_directories(d / "run");
   const fs::path p = d / "run" / "ckpt.h5";
   put(p, slurp(data_file("hdf5_attr_wild_read.h5")));
@@ -121,8 +119,8 @@ TEST(CheckpointProbeCli, Libhdf5SegfaultInputIsACleanError) {
                               "or not a kiln checkpoint";
   const std::string decode = "error: [checkpoint] " + p.string() +
                              ": cannot look up attribute 'dtype' of tensor 'model/scalar' (HDF5: ";
-  for (const KilnRun& r :
-       {run_kiln("sample --ckpt " + p.string()), run_kiln(train_args(d, "--steps 2 --resume"))}) {
+  for (const KilnRun& r : {run_kiln("sample --ckpt " + p.string()),
+                           run_kiln(probe_train_args(d, "--steps 2 --resume"))}) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_TRUE(r.output.find(crashed) != std::string::npos ||
                 r.output.find(decode) != std::string::npos)

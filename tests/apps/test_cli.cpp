@@ -15,16 +15,14 @@
 #include "models/param_count.h"
 #include "models/weights.h"
 #include "tests/run_kiln.h"
+#include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("kiln_test_cli_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return kiln::test::fresh_temp_dir("kiln_test_cli_" + name);
 }
 
 }  // namespace

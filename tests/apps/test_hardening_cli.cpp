@@ -12,16 +12,14 @@
 #include <vector>
 
 #include "tests/run_kiln.h"
+#include "tests/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("kiln_test_harden_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+fs::path harden_dir(const std::string& name) {
+  return kiln::test::fresh_temp_dir("kiln_test_harden_" + name);
 }
 
 // A tiny Qwen3 config.json (HF names) with `extra` merged in.
@@ -72,7 +70,7 @@ std::string train_args(const fs::path& d, const std::string& more) {
 // ---- class 1 ------------------------------------------------------------------------------
 
 TEST(HardeningCli, UnsupportedConfigFieldsRefusedByName) {
-  fs::path d = temp_dir("fields");
+  fs::path d = harden_dir("fields");
   fs::path cfg = write_config(d, {{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}});
   EXPECT_REFUSED(generate(cfg), cfg.string().c_str(), "rope_scaling", "\"yarn\"", "not supported");
   cfg = write_config(d, {{"use_sliding_window", true}, {"sliding_window", 32}});
@@ -92,7 +90,7 @@ TEST(HardeningCli, UnsupportedConfigFieldsRefusedByName) {
 // ---- classes 2, 3 and 6: flag values --------------------------------------------------------
 
 TEST(HardeningCli, FloatFlagsHaveCheckedRanges) {
-  fs::path d = temp_dir("floats");
+  fs::path d = harden_dir("floats");
   EXPECT_REFUSED(run_kiln(train_args(d, "--lr inf")), "--lr", "'inf' is not finite");
   EXPECT_REFUSED(run_kiln(train_args(d, "--beta2 nan")), "--beta2", "'nan' is not finite");
   EXPECT_REFUSED(run_kiln(train_args(d, "--weight-decay 1e30")), "--weight-decay",
@@ -108,7 +106,7 @@ TEST(HardeningCli, FloatFlagsHaveCheckedRanges) {
 }
 
 TEST(HardeningCli, IntegerFlagsHaveCheckedRanges) {
-  fs::path d = temp_dir("ints");
+  fs::path d = harden_dir("ints");
   EXPECT_REFUSED(run_kiln(train_args(d, "--log-interval 0")), "--log-interval",
                  "value 0 is out of range [1, ");
   EXPECT_REFUSED(run_kiln(train_args(d, "--batch 99999999999999999999")), "--batch",
@@ -129,7 +127,7 @@ TEST(HardeningCli, IntegerFlagsHaveCheckedRanges) {
 }
 
 TEST(HardeningCli, ThreadsAreCappedWithAMessage) {
-  fs::path d = temp_dir("threads");
+  fs::path d = harden_dir("threads");
   KilnRun r = run_kiln(train_args(d, "--threads 100000"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--threads 100000 capped at"), std::string::npos) << r.output;
@@ -138,7 +136,7 @@ TEST(HardeningCli, ThreadsAreCappedWithAMessage) {
 // ---- class 4: regular files only ----------------------------------------------------------
 
 TEST(HardeningCli, FifosAndDevicesRefusedWithoutBlocking) {
-  fs::path d = temp_dir("fifo");
+  fs::path d = harden_dir("fifo");
   fs::path fifo = d / "config.json";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   // Before the fix this blocked forever in open(); now it is refused at once.
@@ -155,7 +153,7 @@ TEST(HardeningCli, FifosAndDevicesRefusedWithoutBlocking) {
 // ---- class 5 -----------------------------------------------------------------------------
 
 TEST(HardeningCli, HugeConfigsRefusedBeforeBuilding) {
-  fs::path d = temp_dir("huge");
+  fs::path d = harden_dir("huge");
   fs::path cfg = write_config(d, {{"num_hidden_layers", 1000000000}});
   const std::string culprit = "num_hidden_layers) = 1000000000 is out of range [1, 4096]";
   EXPECT_REFUSED(generate(cfg), cfg.string().c_str(), culprit.c_str());
@@ -172,7 +170,7 @@ TEST(HardeningCli, HugeConfigsRefusedBeforeBuilding) {
 // ---- class 6 -----------------------------------------------------------------------------
 
 TEST(HardeningCli, JsonErrorsNameFileAndField) {
-  fs::path d = temp_dir("json");
+  fs::path d = harden_dir("json");
   fs::path cfg = write_config(d, {{"num_hidden_layers", "two"}});
   KilnRun r = generate(cfg);
   EXPECT_REFUSED(r, (cfg.string() + ": num_hidden_layers must be an integer, got \"two\"").c_str());
@@ -190,7 +188,7 @@ TEST(HardeningCli, JsonErrorsNameFileAndField) {
 // ---- class 7 -----------------------------------------------------------------------------
 
 TEST(HardeningCli, TooSmallValidationSplitRefusedBeforeStepOne) {
-  fs::path d = temp_dir("valsplit");
+  fs::path d = harden_dir("valsplit");
   // 300 characters: the last 10% (30 tokens) cannot hold --seq 64 + 1.
   KilnRun r = run_kiln("train --data " + text_file(d, 300).string() +
                        " --seq 64 --batch 1 --steps 5 --out " + (d / "run").string());
@@ -199,7 +197,7 @@ TEST(HardeningCli, TooSmallValidationSplitRefusedBeforeStepOne) {
 }
 
 TEST(HardeningCli, FreshRunRefusesToReplaceACheckpointAndLogsWholeLines) {
-  fs::path d = temp_dir("overwrite");
+  fs::path d = harden_dir("overwrite");
   KilnRun first = run_kiln(train_args(d, ""));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   ASSERT_TRUE(fs::exists(d / "run" / "ckpt.h5"));

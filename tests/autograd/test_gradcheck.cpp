@@ -22,8 +22,8 @@ using ops::RopeStyle;
 using ops::Unary;
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-Tensor randt(const Shape& shape, std::uint64_t seed, double lo = -1.0, double hi = 1.0,
-             bool grad = true) {
+Tensor rand_input(const Shape& shape, std::uint64_t seed, double lo = -1.0, double hi = 1.0,
+                  bool grad = true) {
   std::mt19937_64 g(seed);
   std::uniform_real_distribution<double> d(lo, hi);
   V v(static_cast<std::size_t>(shape_numel(shape)));
@@ -50,7 +50,7 @@ void gradcheck(const Fn& f, const std::vector<Tensor>& in, const std::string& wh
     probe = f(in);
   }
   ASSERT_EQ(probe.dtype(), DType::F64);
-  Tensor w = randt(probe.shape(), 4242, -1.0, 1.0, false);
+  Tensor w = rand_input(probe.shape(), 4242, -1.0, 1.0, false);
 
   for (const auto& x : in) {
     ASSERT_TRUE(x.is_contiguous() && x.dtype() == DType::F64);
@@ -91,7 +91,7 @@ void gradcheck(const Fn& f, const std::vector<Tensor>& in, const std::string& wh
 
 // The checker itself: a wrong gradient (one factor detached) must fail.
 void broken_check() {
-  Tensor x = randt({4}, 99);
+  Tensor x = rand_input({4}, 99);
   gradcheck([](auto& v) { return ag::mul(v[0], v[0].detach()); }, {x}, "broken");
 }
 TEST(GradCheck, DetectsWrongGradients) { EXPECT_FATAL_FAILURE(broken_check(), "numeric"); }
@@ -99,20 +99,20 @@ TEST(GradCheck, DetectsWrongGradients) { EXPECT_FATAL_FAILURE(broken_check(), "n
 // ---- elementwise ----------------------------------------------------------------------------
 
 TEST(GradCheck, BinaryBroadcasting) {
-  Tensor a = randt({3, 1, 4}, 1), b = randt({2, 4}, 2, 0.5, 2.0);
+  Tensor a = rand_input({3, 1, 4}, 1), b = rand_input({2, 4}, 2, 0.5, 2.0);
   gradcheck([](auto& x) { return ag::add(x[0], x[1]); }, {a, b}, "add");
   gradcheck([](auto& x) { return ag::sub(x[0], x[1]); }, {a, b}, "sub");
   gradcheck([](auto& x) { return ag::mul(x[0], x[1]); }, {a, b}, "mul");
   gradcheck([](auto& x) { return ag::div(x[0], x[1]); }, {a, b}, "div");
   // Only one side requires grad; a scalar-like (1) operand.
-  Tensor c = randt({2, 4}, 3, 0.5, 2.0, false), s = randt({1}, 4, 0.5, 2.0);
+  Tensor c = rand_input({2, 4}, 3, 0.5, 2.0, false), s = rand_input({1}, 4, 0.5, 2.0);
   gradcheck([](auto& x) { return ag::div(x[0], x[1]); }, {a, c}, "div a only");
   gradcheck([](auto& x) { return ag::mul(x[0], x[1]); }, {c, s}, "mul scalar");
   gradcheck([](auto& x) { return ag::sub(x[1], x[0]); }, {c, s}, "sub scalar");
 }
 
 TEST(GradCheck, AffineAndUnary) {
-  Tensor x = randt({3, 5}, 5, 0.3, 2.0);  // positive: log, sqrt, rsqrt, reciprocal
+  Tensor x = rand_input({3, 5}, 5, 0.3, 2.0);  // positive: log, sqrt, rsqrt, reciprocal
   gradcheck([](auto& v) { return ag::affine(v[0], -1.7, 0.4); }, {x}, "affine");
   for (auto op : {Unary::Neg, Unary::Exp, Unary::Log, Unary::Sqrt, Unary::Rsqrt, Unary::Square,
                   Unary::Reciprocal, Unary::Tanh, Unary::Sigmoid}) {
@@ -120,7 +120,7 @@ TEST(GradCheck, AffineAndUnary) {
               "unary " + std::to_string(static_cast<int>(op)));
   }
   // Mixed signs for the ones defined everywhere.
-  Tensor y = randt({4, 3}, 6, -2.0, 2.0);
+  Tensor y = rand_input({4, 3}, 6, -2.0, 2.0);
   for (auto op : {Unary::Neg, Unary::Exp, Unary::Square, Unary::Tanh, Unary::Sigmoid})
     gradcheck([op](auto& v) { return ag::unary(op, v[0]); }, {y},
               "unary signed " + std::to_string(static_cast<int>(op)));
@@ -132,7 +132,7 @@ TEST(GradCheck, AffineAndUnary) {
 // ---- reductions -----------------------------------------------------------------------------
 
 TEST(GradCheck, Reductions) {
-  Tensor x = randt({3, 4, 5}, 7);
+  Tensor x = rand_input({3, 4, 5}, 7);
   for (int dim : {0, 1, 2, -1})
     for (bool keep : {false, true}) {
       std::string tag = std::to_string(dim) + (keep ? " keepdim" : "");
@@ -149,7 +149,7 @@ TEST(GradCheck, Reductions) {
 // ---- views ----------------------------------------------------------------------------------
 
 TEST(GradCheck, Views) {
-  Tensor x = randt({2, 3, 4}, 8);
+  Tensor x = rand_input({2, 3, 4}, 8);
   gradcheck([](auto& v) { return ag::reshape(v[0], {4, -1}); }, {x}, "reshape");
   gradcheck([](auto& v) { return ag::reshape(ag::transpose(v[0], 0, 2), {-1}); }, {x},
             "reshape of transpose (copy)");
@@ -163,19 +163,19 @@ TEST(GradCheck, Views) {
         return ag::contiguous(ag::permute(v[0], {2, 0, 1}));
       },
       {x}, "contiguous");
-  Tensor y = randt({3, 1}, 9);
+  Tensor y = rand_input({3, 1}, 9);
   gradcheck([](auto& v) { return ag::expand(v[0], {2, 3, 4}); }, {y}, "expand");
   // A view used by a differentiable op downstream.
   gradcheck(
       [](auto& v) {
         return ag::mul(ag::transpose(v[0], 1, 2), ag::expand(v[1], {2, 4, 3}));
       },
-      {x, randt({4, 1}, 10)}, "mul of views");
+      {x, rand_input({4, 1}, 10)}, "mul of views");
 }
 
 TEST(GradCheck, ToDtype) {
   // The f32 round trip is not smooth at h = 1e-6; check the chain rule directly instead.
-  Tensor x = randt({5}, 11);
+  Tensor x = rand_input({5}, 11);
   Tensor y = ag::to_dtype(x, DType::F32);
   EXPECT_EQ(y.dtype(), DType::F32);
   Tensor loss = ag::sum_all(ag::affine(y, 3.0));
@@ -194,25 +194,27 @@ TEST(GradCheck, Matmul) {
       std::string tag = std::string(ta ? "T" : "N") + (tb ? "T" : "N");
       Shape as = ta ? Shape{K, M} : Shape{M, K}, bs = tb ? Shape{N, K} : Shape{K, N};
       Fn f = [ta, tb](auto& v) { return ag::matmul(v[0], v[1], ta, tb); };
-      gradcheck(f, {randt(as, 20), randt(bs, 21)}, "2d " + tag);
-      gradcheck(f, {randt({B, as[0], as[1]}, 22), randt({B, bs[0], bs[1]}, 23)}, "batched " + tag);
-      if (!ta) gradcheck(f, {randt({B, as[0], as[1]}, 24), randt(bs, 25)}, "3d@2d " + tag);
+      gradcheck(f, {rand_input(as, 20), rand_input(bs, 21)}, "2d " + tag);
+      gradcheck(f, {rand_input({B, as[0], as[1]}, 22), rand_input({B, bs[0], bs[1]}, 23)},
+                "batched " + tag);
+      if (!ta)
+        gradcheck(f, {rand_input({B, as[0], as[1]}, 24), rand_input(bs, 25)}, "3d@2d " + tag);
       // Only one operand requires grad.
-      gradcheck(f, {randt(as, 26), randt(bs, 27, -1, 1, false)}, "a only " + tag);
-      gradcheck(f, {randt(as, 28, -1, 1, false), randt(bs, 29)}, "b only " + tag);
+      gradcheck(f, {rand_input(as, 26), rand_input(bs, 27, -1, 1, false)}, "a only " + tag);
+      gradcheck(f, {rand_input(as, 28, -1, 1, false), rand_input(bs, 29)}, "b only " + tag);
     }
   // (B, K, M)^T @ (K, N) has no gradient: a clear error at record time.
-  EXPECT_THROW(ag::matmul(randt({B, K, M}, 30), randt({K, N}, 31), true, false), Error);
+  EXPECT_THROW(ag::matmul(rand_input({B, K, M}, 30), rand_input({K, N}, 31), true, false), Error);
 }
 
 TEST(GradCheck, Linear) {
-  Tensor x = randt({2, 3, 5}, 32), w = randt({4, 5}, 33), b = randt({4}, 34);
+  Tensor x = rand_input({2, 3, 5}, 32), w = rand_input({4, 5}, 33), b = rand_input({4}, 34);
   gradcheck([](auto& v) { return ag::linear(v[0], v[1], v[2]); }, {x, w, b}, "with bias");
   gradcheck([](auto& v) { return ag::linear(v[0], v[1]); }, {x, w}, "without bias");
-  gradcheck([](auto& v) { return ag::linear(v[0], v[1]); }, {randt({3, 5}, 35, -1, 1, false), w},
-            "weight only");
+  gradcheck([](auto& v) { return ag::linear(v[0], v[1]); },
+            {rand_input({3, 5}, 35, -1, 1, false), w}, "weight only");
   gradcheck([](auto& v) { return ag::linear(v[0], v[1], v[2]); },
-            {x, randt({4, 5}, 36, -1, 1, false), b}, "x and bias");
+            {x, rand_input({4, 5}, 36, -1, 1, false), b}, "x and bias");
   // A non-leaf weight (its gradient is returned, not accumulated in place).
   gradcheck([](auto& v) { return ag::linear(v[0], ag::affine(v[1], 2.0)); }, {x, w},
             "non-leaf weight");
@@ -221,7 +223,7 @@ TEST(GradCheck, Linear) {
 // ---- nn ops ---------------------------------------------------------------------------------
 
 TEST(GradCheck, SoftmaxLogSoftmax) {
-  Tensor x = randt({3, 7}, 40, -2, 2);
+  Tensor x = rand_input({3, 7}, 40, -2, 2);
   gradcheck([](auto& v) { return ag::softmax(v[0]); }, {x}, "softmax");
   gradcheck([](auto& v) { return ag::log_softmax(v[0]); }, {x}, "log_softmax");
   gradcheck([](auto& v) { return ag::softmax(ag::transpose(v[0], 0, 1)); }, {x},
@@ -229,7 +231,7 @@ TEST(GradCheck, SoftmaxLogSoftmax) {
 }
 
 TEST(GradCheck, Embedding) {
-  Tensor table = randt({6, 4}, 41);
+  Tensor table = rand_input({6, 4}, 41);
   Tensor ids = ops::from_vector(std::vector<std::int32_t>{5, 0, 2, 5, 5, 1, 0}, {7});
   gradcheck([ids](auto& v) { return ag::embedding(ids, v[0]); }, {table}, "leaf table");
   gradcheck(
@@ -240,22 +242,23 @@ TEST(GradCheck, Embedding) {
 }
 
 TEST(GradCheck, Norms) {
-  Tensor x = randt({2, 3, 6}, 42, -2, 2), w = randt({6}, 43, 0.5, 1.5), b = randt({6}, 44);
+  Tensor x = rand_input({2, 3, 6}, 42, -2, 2), w = rand_input({6}, 43, 0.5, 1.5),
+         b = rand_input({6}, 44);
   gradcheck([](auto& v) { return ag::rmsnorm(v[0], v[1], 1e-5); }, {x, w}, "rmsnorm");
   gradcheck([](auto& v) { return ag::rmsnorm(v[0], v[1], 1e-5); },
-            {x, randt({6}, 45, 0.5, 1.5, false)}, "rmsnorm x only");
+            {x, rand_input({6}, 45, 0.5, 1.5, false)}, "rmsnorm x only");
   gradcheck([](auto& v) { return ag::rmsnorm(v[0], ag::affine(v[1], 1.5), 1e-5); }, {x, w},
             "rmsnorm non-leaf weight");
   gradcheck([](auto& v) { return ag::layernorm(v[0], v[1], v[2], 1e-5); }, {x, w, b}, "layernorm");
   gradcheck([](auto& v) { return ag::layernorm(v[0], ag::affine(v[1], 2.0), v[2], 1e-5); },
             {x, w, b}, "layernorm non-leaf weight");
   gradcheck([](auto& v) { return ag::layernorm(v[0], v[1], v[2], 1e-5); },
-            {randt({2, 6}, 46, -1, 1, false), w, b}, "layernorm params only");
+            {rand_input({2, 6}, 46, -1, 1, false), w, b}, "layernorm params only");
 }
 
 TEST(GradCheck, Rope) {
   auto [cos, sin] = ops::rope_tables(12, 6, 10000.0, DType::F64);
-  Tensor x = randt({2, 5, 3, 6}, 47);
+  Tensor x = rand_input({2, 5, 3, 6}, 47);
   for (auto style : {RopeStyle::Interleaved, RopeStyle::RotateHalf})
     for (std::int64_t off : {0, 4}) {
       Tensor c = cos, s = sin;
@@ -266,22 +269,23 @@ TEST(GradCheck, Rope) {
 }
 
 TEST(GradCheck, Activations) {
-  Tensor x = randt({3, 5}, 48, -3, 3), u = randt({3, 5}, 49, -2, 2);
+  Tensor x = rand_input({3, 5}, 48, -3, 3), u = rand_input({3, 5}, 49, -2, 2);
   for (Op op : kActivations)  // silu, gelu_tanh, gelu, ...
     gradcheck([op](auto& v) { return ag::activation(op, v[0]); }, {x}, std::string(op_name(op)));
   gradcheck([](auto& v) { return ag::swiglu(v[0], v[1]); }, {x, u}, "swiglu");
-  gradcheck([](auto& v) { return ag::swiglu(v[0], v[1]); }, {x, randt({3, 5}, 50, -2, 2, false)},
-            "swiglu gate only");
+  gradcheck([](auto& v) { return ag::swiglu(v[0], v[1]); },
+            {x, rand_input({3, 5}, 50, -2, 2, false)}, "swiglu gate only");
 }
 
 TEST(GradCheck, AttentionGqa) {
   const std::int64_t B = 2, T = 5, Hq = 4, Hkv = 2, D = 4;
-  Tensor q = randt({B, T, Hq, D}, 51), k = randt({B, T, Hkv, D}, 52), v = randt({B, T, Hkv, D}, 53);
+  Tensor q = rand_input({B, T, Hq, D}, 51), k = rand_input({B, T, Hkv, D}, 52),
+         v = rand_input({B, T, Hkv, D}, 53);
   double scale = 1.0 / std::sqrt(static_cast<double>(D));
   gradcheck([scale](auto& x) { return ag::attention(x[0], x[1], x[2], scale); }, {q, k, v},
             "attention");
   // Through the projections' layout: (B, T, H*D) reshaped, as the layers do.
-  Tensor qf = randt({B, T, Hq * D}, 54);
+  Tensor qf = rand_input({B, T, Hq * D}, 54);
   gradcheck(
       [scale](auto& x) {
         Tensor qq = ag::reshape(x[0], {2, 5, 4, 4});
@@ -307,7 +311,7 @@ TEST(GradCheck, AttentionGqa) {
 }
 
 TEST(GradCheck, CrossEntropy) {
-  Tensor logits = randt({6, 7}, 55, -2, 2);
+  Tensor logits = rand_input({6, 7}, 55, -2, 2);
   Tensor targets = ops::from_vector(std::vector<std::int32_t>{3, -100, 0, 6, -100, 3}, {6});
   gradcheck([targets](auto& v) { return ag::cross_entropy(v[0], targets); }, {logits},
             "ignore -100");
@@ -336,7 +340,7 @@ TEST(GradCheck, CrossEntropy) {
 }
 
 TEST(GradCheck, DropoutFixedMask) {
-  Tensor x = randt({4, 9}, 56);
+  Tensor x = rand_input({4, 9}, 56);
   // A fresh generator with the same state on every call: the same mask each time.
   gradcheck(
       [](auto& v) {
@@ -351,8 +355,8 @@ TEST(GradCheck, DropoutFixedMask) {
 }
 
 TEST(GradCheck, Checkpoint) {
-  Tensor x = randt({2, 3, 4}, 57), w1 = randt({6, 4}, 58), w2 = randt({4, 6}, 59);
-  Tensor nw = randt({4}, 60, 0.5, 1.5);
+  Tensor x = rand_input({2, 3, 4}, 57), w1 = rand_input({6, 4}, 58), w2 = rand_input({4, 6}, 59);
+  Tensor nw = rand_input({4}, 60, 0.5, 1.5);
   auto block = [](const Tensor& h, const Tensor& a, const Tensor& b, const Tensor& n) {
     Tensor y = ag::linear(ag::silu(ag::linear(ag::rmsnorm(h, n, 1e-5), a)), b);
     return ag::add(h, y);

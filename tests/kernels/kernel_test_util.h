@@ -18,9 +18,18 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/op_list.h"
 
 namespace kiln::test {
+
+// Every CPU level from scalar up to the detected one: a kernel test runs at each of them.
+inline std::vector<cpu::CpuIsa> supported_levels() {
+  std::vector<cpu::CpuIsa> levels;
+  for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l)
+    levels.push_back(static_cast<cpu::CpuIsa>(l));
+  return levels;
+}
 
 // ---- op test registry ---------------------------------------------------------------------------
 // One set per test binary (function-local static, so registration order is safe).
@@ -36,7 +45,7 @@ struct OpTestedRegistrar {
 // Use at namespace scope in a test file: KILN_OP_TESTED(Op::Softmax);
 #define KILN_OP_TESTED(op)                                                                        \
   [[maybe_unused]] static const ::kiln::test::OpTestedRegistrar KILN_TEST_CONCAT(kiln_op_tested_, \
-                                                                                 __LINE__) {      \
+                                                                                 __COUNTER__) {   \
     op                                                                                            \
   }
 

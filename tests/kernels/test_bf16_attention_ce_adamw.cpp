@@ -64,10 +64,10 @@ void at_every_isa(F&& body) {
   }
 }
 
-struct Shape {
+struct AttnCase {
   int64_t B, Tq, Tk, Hq, Hkv, D, q_offset;
 };
-std::string str(const Shape& s) {
+std::string str(const AttnCase& s) {
   return "B=" + std::to_string(s.B) + " Tq=" + std::to_string(s.Tq) +
          " Tk=" + std::to_string(s.Tk) + " Hq=" + std::to_string(s.Hq) +
          " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D) +
@@ -76,7 +76,7 @@ std::string str(const Shape& s) {
 
 // ---- attention forward ------------------------------------------------------------------------
 
-const std::vector<Shape> kForward = {
+const std::vector<AttnCase> kForward = {
     {2, 7, 7, 4, 2, 5, 0},       // odd D: the widening path at every level
     {2, 33, 33, 6, 6, 48, 0},    // training, MHA
     {1, 130, 130, 4, 1, 32, 0},  // 64 + 64 + 2 rows, MQA
@@ -111,7 +111,7 @@ void check_forward_at_every_isa(double out_tol, uint64_t seed) {
     for (size_t i = 0; i < x.size(); ++i) out[i] = cpu::to_compute(x[i]);
     return out;
   };
-  for (const Shape& s : kForward) {
+  for (const AttnCase& s : kForward) {
     const int64_t Tmax = s.Tk + 5;  // a KV cache with capacity past Tk; its tail holds NaN
     const int64_t kvs = Tmax * s.Hkv * s.D;
     const double scale = 1.0 / std::sqrt(double(s.D));
@@ -162,8 +162,8 @@ TEST(AttentionBf16, AmxBlocksTakeTrainingAndPrefillShapes) {
 // ---- attention backward -----------------------------------------------------------------------
 
 TEST(AttentionBf16, BackwardMatchesFloat64AtEveryIsa) {
-  for (const Shape& s :
-       {Shape{2, 70, 70, 4, 2, 16, 0}, Shape{1, 33, 33, 3, 3, 48, 0}, Shape{2, 9, 9, 2, 1, 5, 0}}) {
+  for (const AttnCase& s : {AttnCase{2, 70, 70, 4, 2, 16, 0}, AttnCase{1, 33, 33, 3, 3, 48, 0},
+                            AttnCase{2, 9, 9, 2, 1, 5, 0}}) {
     const double scale = 1.0 / std::sqrt(double(s.D));
     const int64_t qn = s.B * s.Tq * s.Hq * s.D, kvn = s.B * s.Tk * s.Hkv * s.D;
     const auto q = to_bf16(random_normal_vec<double>(qn, 11));

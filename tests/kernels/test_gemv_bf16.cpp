@@ -29,6 +29,8 @@
 namespace kiln {
 namespace {
 
+using test::supported_levels;
+
 KILN_OP_TESTED(Op::Gemm);
 
 template <typename T>
@@ -48,14 +50,6 @@ double to_double(T v) {
     return f16_to_float(v);
   else
     return static_cast<double>(v);
-}
-
-// Every level from scalar up to the detected one.
-std::vector<cpu::CpuIsa> supported_levels() {
-  std::vector<cpu::CpuIsa> levels;
-  for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l)
-    levels.push_back(static_cast<cpu::CpuIsa>(l));
-  return levels;
 }
 
 template <typename X, typename Y, typename W = bf16>

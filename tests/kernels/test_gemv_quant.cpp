@@ -23,19 +23,14 @@
 #include "kernels/cpu/bf16_util.h"
 #include "kernels/cpu/gemv_quant.h"
 #include "kernels/cpu/isa.h"
-#include "quant_ref.h"
+#include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/quant_ref.h"
 
 namespace kiln {
 namespace {
 
 using quant::QuantType;
-
-std::vector<cpu::CpuIsa> supported_levels() {
-  std::vector<cpu::CpuIsa> levels;
-  for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l)
-    levels.push_back(static_cast<cpu::CpuIsa>(l));
-  return levels;
-}
+using test::supported_levels;
 
 std::vector<float> random_x(std::int64_t n, std::uint32_t seed, float scale = 1.0f) {
   std::vector<float> x(n);

@@ -17,13 +17,14 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kernels/cuda/runtime.h"
 #include "budget/budget.h"
+#include "kernels/cuda/runtime.h"
 #include "models/decoder.h"
 #include "models/mfu.h"
 #include "models/param_count.h"
 #include "tensor/ops.h"
 #include "tensor/storage.h"
+#include "tests/models/budget_rows.h"
 #include "tests/run_kiln.h"
 #include "tests/test_data.h"
 
@@ -35,7 +36,7 @@ namespace {
 const std::string kQwen3_8B = test_shared_data() + "/qwen/Qwen3-8B/config.json";
 
 // Qwen3-style: QK-norm, GQA 4:2, head_dim 32 != dim / heads, untied.
-ModelConfig tiny_qwen3() {
+ModelConfig budget_tiny_qwen3() {
   ModelConfig c;
   c.name = "tiny-qwen3";
   c.vocab_size = 512, c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2;
@@ -45,7 +46,7 @@ ModelConfig tiny_qwen3() {
   return c;
 }
 
-std::size_t idx(BudgetRow r) { return static_cast<std::size_t>(r); }
+using kiln::test::idx;
 
 // Every tracker row (slack is the allocator's, not a category) and the peak's
 // phase and label.
@@ -118,7 +119,7 @@ TEST(Budget, DryRunEqualsMeasuredStories15MTrainStep) {
 
 TEST(Budget, DryRunEqualsMeasuredTinyQwen3PrefillDecode) {
   BudgetSpec s;
-  s.cfg = tiny_qwen3();
+  s.cfg = budget_tiny_qwen3();
   s.mode = BudgetMode::Infer;
   s.batch = 1, s.seq = 64, s.decode_steps = 32, s.dtype = DType::F32;
   ASSERT_EQ(s.decodes(), 32);
@@ -137,7 +138,7 @@ TEST(Budget, DryRunEqualsMeasuredTinyQwen3PrefillDecode) {
 
 TEST(Budget, DryRunEqualsMeasuredVariants) {
   BudgetSpec s;
-  s.cfg = tiny_qwen3();
+  s.cfg = budget_tiny_qwen3();
   s.mode = BudgetMode::Infer;
   s.batch = 3, s.seq = 20, s.decode_steps = 5;  // strided KV-cache slots at batch > 1
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "infer batch 3");
@@ -156,7 +157,7 @@ TEST(Budget, DryRunEqualsMeasuredVariants) {
 // native kernels' declared scratch.
 TEST(Budget, DryRunEqualsMeasuredInBf16OnTheCpu) {
   BudgetSpec s;
-  s.cfg = tiny_qwen3();
+  s.cfg = budget_tiny_qwen3();
   s.dtype = DType::BF16;
   s.mode = BudgetMode::Train, s.batch = 2, s.seq = 32;
   expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 train");
@@ -182,7 +183,7 @@ TEST(Budget, AnalyticMatchesDryRun) {
     }
   }
   BudgetSpec q;
-  q.cfg = tiny_qwen3();
+  q.cfg = budget_tiny_qwen3();
   for (DType dt : {DType::F32, DType::BF16}) {
     q.dtype = dt;
     q.mode = BudgetMode::Train, q.batch = 2, q.seq = 64;
@@ -214,7 +215,7 @@ TEST(Budget, GeluGatedMlpDryRunAndAnalytic) {
   for (MlpActivation act : {MlpActivation::GeluTanh, MlpActivation::Gelu}) {
     SCOPED_TRACE(nn::mlp_activation_name(act));
     BudgetSpec s;
-    s.cfg = tiny_qwen3();
+    s.cfg = budget_tiny_qwen3();
     s.cfg.hidden_act = act;
     s.mode = BudgetMode::Train;
     s.batch = 2, s.seq = 32;
@@ -278,7 +279,7 @@ TEST(Budget, ParseBytes) {
 
 TEST(Budget, FitIsTheLargestThatFits) {
   BudgetSpec s;
-  s.cfg = tiny_qwen3();
+  s.cfg = budget_tiny_qwen3();
   s.mode = BudgetMode::Train, s.batch = 2, s.seq = 32;
   const std::int64_t limit = run_budget(s, Device::meta()).total_peak + 300000;
   FitResult f = fit_budget(s, limit);
@@ -298,7 +299,7 @@ TEST(Budget, FitIsTheLargestThatFits) {
 
 TEST(Budget, BadSpecs) {
   BudgetSpec s;
-  s.cfg = tiny_qwen3();
+  s.cfg = budget_tiny_qwen3();
   s.seq = 200;  // > max_seq_len 128
   EXPECT_THROW(run_budget(s, Device::meta()), Error);
   s.mode = BudgetMode::Infer, s.seq = 64, s.context = 32;
@@ -344,7 +345,7 @@ TEST(Budget, CpuMeasurementsHaveNoDeviceRows) {
   EXPECT_EQ(budget_row_name(BudgetRow::Unattributed), "unattributed");
   EXPECT_EQ(idx(BudgetRow::Unattributed) + 1, kNumBudgetRows);
   BudgetSpec s;
-  s.cfg = tiny_qwen3();
+  s.cfg = budget_tiny_qwen3();
   s.mode = BudgetMode::Train, s.batch = 1, s.seq = 16;
   BudgetFigures m = run_budget(s, Device::cpu());
   EXPECT_FALSE(m.device.has_value());
@@ -365,7 +366,7 @@ TEST(Budget, DeviceRowsGoIntoTheReport) {
   // A CUDA measurement as run_budget builds it, with made-up driver figures: the text and JSON
   // carry the runtime breakdown and unattributed = used - other - reserved - runtime.
   BudgetSpec s;
-  s.cfg = tiny_qwen3();
+  s.cfg = budget_tiny_qwen3();
   s.mode = BudgetMode::Train, s.batch = 1, s.seq = 16, s.simulate = DeviceType::CUDA;
   BudgetReport r;
   r.spec = s;
@@ -405,7 +406,7 @@ TEST(Budget, MeasuredOnCudaEqualsTheCudaDryRun) {
   for (DType dt : {DType::BF16, DType::F32}) {
     for (BudgetMode mode : {BudgetMode::Train, BudgetMode::Infer}) {
       BudgetSpec s;
-      s.cfg = tiny_qwen3();
+      s.cfg = budget_tiny_qwen3();
       s.mode = mode, s.dtype = dt, s.batch = 2, s.seq = 32, s.decode_steps = 8;
       s.simulate = DeviceType::CUDA;
       const std::string what = fmt::format("cuda {} {}", budget_mode_name(mode), dtype_name(dt));
@@ -446,7 +447,7 @@ TEST(TrainerMfu, FlopsPerTokenFollowPalm) {
   EXPECT_DOUBLE_EQ(train_flops_per_token(preset("stories15M"), 256),
                    6.0 * n15 + 12.0 * 6 * 6 * 48 * 256);
   // Untied (tiny Qwen3): the input table is left out, the LM head counted.
-  const ModelConfig q = tiny_qwen3();
+  const ModelConfig q = budget_tiny_qwen3();
   DecoderModel m(q, 1, DType::F32, Device::meta());
   std::int64_t all = 0, table = 0;
   for (auto& [name, p] : m.named_parameters()) {

@@ -14,6 +14,7 @@
 #include "models/decoder.h"
 #include "models/gguf_model.h"
 #include "tensor/memory.h"
+#include "tests/models/budget_rows.h"
 
 using namespace kiln;
 using namespace kiln::models;
@@ -33,7 +34,7 @@ ModelConfig quant_qwen3() {
   return c;
 }
 
-std::size_t idx(BudgetRow r) { return static_cast<std::size_t>(r); }
+using kiln::test::idx;
 
 BudgetSpec infer_spec(const ModelConfig& c, GgufScheme w, DType dt, std::int64_t batch) {
   BudgetSpec s;

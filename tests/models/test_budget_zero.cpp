@@ -12,10 +12,11 @@
 #include <filesystem>
 #include <map>
 
-#include "distributed/shard.h"
 #include "budget/budget.h"
+#include "distributed/shard.h"
 #include "models/decoder.h"
 #include "models/param_count.h"
+#include "tests/models/budget_rows.h"
 #include "tests/run_kiln.h"
 #include "tests/test_data.h"
 
@@ -24,7 +25,7 @@ using namespace kiln::models;
 
 namespace {
 
-std::size_t idx(BudgetRow r) { return static_cast<std::size_t>(r); }
+using kiln::test::idx;
 
 constexpr BudgetRow kStates[] = {BudgetRow::Weights, BudgetRow::MasterWeights, BudgetRow::Gradients,
                                  BudgetRow::OptimizerState};

@@ -27,6 +27,8 @@
 #include "models/param_count.h"
 #include "models/weights.h"
 #include "nn/optim.h"
+#include "tests/models/budget_rows.h"
+#include "tests/models/expect_param_total.h"
 #include "tests/models/golden_harness.h"
 #include "tests/run_kiln.h"
 
@@ -49,14 +51,7 @@ std::int64_t llmc_gpt2_124m_params(std::int64_t V) {
   return V * C + ctx * C + L * per_layer + 2 * C;     // wte, wpe, blocks, ln_f
 }
 
-void expect_total(const ModelConfig& c, std::int64_t expected) {
-  models::ParamCount f = models::count_params(c);
-  auto actual = models::count_meta_params(c);
-  EXPECT_EQ(f.total, expected) << c.name << " (formula)";
-  EXPECT_EQ(actual.at("total"), expected) << c.name << " (meta-device model)";
-  nlohmann::json j = models::param_report_json(c, f, actual);
-  EXPECT_TRUE(j["identical"].get<bool>()) << j.dump(1);
-}
+using kiln::test::expect_total;
 
 // HF's openai-community/gpt2 config.json (the fields kiln reads, and a few it ignores).
 nlohmann::json hf_gpt2_config() {
@@ -421,7 +416,7 @@ TEST(Gpt2, ReducedPresetTrainsOnCpu) {
 
 namespace {
 
-std::size_t idx(models::BudgetRow r) { return static_cast<std::size_t>(r); }
+using kiln::test::idx;
 
 // Against the dry run of a backend that computes the dtype natively (test_budget.cpp).
 void expect_analytic(models::BudgetSpec s) {

@@ -19,6 +19,7 @@
 #include "models/trainer.h"
 #include "tests/error_of.h"
 #include "tests/models/tiny_hf.h"
+#include "tests/temp_dir.h"
 #include "tests/test_data.h"
 
 namespace fs = std::filesystem;
@@ -31,11 +32,8 @@ using kiln::test::error_of;
 
 json qwen3_json() { return test_hf::hf_config_json(test_hf::tiny_qwen3(true)); }
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("kiln_hardening_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+fs::path hardening_dir(const std::string& name) {
+  return kiln::test::fresh_temp_dir("kiln_hardening_" + name);
 }
 
 }  // namespace
@@ -154,7 +152,7 @@ TEST(Hardening, GreedyRefusesNonFiniteLogits) {
 // A trainer whose weights are NaN skips every step and stops after max_nonfinite_steps, without
 // writing a checkpoint.
 TEST(Hardening, TrainerSkipsNonFiniteStepsThenStopsBeforeCheckpointing) {
-  fs::path d = temp_dir("nonfinite");
+  fs::path d = hardening_dir("nonfinite");
   std::string text;
   for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
   std::ofstream(d / "t.txt") << text;
@@ -179,7 +177,7 @@ TEST(Hardening, TrainerSkipsNonFiniteStepsThenStopsBeforeCheckpointing) {
 TEST(Hardening, TrainerRefusesOutOfRangeOptionsFromTheLibrary) {
   models::TrainOptions o;
   o.data_path = "/nonexistent";
-  o.out_dir = temp_dir("opts").string();
+  o.out_dir = hardening_dir("opts").string();
   o.log_interval = 0;
   std::ostringstream log;
   std::string e = error_of([&] { models::Trainer(o, Device::cpu(), DType::F32, log); });
@@ -217,7 +215,7 @@ TEST(Hardening, ConfigSizesHaveHardLimits) {
 }
 
 TEST(Hardening, ConfigCheckedAgainstWeightsBeforeBuilding) {
-  fs::path d = temp_dir("layers");
+  fs::path d = hardening_dir("layers");
   models::DecoderModel m(test_hf::tiny_qwen3(true), 1);
   test_hf::write_hf_folder(m, d);
   json j = test_hf::hf_config_json(m.cfg);
@@ -287,7 +285,7 @@ TEST(Hardening, WronglyTypedFieldsNameFileFieldAndValue) {
 TEST(Hardening, DeepNestingInAnUnusedConfigKeyIsRefusedNotACrash) {
   // A million nested arrays under a key nothing reads: nlohmann's copy constructor and dump()
   // recurse once per level, so this ended `kiln generate` with SIGSEGV before parsing was bounded.
-  const fs::path d = temp_dir("deep_json");
+  const fs::path d = hardening_dir("deep_json");
   const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
   std::string text = qwen3_json().dump();
   text.insert(1, "\"unused\": " + deep + ", ");
@@ -314,7 +312,7 @@ TEST(Hardening, DeepNestingInAnUnusedConfigKeyIsRefusedNotACrash) {
 }
 
 TEST(Hardening, WronglyTypedTokenizerConfigNamesFileAndField) {
-  const fs::path d = temp_dir("tokenizer_config");
+  const fs::path d = hardening_dir("tokenizer_config");
   const std::string path = (d / "tokenizer_config.json").string();
   auto refusal = [&](const json& j) {
     std::ofstream(path) << j.dump();
@@ -364,7 +362,7 @@ TEST(Hardening, WronglyTypedTokenizerConfigRefusedWhenAModelLoads) {
   // The path `kiln generate` takes: the tokenizer beside --config, with a broken config.
   const std::string qwen = test_shared_data() + "/qwen";
   if (!fs::exists(qwen + "/vocab.json")) GTEST_SKIP() << "no " << qwen << "/vocab.json";
-  const fs::path d = temp_dir("tokenizer_config_load");
+  const fs::path d = hardening_dir("tokenizer_config_load");
   test_hf::write_json(d / "config.json", qwen3_json());
   fs::create_symlink(qwen + "/vocab.json", d / "vocab.json");
   fs::create_symlink(qwen + "/merges.txt", d / "merges.txt");

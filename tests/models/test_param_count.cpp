@@ -13,6 +13,7 @@
 
 #include "models/decoder.h"
 #include "models/param_count.h"
+#include "tests/models/expect_param_total.h"
 #include "tests/run_kiln.h"
 #include "tests/test_data.h"
 
@@ -24,15 +25,7 @@ namespace {
 
 const std::string kQwen3_8B = test_shared_data() + "/qwen/Qwen3-8B/config.json";
 
-// Asserts formula total == meta-device total == expected, and every row equal.
-void expect_total(const ModelConfig &c, std::int64_t expected) {
-  models::ParamCount f = models::count_params(c);
-  auto actual = models::count_meta_params(c);
-  EXPECT_EQ(f.total, expected) << c.name << " (formula)";
-  EXPECT_EQ(actual.at("total"), expected) << c.name << " (meta-device model)";
-  nlohmann::json j = models::param_report_json(c, f, actual);
-  EXPECT_TRUE(j["identical"].get<bool>()) << j.dump(1);
-}
+using kiln::test::expect_total;
 
 ModelConfig mistral_7b() {
   ModelConfig c;

@@ -13,17 +13,15 @@
 #include "models/sampling.h"
 #include "models/trainer.h"
 #include "tests/models/pseudo_text.h"
+#include "tests/temp_dir.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("kiln_test_training_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+fs::path training_dir(const std::string& name) {
+  return kiln::test::fresh_temp_dir("kiln_test_training_" + name);
 }
 
 std::string make_text(std::size_t n) { return test::pseudo_text(n); }
@@ -55,7 +53,7 @@ models::TrainResult train(const models::TrainOptions& o, std::ostream& log,
 
 // Two run folders, name_a and name_b, with the same data.txt: one run each, to compare.
 std::pair<fs::path, fs::path> twin_dirs(const std::string& name) {
-  fs::path a = temp_dir(name + "_a"), b = temp_dir(name + "_b");
+  fs::path a = training_dir(name + "_a"), b = training_dir(name + "_b");
   std::string text = make_text(20000);
   std::ofstream(a / "data.txt") << text;
   std::ofstream(b / "data.txt") << text;
@@ -157,7 +155,7 @@ TEST(Training, FittedStepsFillTheTimeLeft) {
 // A run asked for far more steps than its time limit holds plans what fits once the warm-up is
 // measured, says so, and ends by its (shortened) schedule or the limit, whichever comes first.
 TEST(Training, FitTimeLimitShortensTheSchedule) {
-  const fs::path d = temp_dir("fit_time_limit");
+  const fs::path d = training_dir("fit_time_limit");
   std::ofstream(d / "data.txt") << make_text(20000);
   models::TrainOptions o = tiny_options(d);
   o.steps = 10'000'000;
@@ -171,7 +169,7 @@ TEST(Training, FitTimeLimitShortensTheSchedule) {
 }
 
 TEST(Training, TruncatedCheckpointGivesClearError) {
-  fs::path d = temp_dir("truncated");
+  fs::path d = training_dir("truncated");
   std::ofstream(d / "data.txt") << make_text(8000);
   std::ostringstream log;
   models::TrainOptions o = tiny_options(d);

@@ -56,7 +56,7 @@ void put_file(const std::string& p, const std::vector<uint8_t>& b) {
 
 // Runs f, expects a kiln::Error whose message starts with "[checkpoint]" and contains `part`.
 template <typename F>
-void expect_error(F&& f, const std::string& part) {
+void expect_checkpoint_error(F&& f, const std::string& part) {
   try {
     f();
     ADD_FAILURE() << "no error; expected one containing '" << part << "'";
@@ -128,7 +128,8 @@ TEST_F(CheckpointH5, RoundTripAllDtypesAndAttrs) {
   std::vector<uint8_t> into(data[0].size());
   rd.read_tensor_into(ts[0].path, into.data(), into.size());
   EXPECT_EQ(into, data[0]);
-  expect_error([&] { rd.read_tensor_into(ts[0].path, into.data(), into.size() - 1); }, "buffer");
+  expect_checkpoint_error([&] { rd.read_tensor_into(ts[0].path, into.data(), into.size() - 1); },
+                          "buffer");
 
   EXPECT_EQ(rd.read_bytes("rng_state"), rng_state);
   EXPECT_TRUE(rd.read_bytes("meta/empty_blob").empty());
@@ -138,8 +139,8 @@ TEST_F(CheckpointH5, RoundTripAllDtypesAndAttrs) {
   EXPECT_EQ(rd.get_attr_string("empty"), "");
   EXPECT_TRUE(rd.has_attr("lr"));
   EXPECT_FALSE(rd.has_attr("nope"));
-  expect_error([&] { rd.get_attr_i64("nope"); }, "no attribute 'nope'");
-  expect_error([&] { rd.get_attr_i64("config"); }, "wrong type");
+  expect_checkpoint_error([&] { rd.get_attr_i64("nope"); }, "no attribute 'nope'");
+  expect_checkpoint_error([&] { rd.get_attr_i64("config"); }, "wrong type");
 
   EXPECT_EQ(
       rd.list_tensors("model"),
@@ -149,22 +150,31 @@ TEST_F(CheckpointH5, RoundTripAllDtypesAndAttrs) {
   EXPECT_TRUE(rd.has_group("optim_m"));
   EXPECT_FALSE(rd.has_group("optim_x"));
   EXPECT_FALSE(rd.has_tensor("model/missing"));
-  expect_error([&] { rd.read_tensor("model/missing"); }, "no tensor 'model/missing'");
-  expect_error([&] { rd.list_tensors("nope"); }, "no group 'nope'");
+  expect_checkpoint_error([&] { rd.read_tensor("model/missing"); }, "no tensor 'model/missing'");
+  expect_checkpoint_error([&] { rd.list_tensors("nope"); }, "no group 'nope'");
 }
 
 TEST_F(CheckpointH5, BadWriterArguments) {
   CheckpointWriter wr;
   float x = 0;
-  expect_error([&] { wr.add_tensor("model/x", "F8", {1}, &x); }, "unknown dtype 'F8'");
-  expect_error([&] { wr.add_tensor("no_section", "F32", {1}, &x); }, "needs a section");
-  expect_error([&] { wr.add_tensor("model//x", "F32", {1}, &x); }, "bad tensor path");
-  expect_error([&] { wr.add_tensor("model/./x", "F32", {1}, &x); }, "bad tensor path");
-  expect_error([&] { wr.add_tensor("model/x", "F32", {2, -1}, &x); }, "negative dimension");
-  expect_error([&] { wr.add_tensor("model/x", "F32", {1LL << 40, 1LL << 40}, &x); }, "overflow");
-  expect_error([&] { wr.add_tensor("model/x", "F32", {3}, nullptr); }, "null data");
-  expect_error([&] { wr.set_attr_i64("kiln_checkpoint_version", 2); }, "bad attribute name");
-  expect_error([&] { wr.set_attr_string("big", std::string(70000, 'a')); }, "add_bytes");
+  expect_checkpoint_error([&] { wr.add_tensor("model/x", "F8", {1}, &x); }, "unknown dtype 'F8'");
+  expect_checkpoint_error([&] { wr.add_tensor("no_section", "F32", {1}, &x); }, "needs a section");
+  expect_checkpoint_error([&] { wr.add_tensor("model//x", "F32", {1}, &x); }, "bad tensor path");
+  expect_checkpoint_error([&] { wr.add_tensor("model/./x", "F32", {1}, &x); }, "bad tensor path");
+  expect_checkpoint_error(
+      [&] {
+        wr.add_tensor("model/x", "F32", {2, -1}, &x);
+      },
+      "negative dimension");
+  expect_checkpoint_error(
+      [&] {
+        wr.add_tensor("model/x", "F32", {1LL << 40, 1LL << 40}, &x);
+      },
+      "overflow");
+  expect_checkpoint_error([&] { wr.add_tensor("model/x", "F32", {3}, nullptr); }, "null data");
+  expect_checkpoint_error([&] { wr.set_attr_i64("kiln_checkpoint_version", 2); },
+                          "bad attribute name");
+  expect_checkpoint_error([&] { wr.set_attr_string("big", std::string(70000, 'a')); }, "add_bytes");
 }
 
 TEST_F(CheckpointH5, FailedWriteKeepsPreviousFile) {
@@ -177,7 +187,7 @@ TEST_F(CheckpointH5, FailedWriteKeepsPreviousFile) {
   CheckpointWriter dup;
   dup.add_tensor("model/a", "F32", {4}, w.data());
   dup.add_tensor("model/a", "F32", {4}, w.data());
-  expect_error([&] { dup.write(p); }, "cannot create dataset 'model/a'");
+  expect_checkpoint_error([&] { dup.write(p); }, "cannot create dataset 'model/a'");
   EXPECT_FALSE(fs::exists(p + ".tmp"));
   EXPECT_EQ(file_bytes(p), old_bytes);
 
@@ -185,11 +195,11 @@ TEST_F(CheckpointH5, FailedWriteKeepsPreviousFile) {
   CheckpointWriter clash;
   clash.add_tensor("model/a", "F32", {4}, w.data());
   clash.add_tensor("model/a/b", "F32", {4}, w.data());
-  expect_error([&] { clash.write(p); }, "cannot create dataset 'model/a/b'");
+  expect_checkpoint_error([&] { clash.write(p); }, "cannot create dataset 'model/a/b'");
   EXPECT_FALSE(fs::exists(p + ".tmp"));
 
   // The target directory does not exist.
-  expect_error([&] { dup.write(path("no_such_dir/ck.h5")); }, "cannot create");
+  expect_checkpoint_error([&] { dup.write(path("no_such_dir/ck.h5")); }, "cannot create");
 
   CheckpointReader rd(p);
   auto t = rd.read_tensor("model/model.norm.weight");
@@ -216,7 +226,7 @@ TEST_F(CheckpointH5, TruncatedFileAndHalfWrittenTmp) {
     SCOPED_TRACE(keep);
     const std::string q = path("trunc.h5");
     put_file(q, std::vector<uint8_t>(bytes.begin(), bytes.begin() + keep));
-    expect_error(
+    expect_checkpoint_error(
         [&] {
           CheckpointReader rd(q);
           rd.read_tensor("model/model.norm.weight");
@@ -226,8 +236,8 @@ TEST_F(CheckpointH5, TruncatedFileAndHalfWrittenTmp) {
   // Only a half-written .tmp exists for the requested path.
   const std::string lost = path("lost.h5");
   put_file(lost + ".tmp", std::vector<uint8_t>(bytes.begin(), bytes.begin() + bytes.size() / 2));
-  expect_error([&] { CheckpointReader rd(lost); }, "half-written");
-  expect_error([&] { CheckpointReader rd(lost + ".tmp"); }, "");
+  expect_checkpoint_error([&] { CheckpointReader rd(lost); }, "half-written");
+  expect_checkpoint_error([&] { CheckpointReader rd(lost + ".tmp"); }, "");
 }
 
 TEST_F(CheckpointH5, FlippedDataBytesFailChecksum) {
@@ -251,18 +261,18 @@ TEST_F(CheckpointH5, FlippedDataBytesFailChecksum) {
   put_file(p, bytes);
   CheckpointReader rd(p);  // metadata is intact, so opening works
   EXPECT_EQ(rd.tensor_info("model/model.norm.weight").nbytes, 4000u);
-  expect_error([&] { rd.read_tensor("model/model.norm.weight"); },
-               "tensor model/model.norm.weight checksum mismatch: file is corrupt");
+  expect_checkpoint_error([&] { rd.read_tensor("model/model.norm.weight"); },
+                          "tensor model/model.norm.weight checksum mismatch: file is corrupt");
 }
 
 TEST_F(CheckpointH5, ForeignAndMissingFiles) {
-  expect_error([&] { CheckpointReader rd(path("missing.h5")); }, "does not exist");
-  expect_error([&] { CheckpointReader rd(dir_.string()); }, "not a regular file");
+  expect_checkpoint_error([&] { CheckpointReader rd(path("missing.h5")); }, "does not exist");
+  expect_checkpoint_error([&] { CheckpointReader rd(dir_.string()); }, "not a regular file");
   const std::string junk = path("junk.h5");
   put_file(junk, random_bytes(65536, 3));
-  expect_error([&] { CheckpointReader rd(junk); }, "not an HDF5 file");
+  expect_checkpoint_error([&] { CheckpointReader rd(junk); }, "not an HDF5 file");
   put_file(junk, {});
-  expect_error([&] { CheckpointReader rd(junk); }, "not an HDF5 file");
+  expect_checkpoint_error([&] { CheckpointReader rd(junk); }, "not an HDF5 file");
 
   // Valid HDF5 files that are not (valid) kiln checkpoints, made with the C API directly.
   auto make = [&](const std::string& p, bool version_attr, int64_t version, bool model, bool meta) {
@@ -282,13 +292,13 @@ TEST_F(CheckpointH5, ForeignAndMissingFiles) {
   };
   const std::string h = path("other.h5");
   make(h, false, 0, true, true);
-  expect_error([&] { CheckpointReader rd(h); }, "not a kiln checkpoint");
+  expect_checkpoint_error([&] { CheckpointReader rd(h); }, "not a kiln checkpoint");
   make(h, true, 2, true, true);
-  expect_error([&] { CheckpointReader rd(h); }, "kiln_checkpoint_version 2");
+  expect_checkpoint_error([&] { CheckpointReader rd(h); }, "kiln_checkpoint_version 2");
   make(h, true, 1, false, true);
-  expect_error([&] { CheckpointReader rd(h); }, "missing the required group 'model'");
+  expect_checkpoint_error([&] { CheckpointReader rd(h); }, "missing the required group 'model'");
   make(h, true, 1, true, false);
-  expect_error([&] { CheckpointReader rd(h); }, "missing the required group 'meta'");
+  expect_checkpoint_error([&] { CheckpointReader rd(h); }, "missing the required group 'meta'");
   make(h, true, 1, true, true);
   CheckpointReader ok(h);
   EXPECT_TRUE(ok.list_tensors("model").empty());
@@ -314,8 +324,8 @@ TEST_F(CheckpointH5, DtypeAttrMustMatchStoredType) {
   H5Dclose(d);
   H5Fclose(f);
   CheckpointReader rd(p);
-  expect_error([&] { rd.read_tensor("model/model.norm.weight"); },
-               "stored element type does not match dtype 'i32'");
+  expect_checkpoint_error([&] { rd.read_tensor("model/model.norm.weight"); },
+                          "stored element type does not match dtype 'i32'");
 }
 
 TEST_F(CheckpointH5, ReadableByH5py) {
@@ -374,9 +384,10 @@ TEST_F(CheckpointH5, HugeDeclaredShapeRefusedBeforeAllocating) {
   H5Sclose(s);
   H5Fclose(f);
   CheckpointReader rd(p);
-  expect_error([&] { rd.read_tensor("model/huge"); },
-               "tensor 'model/huge' declares shape 1048576x4096 (17179869184 bytes), more than the "
-               "whole file");
+  expect_checkpoint_error(
+      [&] { rd.read_tensor("model/huge"); },
+      "tensor 'model/huge' declares shape 1048576x4096 (17179869184 bytes), more than the "
+      "whole file");
 }
 
 TEST(CheckpointHash, Fnv1a64KnownValues) {

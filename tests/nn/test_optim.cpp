@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nn/optim.h"
+#include "tests/kernels/kernel_test_util.h"
 #include "tests/test_python.h"
 
 namespace kiln::nn {
@@ -19,13 +20,7 @@ namespace {
 
 using V = std::vector<double>;
 
-std::vector<float> rand_floats(std::int64_t n, std::uint64_t seed, double lo = -1, double hi = 1) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> d(lo, hi);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = static_cast<float>(d(g));
-  return v;
-}
+using test::random_uniform_vec;
 
 // Runs the Python reference on a list of runs; fills the final params of each. Returns false
 // (and the test skips) when torch is not importable.
@@ -73,7 +68,7 @@ Problem make_problem(int steps) {
       {"w", {3, 5}}, {"b", {5}}, {"e", {2, 3, 4}}, {"n", {7}}};
   std::uint64_t seed = 1;
   for (auto& [name, shape] : shapes) {
-    auto v = rand_floats(shape_numel(shape), seed++);
+    auto v = random_uniform_vec(shape_numel(shape), seed++);
     Tensor t = ops::from_vector(v, shape);
     t.set_requires_grad(true);
     pr.params.emplace_back(name, t);
@@ -86,7 +81,7 @@ Problem make_problem(int steps) {
     std::vector<std::vector<float>> gs;
     nlohmann::json js = nlohmann::json::array();
     for (auto& [name, t] : pr.params) {
-      auto g = rand_floats(t.numel(), 100 + seed++, -2, 2);
+      auto g = random_uniform_vec(t.numel(), 100 + seed++, -2, 2);
       js.push_back(std::vector<double>(g.begin(), g.end()));
       gs.push_back(std::move(g));
     }
@@ -245,7 +240,7 @@ TEST(Optim, ClipGradNorm) {
   for (int i = 0; i < 3; ++i) {
     Tensor p = ops::zeros({4 + i});
     p.set_requires_grad(true);
-    auto g = rand_floats(4 + i, 50 + i, -3, 3);
+    auto g = random_uniform_vec(4 + i, 50 + i, -3, 3);
     for (float v : g) sq += double(v) * v;
     p.set_grad(ops::from_vector(g, {4 + i}));
     ps.push_back(p);

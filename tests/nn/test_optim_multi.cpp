@@ -23,6 +23,7 @@
 #include "kernels/cuda/runtime.h"
 #include "nn/optim.h"
 #include "tensor/memory.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace kiln::nn {
 namespace {
@@ -30,13 +31,7 @@ namespace {
 using mt::Launch;
 using mt::Slot;
 
-std::vector<float> rand_floats(std::int64_t n, std::uint64_t seed, double lo = -1, double hi = 1) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<double> d(lo, hi);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = static_cast<float>(d(g));
-  return v;
-}
+using test::random_uniform_vec;
 
 void expect_slot(const Slot& s, int tensor, std::int64_t first, std::int64_t count) {
   EXPECT_EQ(s.tensor, tensor);
@@ -161,8 +156,8 @@ TEST(MultiTensorAdamW, HostScalarsMatchCpuKernel) {
   const std::int64_t n = 1003;
   for (std::int64_t step : {1, 2, 17}) {
     const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-    auto p = rand_floats(n, 1), g = rand_floats(n, 2), m = rand_floats(n, 3, 0, 0.1),
-         v = rand_floats(n, 4, 0, 0.01);
+    auto p = random_uniform_vec(n, 1), g = random_uniform_vec(n, 2),
+         m = random_uniform_vec(n, 3, 0, 0.1), v = random_uniform_vec(n, 4, 0, 0.01);
     auto p2 = p, m2 = m, v2 = v;
     cpu::adamw_step(n, p.data(), g.data(), m.data(), v.data(), lr, b1, b2, eps, wd, step);
     const cuda::AdamWConsts c = cuda::adamw_consts(lr, b1, b2, eps, step);
@@ -238,13 +233,14 @@ Mixed make_mixed(int steps) {
                                    {"odd", {1, 1031}, DType::F32}, {"frozen", {2, 2}, DType::F32}};
   std::uint64_t seed = 10;
   for (const Spec& s : specs) {
-    Tensor t = ops::from_vector(rand_floats(shape_numel(s.shape), seed++), s.shape).to(s.dt);
+    Tensor t = ops::from_vector(random_uniform_vec(shape_numel(s.shape), seed++), s.shape).to(s.dt);
     t.set_requires_grad(true);
     mx.params.emplace_back(s.name, t);
   }
   for (int st = 0; st < steps; ++st) {
     std::vector<std::vector<float>> gs;
-    for (const Spec& s : specs) gs.push_back(rand_floats(shape_numel(s.shape), seed++, -2, 2));
+    for (const Spec& s : specs)
+      gs.push_back(random_uniform_vec(shape_numel(s.shape), seed++, -2, 2));
     mx.grads.push_back(std::move(gs));
   }
   return mx;
@@ -395,8 +391,9 @@ TEST(MultiTensorAdamW, CudaMatchesCpu) {
   std::vector<std::pair<std::string, Tensor>> pc, pg;
   std::uint64_t seed = 90;
   for (std::size_t i = 0; i < specs.size(); ++i) {
-    Tensor t = ops::from_vector(rand_floats(shape_numel(specs[i].shape), seed++), specs[i].shape)
-                   .to(specs[i].dt);
+    Tensor t =
+        ops::from_vector(random_uniform_vec(shape_numel(specs[i].shape), seed++), specs[i].shape)
+            .to(specs[i].dt);
     Tensor a = t.clone(), b = t.to(gpu);
     a.set_requires_grad(true);
     b.set_requires_grad(true);
@@ -409,9 +406,9 @@ TEST(MultiTensorAdamW, CudaMatchesCpu) {
   for (int step = 0; step < 3; ++step) {
     std::vector<Tensor> lc, lg;
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      Tensor g =
-          ops::from_vector(rand_floats(shape_numel(specs[i].shape), seed++, -3, 3), specs[i].shape)
-              .to(specs[i].dt);
+      Tensor g = ops::from_vector(random_uniform_vec(shape_numel(specs[i].shape), seed++, -3, 3),
+                                  specs[i].shape)
+                     .to(specs[i].dt);
       pc[i].second.set_grad(g);
       pg[i].second.set_grad(g.to(gpu));
       lc.push_back(pc[i].second);

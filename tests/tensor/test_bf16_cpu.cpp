@@ -28,11 +28,12 @@
 #include "kernels/cpu/isa.h"
 #include "tensor/op_args.h"
 #include "tensor/ops.h"
+#include "tests/tensor/mem_measure.h"
 
 namespace kiln::ops {
 namespace {
 
-constexpr auto kTemps = static_cast<std::size_t>(MemCategory::Temporaries);
+using test::kTemps;
 
 // Inputs for one run: drawn in f32 from a seed, rounded to bf16, then held in `dt` (bf16 for the
 // native run, f64 for the reference, f16 or f32 for the others): every run sees the same values.

@@ -10,11 +10,12 @@
 
 #include "tensor/op_args.h"
 #include "tensor/ops.h"
+#include "tests/tensor/mem_measure.h"
 
 namespace kiln::ops {
 namespace {
 
-constexpr auto kTemps = static_cast<std::size_t>(MemCategory::Temporaries);
+using test::kTemps;
 
 // Peak Temporaries (above what was live before) while f runs on `dev`; outputs of f are
 // charged to Activations, so what Temporaries hold is conversion or kernel scratch.

@@ -517,15 +517,15 @@ Diff diff(const Tensor& got, const Tensor& want) {
     EXPECT_LE(d_.max_abs, 5e-2 * d_.want_max) << what; \
   } while (0)
 
-struct Case {
+struct CudnnCase {
   std::int64_t B, T, Hq, Hkv, D;
 };
-std::string name(const Case& c) {
+std::string name(const CudnnCase& c) {
   return "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " Hq=" + std::to_string(c.Hq) +
          " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D);
 }
-std::vector<Case> training_cases() {
-  std::vector<Case> cases;
+std::vector<CudnnCase> training_cases() {
+  std::vector<CudnnCase> cases;
   for (std::int64_t D : {64, 128})
     for (std::int64_t T : {64, 200, 1024})
       for (std::int64_t ratio : {1, 4}) cases.push_back({T == 1024 ? 1 : 2, T, 8, 8 / ratio, D});
@@ -536,7 +536,7 @@ TEST(CudnnAttentionGpu, ForwardBackwardMatchCpu) {
   REQUIRE_GPU();
   ImplScope impl(ops::AttentionImpl::Cudnn);
   std::uint64_t seed = 1000;
-  for (const Case& c : training_cases()) {
+  for (const CudnnCase& c : training_cases()) {
     SCOPED_TRACE(name(c));
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
     // q in [-2, 2] makes the softmax peaky enough to exercise the max subtraction.
@@ -589,7 +589,7 @@ TEST(CudnnAttentionGpu, DecodeIntoKvCacheViewMatchesCpu) {
 TEST(CudnnAttentionGpu, MatchesKilnCudaAttention) {
   REQUIRE_GPU();
   std::uint64_t seed = 2000;
-  for (const Case& c : {Case{2, 200, 8, 2, 64}, Case{1, 1024, 8, 8, 128}}) {
+  for (const CudnnCase& c : {CudnnCase{2, 200, 8, 2, 64}, CudnnCase{1, 1024, 8, 8, 128}}) {
     SCOPED_TRACE(name(c));
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
     Tensor q = to_gpu_bf16(rand_bf16_values({c.B, c.T, c.Hq, c.D}, ++seed, -2, 2));

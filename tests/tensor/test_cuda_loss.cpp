@@ -20,6 +20,7 @@
 namespace kiln {
 namespace {
 
+#undef KILN_REQUIRE_GPU  // each file skips with its own message (unity batches share macros)
 #define KILN_REQUIRE_GPU()                                                   \
   do {                                                                       \
     if (cuda::device_count() == 0)                                           \
@@ -57,7 +58,7 @@ TEST(CudaLossHost, BadTargetCodeOrdersByRow) {
 
 // ---- helpers ------------------------------------------------------------------------------------
 
-const Device kGpu = Device::cuda(0);
+const Device kCuda0 = Device::cuda(0);
 
 Tensor host(const Tensor& t) { return t.to(Device::cpu()); }
 
@@ -135,7 +136,7 @@ TEST_P(CudaCrossEntropy, MatchesCpu) {
   x = ops::binary(ops::Binary::Add, x, offs).to(dt);
   Tensor t = targets_for(N, V, 3);
   Tensor dloss = rand_t({N}, 4, 0.5, 2.0);
-  Tensor xg = x.to(kGpu), tg = t.to(kGpu), dlg = dloss.to(kGpu);
+  Tensor xg = x.to(kCuda0), tg = t.to(kCuda0), dlg = dloss.to(kCuda0);
 
   auto [loss_c, lse_c] = ops::cross_entropy(x, t, kIgnore);
   auto [loss_g, lse_g] = ops::cross_entropy(xg, tg, kIgnore);
@@ -159,14 +160,14 @@ TEST_P(CudaCrossEntropy, MatchesCpu) {
       ASSERT_EQ(dv[static_cast<std::size_t>((N - 1) * V + v)], 0.0) << "ignored row, col " << v;
 
   // In place over a fresh copy of the logits: the same bits as out of place.
-  Tensor xg2 = x.to(kGpu);
+  Tensor xg2 = x.to(kCuda0);
   Tensor d_ip = ops::cross_entropy_backward(xg2, lse_g, tg, dlg, kIgnore, true);
   EXPECT_EQ(d_ip.raw_data(), xg2.raw_data()) << "in place did not reuse the logits";
   expect_close(d_ip, d_g, 0, 0, "in place");
 
   // Row-strided logits (a narrowed view: row stride V + 5, first column 2).
   Tensor wide = rand_t({N, V + 5}, 5, -6, 6, dt);
-  Tensor xs = wide.narrow(1, 2, V), xsg = wide.to(kGpu).narrow(1, 2, V);
+  Tensor xs = wide.narrow(1, 2, V), xsg = wide.to(kCuda0).narrow(1, 2, V);
   auto [ls_c, lses_c] = ops::cross_entropy(xs, t, kIgnore);
   auto [ls_g, lses_g] = ops::cross_entropy(xsg, tg, kIgnore);
   expect_close(ls_g, ls_c, tol, tol, "strided loss");
@@ -190,9 +191,10 @@ TEST(CudaCrossEntropyExtra, BroadcastDloss) {
   auto [loss_c, lse_c] = ops::cross_entropy(x, t, kIgnore);
   Tensor g1 = ops::full({1}, 0.25);
   Tensor d_c = ops::cross_entropy_backward(x, lse_c, t, g1.expand({N}), kIgnore);
-  Tensor xg = x.to(kGpu);
-  auto [loss_g, lse_g] = ops::cross_entropy(xg, t.to(kGpu), kIgnore);
-  Tensor d_g = ops::cross_entropy_backward(xg, lse_g, t.to(kGpu), g1.to(kGpu).expand({N}), kIgnore);
+  Tensor xg = x.to(kCuda0);
+  auto [loss_g, lse_g] = ops::cross_entropy(xg, t.to(kCuda0), kIgnore);
+  Tensor d_g =
+      ops::cross_entropy_backward(xg, lse_g, t.to(kCuda0), g1.to(kCuda0).expand({N}), kIgnore);
   expect_dlogits_close(d_g, d_c, ops::full({N}, 0.25), t, 1e-5, "dlogits");
 }
 
@@ -209,14 +211,14 @@ TEST(CudaCrossEntropyExtra, BadTargetsFailLoudly) {
   Tensor t = ops::from_vector(tv, {N});
   EXPECT_THROW(ops::cross_entropy(x, t, kIgnore),
                Error);  // the CPU refuses outright
-  Tensor xg = x.to(kGpu), tg = t.to(kGpu);
+  Tensor xg = x.to(kCuda0), tg = t.to(kCuda0);
   auto [loss, lse] = ops::cross_entropy(xg, tg, kIgnore);
   auto lv = host(loss).to_double_vector();
   EXPECT_TRUE(std::isnan(lv[1]));
   EXPECT_TRUE(std::isnan(lv[4]));
   EXPECT_TRUE(std::isfinite(lv[0]) && std::isfinite(lv[5]));
   Tensor before = host(xg);
-  Tensor dl = ops::full({N}, 1.0, DType::F32, kGpu);
+  Tensor dl = ops::full({N}, 1.0, DType::F32, kCuda0);
   try {
     (void)ops::cross_entropy_backward(xg, lse, tg, dl, kIgnore, true);
     ADD_FAILURE() << "backward with bad targets did not throw";
@@ -229,8 +231,8 @@ TEST(CudaCrossEntropyExtra, BadTargetsFailLoudly) {
   EXPECT_EQ(cuda::cross_entropy_take_bad_target(), cuda::kNoBadTarget);
   // A good batch works again.
   Tensor good = targets_for(N, V, 22);
-  auto [l2, lse2] = ops::cross_entropy(xg, good.to(kGpu), kIgnore);
-  EXPECT_NO_THROW(ops::cross_entropy_backward(xg, lse2, good.to(kGpu), dl, kIgnore));
+  auto [l2, lse2] = ops::cross_entropy(xg, good.to(kCuda0), kIgnore);
+  EXPECT_NO_THROW(ops::cross_entropy_backward(xg, lse2, good.to(kCuda0), dl, kIgnore));
   // The backward kernel itself also flags (NaN gradient row) when handed bad targets directly.
   Tensor d = ops::cross_entropy_backward(xg, lse2, tg, dl, kIgnore);
   EXPECT_TRUE(std::isnan(host(d).to_double_vector()[static_cast<std::size_t>(1 * V)]));
@@ -251,11 +253,11 @@ TEST(CudaOptim, AdamWSingleMatchesCpu) {
   for (std::int64_t n : {1, 7, 16385, 40001}) {
     SCOPED_TRACE(n);
     Tensor p = rand_t({n}, 31, -1, 1), m = ops::zeros({n}), v = ops::zeros({n});
-    Tensor pg = p.to(kGpu), mg = m.to(kGpu), vg = v.to(kGpu);
+    Tensor pg = p.to(kCuda0), mg = m.to(kCuda0), vg = v.to(kCuda0);
     for (int step = 1; step <= 3; ++step) {
       Tensor g = rand_t({n}, 40 + static_cast<std::uint64_t>(step), -2, 2);
       ops::adamw_step_(p, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, step);
-      Tensor gg = g.to(kGpu);
+      Tensor gg = g.to(kCuda0);
       ops::adamw_step_(pg, gg, mg, vg, 1e-2, 0.9, 0.95, 1e-8, 0.1, step);
     }
     expect_close(pg, p, kOptRel, 1e-30, "param");
@@ -299,7 +301,7 @@ std::vector<OptItem> make_items(Device d) {
 
 TEST(CudaOptim, AdamWMultiMatchesCpuFallback) {
   KILN_REQUIRE_GPU();
-  auto cpu_items = make_items(Device::cpu()), gpu_items = make_items(kGpu);
+  auto cpu_items = make_items(Device::cpu()), gpu_items = make_items(kCuda0);
   for (int step = 1; step <= 3; ++step) {
     std::vector<ops::AdamWTensors> a, b;
     for (std::size_t i = 0; i < cpu_items.size(); ++i) {
@@ -307,7 +309,7 @@ TEST(CudaOptim, AdamWMultiMatchesCpuFallback) {
       const OptItem& g = gpu_items[i];
       Tensor grad = rand_t(c.param.shape(), 100 + 10 * step + i, -2, 2, c.grad_dt);
       a.push_back({c.param, grad, c.master, c.m, c.v, c.wd});
-      b.push_back({g.param, grad.to(kGpu), g.master, g.m, g.v, g.wd});
+      b.push_back({g.param, grad.to(kCuda0), g.master, g.m, g.v, g.wd});
     }
     ops::adamw_multi_step_(a, 3e-3, 0.9, 0.999, 1e-8, step);
     ops::adamw_multi_step_(b, 3e-3, 0.9, 0.999, 1e-8, step);
@@ -335,13 +337,13 @@ TEST(CudaOptim, SgdMatchesCpu) {
                         Case{0.8, 0.25, 0.0, false}, Case{0.0, 0.0, 0.1, false}}) {
     const std::int64_t n = 16387;
     Tensor p = rand_t({n}, 61, -1, 1), buf = ops::zeros({n});
-    Tensor pg = p.to(kGpu), bufg = buf.to(kGpu);
+    Tensor pg = p.to(kCuda0), bufg = buf.to(kCuda0);
     Tensor none;
     Tensor& bc = k.momentum != 0 ? buf : none;
     Tensor& bg = k.momentum != 0 ? bufg : none;
     for (int step = 1; step <= 3; ++step) {
       Tensor g = rand_t({n}, 70 + static_cast<std::uint64_t>(step), -2, 2);
-      Tensor gg = g.to(kGpu);
+      Tensor gg = g.to(kCuda0);
       ops::sgd_step_(p, g, bc, 0.05, k.momentum, k.dampening, k.wd, k.nesterov, step);
       ops::sgd_step_(pg, gg, bg, 0.05, k.momentum, k.dampening, k.wd, k.nesterov, step);
     }
@@ -361,7 +363,7 @@ TEST(CudaOptim, SumSquaresMultiMatchesCpu) {
   double want = 0;
   std::vector<Tensor> gpu;
   for (const Tensor& t : cpu) {
-    gpu.push_back(t.defined() ? t.to(kGpu) : Tensor());
+    gpu.push_back(t.defined() ? t.to(kCuda0) : Tensor());
     if (t.defined()) want += ops::sum_squares(t);
   }
   const double got = ops::sum_squares_multi(gpu);

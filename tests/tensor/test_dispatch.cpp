@@ -8,25 +8,14 @@
 #include "kernels/common/half.h"
 #include "tensor/op_args.h"
 #include "tensor/ops.h"
+#include "tests/tensor/mem_measure.h"
 
 namespace kiln::ops {
 namespace {
 
-constexpr auto kTemps = static_cast<std::size_t>(MemCategory::Temporaries);
+using test::kTemps;
 
-// Runs f on `dev` and returns the tracker's statistics over it (peaks reset first).
-template <class F>
-MemStats measure(Device dev, F&& f) {
-  MemoryTracker& tr = MemoryTracker::get(dev.type);
-  tr.reset_peaks();
-  const MemStats before = tr.stats();
-  MemoryScope outputs(MemCategory::Activations);  // what is left in Temporaries is scratch
-  f();
-  MemStats st = tr.stats();
-  st.peak[kTemps] -= before.current[kTemps];
-  st.num_allocs -= before.num_allocs;
-  return st;
-}
+using test::measure;
 
 int g_bf16_silu_calls = 0;
 

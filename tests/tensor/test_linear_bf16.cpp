@@ -11,27 +11,14 @@
 #include "kernels/common/half.h"
 #include "tensor/op_args.h"
 #include "tensor/ops.h"
+#include "tests/tensor/mem_measure.h"
 
 namespace kiln::ops {
 namespace {
 
-constexpr auto kTemps = static_cast<std::size_t>(MemCategory::Temporaries);
+using test::kTemps;
 
-struct Measured {
-  std::int64_t temps_peak = 0, allocs = 0;
-};
-
-// Tracker figures over f on `dev`; outputs count as Activations, so Temporaries is scratch.
-template <class F>
-Measured measure(Device dev, F&& f) {
-  MemoryTracker& tr = MemoryTracker::get(dev.type);
-  tr.reset_peaks();
-  const MemStats before = tr.stats();
-  MemoryScope outputs(MemCategory::Activations);
-  f();
-  const MemStats st = tr.stats();
-  return {st.peak[kTemps] - before.current[kTemps], st.num_allocs - before.num_allocs};
-}
+using test::measure;
 
 struct SimulateCpu : MetaSimulatesScope {
   SimulateCpu() : MetaSimulatesScope(DeviceType::CPU) {}
@@ -55,7 +42,7 @@ void check_linear(std::int64_t M, std::int64_t N, std::int64_t K, bool expect_in
   Tensor w = from_vector(values(N * K, 2), {N, K}).to(DType::BF16);
   Tensor b = from_vector(values(N, 3), {N}).to(DType::BF16);
   Tensor out;
-  const Measured real = measure(Device::cpu(), [&] { out = linear(x, w, b); });
+  const MemStats real = measure(Device::cpu(), [&] { out = linear(x, w, b); });
   ASSERT_EQ(out.dtype(), DType::BF16);
   ASSERT_EQ(out.shape(), (Shape{1, M, N}));
   const std::vector<float> xv = x.to_float_vector(), wv = w.to_float_vector(),
@@ -72,17 +59,17 @@ void check_linear(std::int64_t M, std::int64_t N, std::int64_t K, bool expect_in
       ASSERT_NEAR(got[m * N + n], ref, tol) << "M " << M << " at [" << m << ", " << n << "]";
     }
   if (expect_in_place)
-    EXPECT_EQ(real.temps_peak, 0) << "M " << M << ": the GEMV reads the bf16 weight in place";
+    EXPECT_EQ(real.peak[kTemps], 0) << "M " << M << ": the GEMV reads the bf16 weight in place";
   else  // out and at most the GEMM's scratch; f32 copies would add x, w, bias and out's buffer
-    EXPECT_LE(real.allocs, 2) << "M " << M << ": the GEMM makes no f32 copies";
+    EXPECT_LE(real.num_allocs, 2) << "M " << M << ": the GEMM makes no f32 copies";
 
   SimulateCpu simulate;
   Tensor xm = Tensor::empty(x.shape(), DType::BF16, Device::meta());
   Tensor wm = Tensor::empty(w.shape(), DType::BF16, Device::meta());
   Tensor bm = Tensor::empty(b.shape(), DType::BF16, Device::meta());
-  const Measured dry = measure(Device::meta(), [&] { (void)linear(xm, wm, bm); });
-  EXPECT_EQ(dry.temps_peak, real.temps_peak) << "M " << M;
-  EXPECT_EQ(dry.allocs, real.allocs) << "M " << M;
+  const MemStats dry = measure(Device::meta(), [&] { (void)linear(xm, wm, bm); });
+  EXPECT_EQ(dry.peak[kTemps], real.peak[kTemps]) << "M " << M;
+  EXPECT_EQ(dry.num_allocs, real.num_allocs) << "M " << M;
 }
 
 TEST(LinearBf16Cpu, DecodeRowsRunTheGemvOnTheWeightInPlace) {
@@ -100,8 +87,8 @@ TEST(EmbeddingBf16Cpu, GathersRowsInPlaceBitExactly) {
   Tensor table = from_vector(values(V * C, 4), {V, C}).to(DType::BF16);
   Tensor ids = from_vector(std::vector<std::int32_t>{3, 0, 49, 3}, {1, 4});
   Tensor out;
-  const Measured real = measure(Device::cpu(), [&] { out = embedding(ids, table); });
-  EXPECT_EQ(real.temps_peak, 0);
+  const MemStats real = measure(Device::cpu(), [&] { out = embedding(ids, table); });
+  EXPECT_EQ(real.peak[kTemps], 0);
   ASSERT_EQ(out.dtype(), DType::BF16);
   ASSERT_EQ(out.shape(), (Shape{1, 4, C}));
   const bf16* t = table.data<bf16>();

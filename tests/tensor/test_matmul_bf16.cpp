@@ -18,24 +18,14 @@
 #include "tensor/op_args.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "tests/tensor/mem_measure.h"
 
 namespace kiln::ops {
 namespace {
 
-constexpr auto kTemps = static_cast<std::size_t>(MemCategory::Temporaries);
+using test::kTemps;
 
-template <class F>
-MemStats measure(Device dev, F&& f) {
-  MemoryTracker& tr = MemoryTracker::get(dev.type);
-  tr.reset_peaks();
-  const MemStats before = tr.stats();
-  MemoryScope outputs(MemCategory::Activations);  // what lands in Temporaries is scratch
-  f();
-  MemStats st = tr.stats();
-  st.peak[kTemps] -= before.current[kTemps];
-  st.num_allocs -= before.num_allocs;
-  return st;
-}
+using test::measure;
 
 std::vector<cpu::CpuIsa> levels() {
   std::vector<cpu::CpuIsa> out;

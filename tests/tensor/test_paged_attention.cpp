@@ -222,7 +222,7 @@ TEST(PagedAttention, MetaGivesTheShape) {
   EXPECT_TRUE(out.device().is_meta());
 }
 
-[[maybe_unused]] const bool kBackendCase = backend_ops::register_case(
+[[maybe_unused]] const bool kBackendCasePaged = backend_ops::register_case(
     {Op::Attention, "paged_attention", backend_ops::Tol::Attention, [](const backend_ops::Env& e) {
        const PagedCase c;
        const Tensor q = e.in({c.n(), c.Hq, c.D}, 11);
