@@ -65,6 +65,13 @@ KILN_HOST_DEVICE inline float f16_to_float(f16 h) {
   return bits_float(sign | (e << 23) | ((mant & 0x3ffu) << 13));
 }
 
+// An f16 held as its 16 bits in an integer (a register, a packed word).
+KILN_HOST_DEVICE inline float f16_bits_to_float(uint16_t bits) {
+  f16 h;
+  h.bits = bits;
+  return f16_to_float(h);
+}
+
 KILN_HOST_DEVICE inline f16 float_to_f16(float f) {
   const uint32_t u = float_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);

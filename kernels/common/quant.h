@@ -41,9 +41,7 @@ inline constexpr QuantInfo kQuantTypes[] = {{QuantType::Q8_0, "q8_0", 32, 34},
 constexpr const QuantInfo& quant_info(QuantType t) { return kQuantTypes[static_cast<int>(t)]; }
 
 KILN_HOST_DEVICE inline float f16_at(const std::uint8_t* p) {
-  f16 h;
-  h.bits = static_cast<std::uint16_t>(p[0] | (p[1] << 8));
-  return f16_to_float(h);
+  return f16_bits_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
 }
 
 // Weight j (0 <= j < 32) of the Q8_0 block at `block`, in f32.
@@ -51,17 +49,25 @@ KILN_HOST_DEVICE inline float q8_0_weight(const std::uint8_t* block, int j) {
   return f16_at(block) * static_cast<float>(static_cast<std::int8_t>(block[2 + j]));
 }
 
-// Sub-block s's (0 <= s < 8) 6-bit scale and min of the Q4_K block at `block` (ggml's
-// get_scale_min_k4 unpacking).
+// Sub-block s's (0 <= s < 8) 6-bit scale and min from a Q4_K block's 12 packed scale bytes, read
+// through scale_byte(i), 0 <= i < 12 (ggml's get_scale_min_k4 unpacking). Scales and mins 0-3
+// are the low 6 bits of bytes 0-3 and 4-7; 4-7 take their low 4 bits from bytes 8-11 and their
+// top 2 bits from the spare top bits of bytes 0-3 (scales) and 4-7 (mins).
+template <typename ScaleByte>
+KILN_HOST_DEVICE inline void q4_k_unpack_scale_min(ScaleByte scale_byte, int s, int& sc, int& m) {
+  if (s < 4) {
+    sc = scale_byte(s) & 63;
+    m = scale_byte(s + 4) & 63;
+  } else {
+    sc = (scale_byte(s + 4) & 0xF) | ((scale_byte(s - 4) >> 6) << 4);
+    m = (scale_byte(s + 4) >> 4) | ((scale_byte(s) >> 6) << 4);
+  }
+}
+
+// Sub-block s's (0 <= s < 8) 6-bit scale and min of the Q4_K block at `block`.
 KILN_HOST_DEVICE inline void q4_k_scale_min(const std::uint8_t* block, int s, int& sc, int& m) {
   const std::uint8_t* scales = block + 4;
-  if (s < 4) {
-    sc = scales[s] & 63;
-    m = scales[s + 4] & 63;
-  } else {
-    sc = (scales[s + 4] & 0xF) | ((scales[s - 4] >> 6) << 4);
-    m = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
-  }
+  q4_k_unpack_scale_min([scales](int i) -> int { return scales[i]; }, s, sc, m);
 }
 
 // Weight i (0 <= i < 256) of the Q4_K block at `block`.

@@ -255,24 +255,12 @@ __device__ __forceinline__ float one_plus_nibble_16th(std::uint32_t v, int shift
 // quant::q4_k_scale_min on a block's first 16 bytes held in registers (bytes 4..15 are the 12
 // packed scale bytes): the same unpacking, with shifts where a byte pointer into the registers
 // would move them to local memory (s is not known at compile time).
-__device__ __forceinline__ int q4_k_scale_byte(const uint4& head, int i) {
-  const std::uint32_t word = i < 4 ? head.y : (i < 8 ? head.z : head.w);
-  return static_cast<int>((word >> (8 * (i % 4))) & 0xFFu);
-}
 __device__ __forceinline__ void q4_k_scale_min_regs(const uint4& head, int s, int& sc, int& m) {
-  if (s < 4) {
-    sc = q4_k_scale_byte(head, s) & 63;
-    m = q4_k_scale_byte(head, s + 4) & 63;
-  } else {
-    sc = (q4_k_scale_byte(head, s + 4) & 0xF) | ((q4_k_scale_byte(head, s - 4) >> 6) << 4);
-    m = (q4_k_scale_byte(head, s + 4) >> 4) | ((q4_k_scale_byte(head, s) >> 6) << 4);
-  }
-}
-
-__device__ __forceinline__ float f16_bits_to_float(std::uint32_t bits) {
-  f16 h;
-  h.bits = static_cast<std::uint16_t>(bits);
-  return f16_to_float(h);
+  const auto scale_byte = [&head](int i) -> int {
+    const std::uint32_t word = i < 4 ? head.y : (i < 8 ? head.z : head.w);
+    return static_cast<int>((word >> (8 * (i % 4))) & 0xFFu);
+  };
+  quant::q4_k_unpack_scale_min(scale_byte, s, sc, m);
 }
 
 // Q4_K: lane l on 64-weight chunks c = l, l + 32, ... of rows n0 .. n0 + R - 1 (as
@@ -322,8 +310,8 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarpsPerBlock)
         int sc_lo, m_lo, sc_hi, m_hi;
         q4_k_scale_min_regs(head[r], 2 * j, sc_lo, m_lo);
         q4_k_scale_min_regs(head[r], 2 * j + 1, sc_hi, m_hi);
-        const float d = f16_bits_to_float(head[r].x & 0xFFFFu);
-        const float dmin = f16_bits_to_float(head[r].x >> 16);
+        const float d = f16_bits_to_float(static_cast<std::uint16_t>(head[r].x & 0xFFFFu));
+        const float dmin = f16_bits_to_float(static_cast<std::uint16_t>(head[r].x >> 16));
         const std::uint32_t qw[8] = {q0[r].x, q0[r].y, q0[r].z, q0[r].w,
                                      q1[r].x, q1[r].y, q1[r].z, q1[r].w};
         float s_lo = 0.f, s_hi = 0.f;  // sums of (1 + q / 16) x
