@@ -58,31 +58,6 @@ TEST(Bf16Util, NarrowRoundsLikeHalfHAtEveryLevel) {
   }
 }
 
-// Every length 0..40 at every offset 0..3: tails are masked, nothing outside [0, n) is written.
-TEST(Bf16Util, TailsWriteExactlyNElements) {
-  const std::vector<float> src = rounding_cases();
-  for (CpuIsa level : levels_here()) {
-    ScopedCpuIsa cap(level);
-    for (int off = 0; off < 4; ++off)
-      for (int n = 0; n <= 40; ++n) {
-        std::vector<bf16> h(48, bf16{0xdead});
-        std::vector<float> f(48, -7.0f);
-        f32_to_bf16(n, src.data() + 100 + off, h.data() + off);
-        bf16_to_f32(n, h.data() + off, f.data() + off);
-        for (int i = 0; i < 48; ++i) {
-          const bool inside = i >= off && i < off + n;
-          if (inside) {
-            ASSERT_EQ(h[i].bits, float_to_bf16(src[100 + i]).bits) << cpu_isa_name(level);
-            ASSERT_EQ(float_bits(f[i]), uint32_t(h[i].bits) << 16) << cpu_isa_name(level);
-          } else {
-            ASSERT_EQ(h[i].bits, 0xdead) << cpu_isa_name(level) << " n " << n << " at " << i;
-            ASSERT_EQ(f[i], -7.0f) << cpu_isa_name(level) << " n " << n << " at " << i;
-          }
-        }
-      }
-  }
-}
-
 // Same sign and both NaN, or the same bits.
 ::testing::AssertionResult same_f16_value(uint16_t got, uint16_t want) {
   const bool got_nan = (got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0;
@@ -138,21 +113,54 @@ TEST(F16Util, NarrowRoundsLikeHalfHAtEveryLevel) {
   }
 }
 
-TEST(F16Util, TailsWriteExactlyNElements) {
-  const std::vector<float> src = f16_rounding_cases();
+// The bulk conversions of one 16-bit format, with half.h's scalar ones as the reference.
+struct Bf16Format {
+  using H = bf16;
+  static void narrow(int64_t n, const float* src, H* dst) { f32_to_bf16(n, src, dst); }
+  static void widen(int64_t n, const H* src, float* dst) { bf16_to_f32(n, src, dst); }
+  static uint16_t narrow_ref(float x) { return float_to_bf16(x).bits; }
+  static float widen_ref(H h) { return bf16_to_float(h); }
+  static constexpr bool kNanKeepsOnlyItsSign = false;  // widening is a shift, NaNs included
+  static ::testing::AssertionResult same(uint16_t got, uint16_t want) {
+    if (got == want) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << std::hex << "got 0x" << got << ", want 0x" << want;
+  }
+};
+struct F16Format {
+  using H = f16;
+  static void narrow(int64_t n, const float* src, H* dst) { f32_to_f16(n, src, dst); }
+  static void widen(int64_t n, const H* src, float* dst) { f16_to_f32(n, src, dst); }
+  static uint16_t narrow_ref(float x) { return float_to_f16(x).bits; }
+  static float widen_ref(H h) { return f16_to_float(h); }
+  static constexpr bool kNanKeepsOnlyItsSign = true;  // F16C quiets a signalling NaN
+  static ::testing::AssertionResult same(uint16_t got, uint16_t want) {
+    return same_f16_value(got, want);
+  }
+};
+
+// Every length 0..40 at every offset 0..3: tails are masked, nothing outside [0, n) is written,
+// and what is inside narrows and widens as half.h does.
+template <typename Format>
+void check_tails_write_exactly_n(const std::vector<float>& src) {
+  using H = typename Format::H;
   for (CpuIsa level : levels_here()) {
     ScopedCpuIsa cap(level);
     for (int off = 0; off < 4; ++off)
       for (int n = 0; n <= 40; ++n) {
-        std::vector<f16> h(48, f16{0xdead});
+        std::vector<H> h(48, H{0xdead});
         std::vector<float> f(48, -7.0f);
-        f32_to_f16(n, src.data() + off, h.data() + off);
-        f16_to_f32(n, h.data() + off, f.data() + off);
+        Format::narrow(n, src.data() + 100 + off, h.data() + off);
+        Format::widen(n, h.data() + off, f.data() + off);
         for (int i = 0; i < 48; ++i) {
           const bool inside = i >= off && i < off + n;
           if (inside) {
-            ASSERT_TRUE(same_f16_value(h[i].bits, float_to_f16(src[i]).bits))
+            ASSERT_TRUE(Format::same(h[i].bits, Format::narrow_ref(src[100 + i])))
                 << cpu_isa_name(level);
+            const float want = Format::widen_ref(h[i]);
+            ASSERT_TRUE(Format::kNanKeepsOnlyItsSign && std::isnan(want)
+                            ? std::isnan(f[i]) && std::signbit(f[i]) == std::signbit(want)
+                            : float_bits(f[i]) == float_bits(want))
+                << cpu_isa_name(level) << " widened 0x" << std::hex << h[i].bits;
           } else {
             ASSERT_EQ(h[i].bits, 0xdead) << cpu_isa_name(level) << " n " << n << " at " << i;
             ASSERT_EQ(f[i], -7.0f) << cpu_isa_name(level) << " n " << n << " at " << i;
@@ -160,6 +168,14 @@ TEST(F16Util, TailsWriteExactlyNElements) {
         }
       }
   }
+}
+
+TEST(Bf16Util, TailsWriteExactlyNElements) {
+  check_tails_write_exactly_n<Bf16Format>(rounding_cases());
+}
+
+TEST(F16Util, TailsWriteExactlyNElements) {
+  check_tails_write_exactly_n<F16Format>(f16_rounding_cases());
 }
 
 TEST(Bf16Util, ComputeTypesAndRowHelpers) {

@@ -54,41 +54,82 @@ std::vector<CpuIsa> levels_or_skip(bool* skip) {
   if (skip_) GTEST_SKIP() << "KILN_CPU_ISA asks for more than this CPU supports"; \
   for (CpuIsa level : levels_)
 
-std::vector<bf16> random_bf16(int64_t n, uint64_t seed) {
-  const auto f = test::random_uniform_vec<float>(n, seed);
-  std::vector<bf16> out(f.size());
-  for (size_t i = 0; i < f.size(); ++i) out[i] = float_to_bf16(f[i]);
-  return out;
-}
-
-double val(const std::vector<bf16>& v, int64_t i) { return bf16_to_float(v[i]); }
-
-// C (the whole buffer, batch entries at stride_c) in f64 from bytes of c_type.
-struct CBuffer {
-  GemmElt type;
-  std::vector<bf16> h;
-  std::vector<float> f;
-  void* data() { return type == GemmElt::F32 ? static_cast<void*>(f.data()) : h.data(); }
-  double at(int64_t i) const {
-    return type == GemmElt::F32 ? double(f[i]) : double(bf16_to_float(h[i]));
+// The 16-bit input type of a GEMM: its conversions, its C rounding and the kernel that runs it.
+template <typename H>
+struct HalfGemm;
+template <>
+struct HalfGemm<bf16> {
+  static constexpr GemmElt kElt = GemmElt::BF16;
+  static constexpr const char* kName = "bf16";
+  // Rounding of a 16-bit C: half an ulp (2^-9 of |C|), doubled for |C| vs |C_ref|; bf16 has f32's
+  // exponent range, so no absolute term.
+  static constexpr double kRel = 0x1p-8, kAbs = 0.0;
+  static float to_float(bf16 x) { return bf16_to_float(x); }
+  static bf16 from_float(float x) { return float_to_bf16(x); }
+  static int64_t scratch_bytes(const Bf16Gemm& g) { return cpu::bf16_gemm_scratch_bytes(g); }
+  static std::string impl(const Bf16Gemm& g) { return cpu::bf16_gemm_impl(g); }
+  static void run(const Bf16Gemm& g, const bf16* a, const bf16* b, void* c, const void* bias,
+                  void* scratch, int64_t bytes) {
+    cpu::bf16_gemm(g, a, b, c, bias, scratch, bytes);
+  }
+};
+template <>
+struct HalfGemm<f16> {
+  static constexpr GemmElt kElt = GemmElt::F16;
+  static constexpr const char* kName = "f16";
+  // Half an ulp is 2^-11 of |C|, doubled; f16 subnormals are 2^-24 apart.
+  static constexpr double kRel = 0x1p-10, kAbs = 0x1p-24;
+  static float to_float(f16 x) { return f16_to_float(x); }
+  static f16 from_float(float x) { return float_to_f16(x); }
+  static int64_t scratch_bytes(const Bf16Gemm& g) { return cpu::f16_gemm_scratch_bytes(g); }
+  static std::string impl(const Bf16Gemm&) { return "widen+sgemm"; }
+  static void run(const Bf16Gemm& g, const f16* a, const f16* b, void* c, const void* bias,
+                  void* scratch, int64_t bytes) {
+    cpu::f16_gemm(g, a, b, c, bias, scratch, bytes);
   }
 };
 
-CBuffer make_c(GemmElt type, int64_t n, uint64_t seed) {
-  CBuffer c{type, {}, {}};
-  const auto init = random_bf16(n, seed);  // exact bf16 values in either type
-  if (type == GemmElt::F32)
-    for (bf16 x : init) c.f.push_back(bf16_to_float(x));
-  else
-    c.h = init;
-  return c;
+// n uniform values rounded to H (exact inputs for the f64 reference).
+template <typename H>
+std::vector<H> random_half(int64_t n, uint64_t seed) {
+  const auto f = test::random_uniform_vec<float>(n, seed);
+  std::vector<H> out(f.size());
+  for (size_t i = 0; i < f.size(); ++i) out[i] = HalfGemm<H>::from_float(f[i]);
+  return out;
 }
 
-// Runs one case at the current level and checks every element of every batch entry against the
-// bound above. Elements between rows (padding) must be left alone.
-std::string describe(const Bf16Gemm& g, CpuIsa level);
+// C or bias (the whole buffer, batch entries at stride_c) in f32 or H, read back in f64.
+template <typename H>
+struct HalfOrF32 {
+  GemmElt type;
+  std::vector<H> h;
+  std::vector<float> f;
+  HalfOrF32(GemmElt t, int64_t n, uint64_t seed) : type(t), h(random_half<H>(n, seed)) {
+    if (type == GemmElt::F32) {  // the same exact values in f32
+      for (H x : h) f.push_back(HalfGemm<H>::to_float(x));
+      h.clear();
+    }
+  }
+  void* data() { return type == GemmElt::F32 ? static_cast<void*>(f.data()) : h.data(); }
+  double at(int64_t i) const {
+    return type == GemmElt::F32 ? double(f[i]) : double(HalfGemm<H>::to_float(h[i]));
+  }
+  void poison(int64_t i) {
+    if (type == GemmElt::F32)
+      f[i] = NAN;
+    else
+      h[i] = HalfGemm<H>::from_float(NAN);
+  }
+};
 
+std::string describe(const Bf16Gemm& g, CpuIsa level, const std::string& impl);
+
+// Runs one case of H's GEMM at the current level and checks every element of every batch entry
+// against the bound above (r = HalfGemm<H>::kRel, plus kAbs, for a 16-bit C). Elements between
+// rows (padding) must be left alone.
+template <typename H = bf16>
 void check_case(Bf16Gemm g, int pad, uint64_t seed, CpuIsa level) {
+  using T = HalfGemm<H>;
   const int64_t a_rows = g.trans_a ? g.K : g.M, a_cols = g.trans_a ? g.M : g.K;
   const int64_t b_rows = g.trans_b ? g.N : g.K, b_cols = g.trans_b ? g.K : g.N;
   g.lda = std::max<int64_t>(a_cols, 1) + pad;
@@ -99,31 +140,23 @@ void check_case(Bf16Gemm g, int pad, uint64_t seed, CpuIsa level) {
   if (g.stride_a != 0) g.stride_a = a_mat;
   if (g.stride_b != 0) g.stride_b = b_mat;
   g.stride_c = g.batch > 1 ? c_mat : 0;
-  const std::string what = describe(g, level);
-  const auto A = random_bf16(std::max<int64_t>(a_count * a_mat, 1), seed);
-  const auto B = random_bf16(std::max<int64_t>(b_count * b_mat, 1), seed + 1);
-  CBuffer C = make_c(g.c_type, std::max<int64_t>(g.batch * c_mat, 1), seed + 2);
-  const CBuffer C0 = C;
-  std::vector<bf16> bias_h = random_bf16(std::max<int64_t>(g.N, 1), seed + 3);
-  std::vector<float> bias_f;
-  for (bf16 x : bias_h) bias_f.push_back(bf16_to_float(x));
-  const void* bias = !g.has_bias                   ? nullptr
-                     : g.bias_type == GemmElt::F32 ? static_cast<const void*>(bias_f.data())
-                                                   : bias_h.data();
+  const std::string what = std::string(T::kName) + " " + describe(g, level, T::impl(g));
+  const auto A = random_half<H>(std::max<int64_t>(a_count * a_mat, 1), seed);
+  const auto B = random_half<H>(std::max<int64_t>(b_count * b_mat, 1), seed + 1);
+  HalfOrF32<H> C(g.c_type, std::max<int64_t>(g.batch * c_mat, 1), seed + 2);
+  const HalfOrF32<H> C0 = C;
+  HalfOrF32<H> bias(g.bias_type, std::max<int64_t>(g.N, 1), seed + 3);
   if (g.beta == 0.0f)  // beta == 0 must not read C: poison it
-    for (int64_t i = 0; i < g.batch * c_mat; ++i)
-      if (g.c_type == GemmElt::F32)
-        C.f[i] = NAN;
-      else
-        C.h[i] = float_to_bf16(NAN);
+    for (int64_t i = 0; i < g.batch * c_mat; ++i) C.poison(i);
 
-  const int64_t scratch_bytes = cpu::bf16_gemm_scratch_bytes(g);
+  const int64_t scratch_bytes = T::scratch_bytes(g);
   std::vector<std::byte> scratch(static_cast<size_t>(scratch_bytes) + 64);
   void* sp = scratch.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch.data()) % 64) % 64;
-  cpu::bf16_gemm(g, A.data(), B.data(), C.data(), bias, sp, scratch_bytes);
+  T::run(g, A.data(), B.data(), C.data(), g.has_bias ? bias.data() : nullptr, sp, scratch_bytes);
 
-  const double r = g.c_type == GemmElt::F32 ? 0.0 : std::ldexp(1.0, -8);
+  const bool half_c = g.c_type != GemmElt::F32;
   const double u32 = std::ldexp(1.0, -24);
+  const auto val = [](const std::vector<H>& v, int64_t i) { return double(T::to_float(v[i])); };
   int bad = 0;
   for (int64_t b = 0; b < g.batch; ++b)
     for (int64_t i = 0; i < g.M; ++i)
@@ -144,11 +177,11 @@ void check_case(Bf16Gemm g, int pad, uint64_t seed, CpuIsa level) {
           sa += std::abs(a * bb);
         }
         const double c0 = g.beta == 0.0f ? 0.0 : double(g.beta) * C0.at(at);
-        const double bj = g.has_bias ? double(bf16_to_float(bias_h[j])) : 0.0;
+        const double bj = g.has_bias ? bias.at(j) : 0.0;
         const double ref = double(g.alpha) * s + c0 + bj;
         const double bound =
             double(g.K + 3) * u32 * (std::abs(double(g.alpha)) * sa + std::abs(c0) + std::abs(bj)) +
-            r * std::abs(ref);
+            (half_c ? T::kRel * std::abs(ref) + T::kAbs : 0.0);
         const double got = C.at(at);
         if (!(std::abs(got - ref) <= bound) && bad++ < 5)
           ADD_FAILURE() << what << " batch " << b << " C[" << i << "," << j << "] = " << got
@@ -156,13 +189,16 @@ void check_case(Bf16Gemm g, int pad, uint64_t seed, CpuIsa level) {
       }
 }
 
-std::string describe(const Bf16Gemm& g, CpuIsa level) {
+const char* elt_name(GemmElt t) {
+  return t == GemmElt::F32 ? "f32" : t == GemmElt::F16 ? "f16" : "bf16";
+}
+
+std::string describe(const Bf16Gemm& g, CpuIsa level, const std::string& impl) {
   return fmt::format(
       "[{} {}] {}{} M={} N={} K={} batch={} sa={} sb={} alpha={} beta={} c={} bias={}",
-      cpu::cpu_isa_name(level), cpu::bf16_gemm_impl(g), g.trans_a ? "T" : "N",
-      g.trans_b ? "T" : "N", g.M, g.N, g.K, g.batch, g.stride_a, g.stride_b, g.alpha, g.beta,
-      g.c_type == GemmElt::F32 ? "f32" : "bf16",
-      g.has_bias ? (g.bias_type == GemmElt::F32 ? "f32" : "bf16") : "none");
+      cpu::cpu_isa_name(level), impl, g.trans_a ? "T" : "N", g.trans_b ? "T" : "N", g.M, g.N, g.K,
+      g.batch, g.stride_a, g.stride_b, g.alpha, g.beta, elt_name(g.c_type),
+      g.has_bias ? elt_name(g.bias_type) : "none");
 }
 
 TEST(Bf16Gemm, TransposesOddSizesAtEveryLevel) {
@@ -267,60 +303,7 @@ TEST(Bf16Gemm, RefusesBadArgumentsAndShortScratch) {
 }
 
 // f16_gemm (the f16 model's prefill and Linear backward): f16 A and B widened by F16C, sgemm, C f16
-// or f32, against f64 on the exact f16 inputs. Bound as above, with r = 2^-10 and an absolute
-// 2^-24 for an f16 C (half an ulp is 2^-11 relative, doubled; f16 subnormals are 2^-24 apart).
-void check_f16_case(Bf16Gemm g, uint64_t seed, CpuIsa level) {
-  const int64_t a_rows = g.trans_a ? g.K : g.M, a_cols = g.trans_a ? g.M : g.K;
-  const int64_t b_rows = g.trans_b ? g.N : g.K, b_cols = g.trans_b ? g.K : g.N;
-  g.lda = a_cols + 1, g.ldb = b_cols + 2, g.ldc = g.N + 3;
-  auto to_f16 = [](const std::vector<float>& f) {
-    std::vector<f16> h;
-    for (float x : f) h.push_back(float_to_f16(x));
-    return h;
-  };
-  const auto A = to_f16(test::random_uniform_vec<float>(a_rows * g.lda, seed));
-  const auto B = to_f16(test::random_uniform_vec<float>(b_rows * g.ldb, seed + 1));
-  const auto bias = to_f16(test::random_uniform_vec<float>(g.N, seed + 2));
-  const auto c0 = to_f16(test::random_uniform_vec<float>(g.M * g.ldc, seed + 3));
-  std::vector<f16> Ch = c0;
-  std::vector<float> Cf;
-  for (f16 x : c0) Cf.push_back(f16_to_float(x));
-  const bool f32_c = g.c_type == GemmElt::F32;
-  g.bias_type = GemmElt::F16;
-  const int64_t bytes = cpu::f16_gemm_scratch_bytes(g);
-  std::vector<std::byte> scratch(static_cast<size_t>(bytes) + 64);
-  void* sp = scratch.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch.data()) % 64) % 64;
-  cpu::f16_gemm(g, A.data(), B.data(), f32_c ? static_cast<void*>(Cf.data()) : Ch.data(),
-                g.has_bias ? bias.data() : nullptr, sp, bytes);
-  int bad = 0;
-  for (int64_t i = 0; i < g.M; ++i)
-    for (int64_t j = 0; j < g.ldc; ++j) {
-      const int64_t at = i * g.ldc + j;
-      const double got = f32_c ? double(Cf[at]) : double(f16_to_float(Ch[at]));
-      const double before = f16_to_float(c0[at]);
-      if (j >= g.N) {
-        if (got != before && bad++ < 5) ADD_FAILURE() << "padding of C changed at " << at;
-        continue;
-      }
-      double sum = 0, mag = 0;
-      for (int64_t k = 0; k < g.K; ++k) {
-        const double a = f16_to_float(g.trans_a ? A[k * g.lda + i] : A[i * g.lda + k]);
-        const double b = f16_to_float(g.trans_b ? B[j * g.ldb + k] : B[k * g.ldb + j]);
-        sum += a * b, mag += std::abs(a * b);
-      }
-      const double cb = double(g.beta) * before, bj = g.has_bias ? f16_to_float(bias[j]) : 0.0;
-      const double ref = double(g.alpha) * sum + cb + bj;
-      const double bound = double(g.K + 3) * 0x1p-24 *
-                               (std::abs(double(g.alpha)) * mag + std::abs(cb) + std::abs(bj)) +
-                           (f32_c ? 0.0 : 0x1p-10 * std::abs(ref) + 0x1p-24);
-      if (!(std::abs(got - ref) <= bound) && bad++ < 5)
-        ADD_FAILURE() << cpu::cpu_isa_name(level) << (g.trans_a ? " T" : " N")
-                      << (g.trans_b ? "T" : "N") << " M=" << g.M << " N=" << g.N << " K=" << g.K
-                      << " C[" << i << "," << j << "] = " << got << ", reference " << ref
-                      << ", bound " << bound;
-    }
-}
-
+// or f32, f16 bias; the same check with HalfGemm<f16>'s rounding of C.
 TEST(F16Gemm, TransposesAlphaBetaBiasAtEveryLevel) {
   uint64_t seed = 5000;
   KILN_FOR_EACH_LEVEL(level) {
@@ -332,11 +315,12 @@ TEST(F16Gemm, TransposesAlphaBetaBiasAtEveryLevel) {
             for (int64_t K : {1, 37, 300}) {
               Bf16Gemm g;
               g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = 19, g.K = K, g.c_type = c_type;
-              check_f16_case(g, seed += 5, level);
+              g.bias_type = GemmElt::F16;
+              check_case<f16>(g, 1, seed += 5, level);
               g.alpha = 0.5f, g.beta = 1.0f;
-              check_f16_case(g, seed += 5, level);
+              check_case<f16>(g, 2, seed += 5, level);
               g.alpha = 1.0f, g.beta = 0.0f, g.has_bias = true;
-              check_f16_case(g, seed += 5, level);
+              check_case<f16>(g, 3, seed += 5, level);
             }
   }
   Bf16Gemm g;

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,11 +27,22 @@ namespace {
 
 const std::string kTokBin = test_shared_data() + "/llama2c/tokenizer.bin";
 
+// The test's files live in <tmp>/kiln_spm_<pid>_<test>/, removed when the binary exits.
+struct TempDirs {
+  std::set<fs::path> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const fs::path& d : dirs) fs::remove_all(d, ec);
+  }
+};
+
 std::string temp_path(const std::string& name) {
+  static TempDirs made;
   const fs::path dir =
       fs::temp_directory_path() / ("kiln_spm_" + std::to_string(::getpid()) + "_" +
                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
   fs::create_directories(dir);
+  made.dirs.insert(dir);
   return (dir / name).string();
 }
 
