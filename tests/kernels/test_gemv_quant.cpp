@@ -177,9 +177,11 @@ TEST(GemvQuant, Q8QuantizersAreTheSameBytesAtEveryLevel) {
       cpu::quantize_row_q8(x.data(), n, q.data());
       cpu::quantize_row_q8_k(x.data() + 32 * 4, 256, qk.data());
     }
-    std::vector<std::uint8_t> out(q.size() * sizeof(cpu::BlockQ8) + sizeof(cpu::BlockQ8K));
-    std::memcpy(out.data(), q.data(), q.size() * sizeof(cpu::BlockQ8));
-    std::memcpy(out.data() + q.size() * sizeof(cpu::BlockQ8), qk.data(), sizeof(cpu::BlockQ8K));
+    // Both quantizations' bytes, one after the other.
+    const auto* qb = reinterpret_cast<const std::uint8_t*>(q.data());
+    const auto* kb = reinterpret_cast<const std::uint8_t*>(qk.data());
+    std::vector<std::uint8_t> out(qb, qb + q.size() * sizeof(cpu::BlockQ8));
+    out.insert(out.end(), kb, kb + sizeof(cpu::BlockQ8K));
     return out;
   };
   for (bool half : {false, true}) {
