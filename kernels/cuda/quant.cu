@@ -256,7 +256,7 @@ __device__ __forceinline__ float one_plus_nibble_16th(std::uint32_t v, int shift
 // packed scale bytes): the same unpacking, with shifts where a byte pointer into the registers
 // would move them to local memory (s is not known at compile time).
 __device__ __forceinline__ void q4_k_scale_min_regs(const uint4& head, int s, int& sc, int& m) {
-  const auto scale_byte = [&head](int i) -> int {
+  const auto scale_byte = [head](int i) -> int {  // by value: no address into the registers
     const std::uint32_t word = i < 4 ? head.y : (i < 8 ? head.z : head.w);
     return static_cast<int>((word >> (8 * (i % 4))) & 0xFFu);
   };
