@@ -12,6 +12,7 @@
 
 #include "distributed/communicator.h"
 #include "models/trainer.h"
+#include "tests/temp_dir.h"
 
 namespace kiln::test {
 
@@ -21,19 +22,9 @@ inline constexpr double kBound = 1e-6;
 
 inline dist::Communicator& comm() { return dist::world(); }
 
-// The shared folders rank 0 made, removed when its process exits (every test has ended on both
-// ranks by then: each ends in a collective).
-struct SharedDirs {
-  std::vector<fs::path> dirs;
-  ~SharedDirs() {
-    std::error_code ec;
-    for (const fs::path& d : dirs) fs::remove_all(d, ec);
-  }
-};
-
-// A folder shared by the ranks of this job: named after rank 0's pid.
+// A folder shared by the ranks of this job: named after rank 0's pid. Rank 0 removes it when its
+// process exits (every test has ended on both ranks by then: each ends in a collective).
 inline fs::path shared_dir(const std::string& name) {
-  static SharedDirs made;
   Tensor pid = Tensor::empty({1}, DType::F64);
   *pid.data<double>() = static_cast<double>(::getpid());
   comm().broadcast(pid, 0);
@@ -42,7 +33,7 @@ inline fs::path shared_dir(const std::string& name) {
   if (comm().rank() == 0) {
     fs::remove_all(d);
     fs::create_directories(d);
-    made.dirs.push_back(d);
+    remove_at_exit(d);
     std::string text;
     const std::string words[] = {"the ", "king ", "and ",   "queen ",
                                  "of ",  "rome ", "said, ", "now.\n"};

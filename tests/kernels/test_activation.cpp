@@ -242,14 +242,14 @@ TEST(Activation, SwiGluBf16AtEveryIsa) {
       const double g = bf16_to_float(gate[i]), u = bf16_to_float(up[i]);
       ref[i] = g / (1.0 + std::exp(-g)) * u;
     }
-    for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
-      cpu::ScopedCpuIsa cap(static_cast<cpu::CpuIsa>(l));
+    for (cpu::CpuIsa level : test::supported_levels()) {
+      cpu::ScopedCpuIsa cap(level);
       std::vector<bf16> out(n, float_to_bf16(7.0f));
       cpu::swiglu_forward<bf16>(n, gate.data(), up.data(), out.data());
       std::vector<double> got(n);
       for (int64_t i = 0; i < n; ++i) got[i] = bf16_to_float(out[i]);
       EXPECT_TRUE(all_close(got, ref, 1.0 / 256, 1.0 / 256))
-          << "n=" << n << " isa " << cpu::cpu_isa_name(cpu::CpuIsa(l));
+          << "n=" << n << " isa " << cpu::cpu_isa_name(level);
     }
   }
 }

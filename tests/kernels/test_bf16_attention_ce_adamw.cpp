@@ -56,8 +56,7 @@ double max_abs(const std::vector<double>& x) {
 // Runs body once per ISA level from scalar up to what this machine has.
 template <class F>
 void at_every_isa(F&& body) {
-  for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
-    const auto level = static_cast<cpu::CpuIsa>(l);
+  for (cpu::CpuIsa level : test::supported_levels()) {
     cpu::ScopedCpuIsa cap(level);
     SCOPED_TRACE(std::string("isa ") + std::string(cpu::cpu_isa_name(level)));
     body();

@@ -9,20 +9,17 @@
 #include <vector>
 
 #include "kernels/cpu/bf16_util.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace kiln::cpu {
 namespace {
 
-std::vector<CpuIsa> levels_here() {
-  std::vector<CpuIsa> v;
-  for (int l = 0; l <= static_cast<int>(cpu_isa_detected()); ++l) v.push_back(CpuIsa(l));
-  return v;
-}
+using test::supported_levels;
 
 TEST(Bf16Util, WidenIsExactForEveryPatternAtEveryLevel) {
   std::vector<bf16> src(65536);
   for (uint32_t i = 0; i < 65536; ++i) src[i].bits = static_cast<uint16_t>(i);
-  for (CpuIsa level : levels_here()) {
+  for (CpuIsa level : supported_levels()) {
     ScopedCpuIsa cap(level);
     std::vector<float> dst(src.size());
     bf16_to_f32(static_cast<int64_t>(src.size()), src.data(), dst.data());
@@ -48,7 +45,7 @@ std::vector<float> rounding_cases() {
 
 TEST(Bf16Util, NarrowRoundsLikeHalfHAtEveryLevel) {
   const std::vector<float> src = rounding_cases();
-  for (CpuIsa level : levels_here()) {
+  for (CpuIsa level : supported_levels()) {
     ScopedCpuIsa cap(level);
     std::vector<bf16> dst(src.size());
     f32_to_bf16(static_cast<int64_t>(src.size()), src.data(), dst.data());
@@ -70,7 +67,7 @@ TEST(Bf16Util, NarrowRoundsLikeHalfHAtEveryLevel) {
 TEST(F16Util, WidenIsExactForEveryPatternAtEveryLevel) {
   std::vector<f16> src(65536);
   for (uint32_t i = 0; i < 65536; ++i) src[i].bits = static_cast<uint16_t>(i);
-  for (CpuIsa level : levels_here()) {
+  for (CpuIsa level : supported_levels()) {
     ScopedCpuIsa cap(level);
     std::vector<float> dst(src.size());
     f16_to_f32(static_cast<int64_t>(src.size()), src.data(), dst.data());
@@ -103,7 +100,7 @@ std::vector<float> f16_rounding_cases() {
 
 TEST(F16Util, NarrowRoundsLikeHalfHAtEveryLevel) {
   const std::vector<float> src = f16_rounding_cases();
-  for (CpuIsa level : levels_here()) {
+  for (CpuIsa level : supported_levels()) {
     ScopedCpuIsa cap(level);
     std::vector<f16> dst(src.size());
     f32_to_f16(static_cast<int64_t>(src.size()), src.data(), dst.data());
@@ -143,7 +140,7 @@ struct F16Format {
 template <typename Format>
 void check_tails_write_exactly_n(const std::vector<float>& src) {
   using H = typename Format::H;
-  for (CpuIsa level : levels_here()) {
+  for (CpuIsa level : supported_levels()) {
     ScopedCpuIsa cap(level);
     for (int off = 0; off < 4; ++off)
       for (int n = 0; n <= 40; ++n) {

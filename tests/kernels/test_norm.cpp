@@ -113,17 +113,17 @@ TEST(Norm, RmsNormForwardBf16AtEveryIsa) {
       for (size_t i = 0; i < w.size(); ++i) wr[i] = bf16_to_float(w[i]);
       const auto r = ref_rmsnorm(rows, dim, eps, xr, wr);
       std::vector<bf16> first;
-      for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
-        cpu::ScopedCpuIsa cap(static_cast<cpu::CpuIsa>(l));
+      for (cpu::CpuIsa level : test::supported_levels()) {
+        cpu::ScopedCpuIsa cap(level);
         std::vector<bf16> y(rows * dim);
         std::vector<float> rstd(rows);
         cpu::rmsnorm_forward<bf16>(rows, dim, eps, x.data(), w.data(), y.data(), rstd.data());
         std::vector<double> yd(y.size());
         for (size_t i = 0; i < y.size(); ++i) yd[i] = bf16_to_float(y[i]);
-        const auto name = cpu::cpu_isa_name(static_cast<cpu::CpuIsa>(l));
+        const auto name = cpu::cpu_isa_name(level);
         EXPECT_TRUE(all_close(yd, r.y, 1.0 / 256, 1.0 / 256)) << rows << "x" << dim << " " << name;
         EXPECT_TRUE(all_close(rstd, r.rstd, 1e-6, 1e-6)) << rows << "x" << dim << " " << name;
-        if (l == 0) first = y;
+        if (level == cpu::CpuIsa::Scalar) first = y;
         for (size_t i = 0; i < y.size(); ++i)
           ASSERT_EQ(y[i].bits, first[i].bits) << rows << "x" << dim << " " << name << " at " << i;
       }

@@ -109,8 +109,8 @@ TEST(Quant, BulkQ8_0DequantizerIsTheWeightBitForBitAtEveryLevel) {
   auto blocks = test::random_blocks(n, 34, {0}, 17);
   blocks[1] = 0x00, blocks[0] = 0x03;    // a subnormal scale
   blocks[35] = 0x00, blocks[34] = 0x00;  // zero
-  for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
-    cpu::ScopedCpuIsa cap(static_cast<cpu::CpuIsa>(l));
+  for (cpu::CpuIsa level : test::supported_levels()) {
+    cpu::ScopedCpuIsa cap(level);
     std::vector<float> f(32 * n);
     std::vector<bf16> h(32 * n);
     cpu::dequantize_q8_0(blocks.data(), n, f.data());
@@ -118,8 +118,10 @@ TEST(Quant, BulkQ8_0DequantizerIsTheWeightBitForBitAtEveryLevel) {
     for (int k = 0; k < n; ++k)
       for (int j = 0; j < 32; ++j) {
         const float w = quant::q8_0_weight(blocks.data() + 34 * k, j);
-        ASSERT_TRUE(same_bits(f[32 * k + j], w)) << "level " << l << " block " << k << " " << j;
-        ASSERT_EQ(h[32 * k + j].bits, float_to_bf16(w).bits) << "level " << l << " block " << k;
+        ASSERT_TRUE(same_bits(f[32 * k + j], w))
+            << cpu::cpu_isa_name(level) << " block " << k << " " << j;
+        ASSERT_EQ(h[32 * k + j].bits, float_to_bf16(w).bits)
+            << cpu::cpu_isa_name(level) << " block " << k;
       }
   }
 }

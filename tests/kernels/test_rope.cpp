@@ -111,10 +111,9 @@ TEST(Rope, Bf16AtEveryIsa) {
     }
     std::vector<int64_t> pos(B * T);
     for (int64_t i = 0; i < B * T; ++i) pos[i] = 250 + i % T;  // offset 250
-    for (int l = 0; l <= static_cast<int>(cpu::cpu_isa_detected()); ++l) {
-      cpu::ScopedCpuIsa cap(static_cast<cpu::CpuIsa>(l));
-      const std::string at =
-          std::string(cpu::cpu_isa_name(cpu::CpuIsa(l))) + " D=" + std::to_string(D);
+    for (cpu::CpuIsa level : test::supported_levels()) {
+      cpu::ScopedCpuIsa cap(level);
+      const std::string at = std::string(cpu::cpu_isa_name(level)) + " D=" + std::to_string(D);
       for (double sign : {1.0, -1.0}) {
         std::vector<bf16> y = x;  // in place
         (sign > 0 ? cpu::rope_forward<bf16>

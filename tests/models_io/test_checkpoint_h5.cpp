@@ -11,10 +11,12 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/error.h"
 #include "models/io/checkpoint_h5.h"
+#include "tests/error_of.h"
 #include "tests/test_python.h"
 
 namespace fs = std::filesystem;
@@ -57,14 +59,7 @@ void put_file(const std::string& p, const std::vector<uint8_t>& b) {
 // Runs f, expects a kiln::Error whose message starts with "[checkpoint]" and contains `part`.
 template <typename F>
 void expect_checkpoint_error(F&& f, const std::string& part) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing '" << part << "'";
-  } catch (const kiln::Error& e) {
-    std::string msg = e.what();
-    EXPECT_EQ(msg.rfind("[checkpoint]", 0), 0u) << msg;
-    EXPECT_NE(msg.find(part), std::string::npos) << "message: " << msg;
-  }
+  kiln::test::expect_error(std::forward<F>(f), part, "[checkpoint]");
 }
 
 // A small checkpoint with one f32 tensor of 1000 elements; returns its values.

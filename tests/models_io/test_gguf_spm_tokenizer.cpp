@@ -7,7 +7,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "models/io/gguf_tokenizer.h"
 #include "models/io/tokenizer.h"
 #include "tests/error_of.h"
+#include "tests/temp_dir.h"
 #include "tests/test_data.h"
 
 namespace fs = std::filesystem;
@@ -28,21 +28,12 @@ namespace {
 const std::string kTokBin = test_shared_data() + "/llama2c/tokenizer.bin";
 
 // The test's files live in <tmp>/kiln_spm_<pid>_<test>/, removed when the binary exits.
-struct TempDirs {
-  std::set<fs::path> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const fs::path& d : dirs) fs::remove_all(d, ec);
-  }
-};
-
 std::string temp_path(const std::string& name) {
-  static TempDirs made;
   const fs::path dir =
       fs::temp_directory_path() / ("kiln_spm_" + std::to_string(::getpid()) + "_" +
                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
   fs::create_directories(dir);
-  made.dirs.insert(dir);
+  kiln::test::remove_at_exit(dir);
   return (dir / name).string();
 }
 
