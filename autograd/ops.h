@@ -63,6 +63,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale
                  std::int64_t q_offset = 0);
 // Mean over non-ignored rows. logits (N, V), targets i32 (N).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t ignore_index = -100);
+// cross_entropy(linear(h, w), targets), without ever holding the (N, V) logits whole: chunks of
+// chunk_rows rows (0: all N at once) go through the LM head, the loss and, when a gradient is
+// wanted, straight on to d(loss)/dh and d(loss)/dW, computed in forward for an upstream gradient
+// of 1 and scaled in backward. h (N, C), w (V, C), targets i32 (N). Peak logits memory: one
+// chunk's (chunk_rows, V), instead of (N, V) kept from forward to backward.
+Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
+                            std::int32_t ignore_index, std::int64_t chunk_rows);
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training);
 
 // Activation checkpointing: runs fn without recording, saves only `inputs`,

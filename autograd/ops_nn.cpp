@@ -139,6 +139,24 @@ struct CrossEntropyNode final : Node {
   void release() override { logits = lse = targets = Tensor(); }
 };
 
+// The LM head and the loss in one node, with both gradients computed in forward, chunk by chunk
+// (linear_cross_entropy below): backward only scales them by the upstream gradient.
+struct LinearCrossEntropyNode final : Node {
+  Tensor dh, dw;  // d(loss)/dh (N, C) and d(loss)/dW (V, C) for an upstream gradient of 1
+  std::string_view name() const override { return "linear_cross_entropy"; }
+  std::vector<Tensor> backward(std::vector<Tensor>& g) override {
+    const double up = g[0].device().is_meta() ? 1.0 : g[0].item();
+    if (up != 1.0) {
+      if (dh.defined()) ops::scale_(dh, up);
+      if (dw.defined()) ops::scale_(dw, up);
+    }
+    std::vector<Tensor> out{std::move(dh), std::move(dw), Tensor()};
+    dh = dw = Tensor();
+    return out;
+  }
+  void release() override { dh = dw = Tensor(); }
+};
+
 struct DropoutNode final : Node {
   Tensor mask;
   double p;
@@ -275,13 +293,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale
   return record(out, n, {&q, &k, &v});
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t ignore_index) {
-  MemoryScope scope(MemCategory::Logits);  // per-row loss and lse, and the loss itself
-  auto [rows, lse] = ops::cross_entropy(logits, targets, ignore_index);
-  // Count the rows that contribute (meta tensors have no values: all rows). CUDA targets are
-  // read back (N i32, one sync): counting all rows there would give a different mean than the
-  // CPU whenever a row is ignored.
-  std::int64_t count = logits.size(0);
+namespace {
+
+// 1 / (rows whose target is not ignore_index), 0 when there are none. Meta tensors have no
+// values: all rows count. CUDA targets are read back (N i32, one sync): counting all rows there
+// would give a different mean than the CPU whenever a row is ignored.
+double inverse_target_count(const Tensor& targets, std::int32_t ignore_index) {
+  std::int64_t count = targets.numel();
   if (!targets.device().is_meta()) {
     MemoryScope scratch(MemCategory::Temporaries);
     Tensor t = targets.to(Device::cpu()).contiguous();
@@ -289,7 +307,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t i
     count = 0;
     for (std::int64_t i = 0; i < t.numel(); ++i) count += p[i] != ignore_index;
   }
-  double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+  return count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t ignore_index) {
+  MemoryScope scope(MemCategory::Logits);  // per-row loss and lse, and the loss itself
+  auto [rows, lse] = ops::cross_entropy(logits, targets, ignore_index);
+  const double inv_count = inverse_target_count(targets, ignore_index);
   Tensor loss = ops::sum_all(rows);
   ops::scale_(loss, inv_count);
   if (logits.dtype() != loss.dtype()) loss = loss.to(logits.dtype());
@@ -301,6 +327,77 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int32_t i
   n->ignore_index = ignore_index;
   n->inv_count = inv_count;
   return record(loss, n, {&logits, &targets});
+}
+
+Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
+                            std::int32_t ignore_index, std::int64_t chunk_rows) {
+  KILN_CHECK(h.dim() == 2 && w.dim() == 2 && h.size(1) == w.size(1),
+             "[linear_cross_entropy] h (N, C) and w (V, C) expected, got {} and {}",
+             shape_str(h.shape()), shape_str(w.shape()));
+  KILN_CHECK(targets.dim() == 1 && targets.size(0) == h.size(0) && targets.dtype() == DType::I32,
+             "[linear_cross_entropy] targets must be i32 ({}), got {} {}", h.size(0),
+             dtype_name(targets.dtype()), shape_str(targets.shape()));
+  KILN_CHECK(h.device() == w.device() && h.device() == targets.device(),
+             "[linear_cross_entropy] tensors on different devices: {}, {} and {}", h.device().str(),
+             w.device().str(), targets.device().str());
+  const std::int64_t N = h.size(0), C = h.size(1);
+  const double inv_count = inverse_target_count(targets, ignore_index);
+  const bool want_dh = needs_grad({&h}), want_dw = needs_grad({&w});
+  const std::int64_t rows_per = chunk_rows > 0 ? std::min(chunk_rows, N) : N;
+  const bool chunked = rows_per < N;
+  const Device dev = h.device();
+  // The (V, C) gradient accumulates chunk by chunk with beta = 1 where a gemm kernel takes the
+  // dtype natively, as the linear backward's does into .grad.
+  const bool gemm_native =
+      ops::has_native_kernel<ops::GemmArgs>(dev, h.dtype()) && w.dtype() == h.dtype();
+  Tensor loss, dh, dw, dloss;
+  {
+    MemoryScope scope(MemCategory::Logits);
+    if (want_dh && chunked) dh = Tensor::empty({N, C}, h.dtype(), dev);
+  }
+  for (std::int64_t r0 = 0; r0 < N; r0 += rows_per) {
+    const std::int64_t n = std::min(rows_per, N - r0);
+    const Tensor hc = chunked ? h.narrow(0, r0, n) : h;
+    const Tensor tc = chunked ? targets.narrow(0, r0, n) : targets;
+    MemoryScope scope(MemCategory::Logits);  // the chunk's logits, per-row loss, lse
+    Tensor logits = ops::linear(hc, w, Tensor());
+    auto [rows, lse] = ops::cross_entropy(logits, tc, ignore_index);
+    Tensor part = ops::sum_all(rows);
+    loss = loss.defined() ? ops::add(loss, part) : part;
+    rows = part = Tensor();
+    if (!want_dh && !want_dw) continue;
+    if (!dloss.defined() || dloss.size(0) != n) dloss = ops::full({n}, inv_count, lse.dtype(), dev);
+    // d(loss)/d(logits) = (softmax - onehot) / count, written over the logits.
+    Tensor d = ops::cross_entropy_backward(logits, lse, tc, dloss, ignore_index, true);
+    logits = lse = Tensor();
+    if (want_dh) {
+      Tensor dhc = ops::matmul(d, w);  // (n, C) = d @ W
+      if (chunked) {
+        Tensor dst = dh.narrow(0, r0, n);
+        dst.copy_(dhc);
+      } else {
+        dh = std::move(dhc);
+      }
+    }
+    if (want_dw) {
+      MemoryScope grads(MemCategory::Gradients);
+      if (!dw.defined()) {
+        dw = ops::matmul(d, hc, true, false);  // (V, C) = d^T h
+      } else if (gemm_native) {
+        ops::gemm_(dw, d, hc.contiguous(), true, false, 1.0, 1.0);
+      } else {
+        ops::axpy_(dw, 1.0, ops::matmul(d, hc, true, false));
+      }
+    }
+  }
+  MemoryScope scope(MemCategory::Logits);
+  ops::scale_(loss, inv_count);
+  if (h.dtype() != loss.dtype()) loss = loss.to(h.dtype());
+  if (!want_dh && !want_dw) return loss;
+  auto node = std::make_shared<LinearCrossEntropyNode>();
+  node->dh = std::move(dh);
+  node->dw = std::move(dw);
+  return record(loss, node, {&h, &w, &targets});
 }
 
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {

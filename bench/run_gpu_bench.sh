@@ -12,7 +12,9 @@
 #      bf16); the comparison runs at the smaller of the two, B, so that memory compares too;
 #    - at B: kiln (bf16 weights/activations, f32 masters and moments, --attention auto: cuDNN's
 #      fused attention for training's shape), the same kiln step with kiln's own attention
-#      kernels (--attention kiln: the measurement behind the default),
+#      kernels (--attention kiln: the measurement behind the default), the same kiln step with
+#      the (N, V) logits whole before the loss (--loss-chunk-mib 0: the measurement behind the
+#      chunked LM head + loss, the default),
 #      PyTorch eager and PyTorch torch.compile (bf16 autocast, SDPA flash, fused AdamW).
 #    Tokens/s, MFU (6N + 12 L H Dh T per token over the card's bf16 dense peak), peak memory
 #    (kiln's tracker allocated peak vs torch.cuda.max_memory_allocated) and the driver's used.
@@ -120,6 +122,15 @@ for spec in $CONFIGS; do
   # (--attention auto: cuDNN for training's shape): the measurement behind the default (issue 19).
   record "kilnown_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 --preset "$cfg" \
     --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" --attention kiln >/dev/null
+  # The same step with the logits whole, then the loss (--loss-chunk-mib 0) against the default
+  # (the LM head and the loss in 64 MiB row chunks, both gradients in forward): the measurement
+  # behind the default's speed and memory.
+  record "kilnwhole_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 --preset "$cfg" \
+    --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" --loss-chunk-mib 0 >/dev/null
+  # And chunks of 16 MiB, whose logits stay in L2 between the LM head and the loss kernels.
+  record "kilnchunk16_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 \
+    --preset "$cfg" --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" \
+    --loss-chunk-mib 16 >/dev/null
   record "torch_eager_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" --seq "$seq" \
     --batch "$b" --warmup "$WARMUP" --steps "$STEPS" >/dev/null
   record "torch_compile_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" \
@@ -178,7 +189,16 @@ for kind in [r["kind"] for r in runs if r["kind"].startswith("kiln_")]:
     kc = by_kind.get(f"kilnown_{cfg}")
     if ok(k) and ok(kc):
         res["ratios"][f"{cfg}_tok_per_s_kiln_auto_attention_over_kiln_attention"] = round(k["tok_per_s"] / kc["tok_per_s"], 3)
-    rows = [("kiln (--attention auto)", k), ("kiln, its own attention kernels", kc), ("torch.compile", by_kind.get(f"torch_compile_{cfg}")), ("torch eager", by_kind.get(f"torch_eager_{cfg}"))]
+    kw = by_kind.get(f"kilnwhole_{cfg}")
+    if ok(k) and ok(kw):
+        res["ratios"][f"{cfg}_tok_per_s_kiln_chunked_loss_over_whole_logits"] = round(k["tok_per_s"] / kw["tok_per_s"], 3)
+        res["ratios"][f"{cfg}_peak_bytes_kiln_chunked_loss_over_whole_logits"] = round(k["peak_bytes"] / kw["peak_bytes"], 3)
+    k16 = by_kind.get(f"kilnchunk16_{cfg}")
+    if ok(k16) and ok(kw):
+        res["ratios"][f"{cfg}_tok_per_s_kiln_16mib_chunks_over_whole_logits"] = round(k16["tok_per_s"] / kw["tok_per_s"], 3)
+    rows = [("kiln (--attention auto)", k), ("kiln, its own attention kernels", kc),
+            ("kiln, logits whole (--loss-chunk-mib 0)", kw),
+            ("kiln, 16 MiB loss chunks (--loss-chunk-mib 16)", k16), ("torch.compile", by_kind.get(f"torch_compile_{cfg}")), ("torch eager", by_kind.get(f"torch_eager_{cfg}"))]
     for name, r in rows:
         if not ok(r):
             err = (r or {}).get("error", "no result")

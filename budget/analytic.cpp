@@ -13,8 +13,9 @@
 //
 // The static rows are sums over parameter tensors and are exact. The peak is
 // the largest of a few candidate moments, each the list of tensors alive then:
-//   training:  cross-entropy backward, LM-head backward, and with --recompute
-//              the backward of the last (recomputed) layer's MLP;
+//   training:  the chunked LM head + loss in forward (both of its gradients
+//              made there), and the backward of the last (with --recompute,
+//              recomputed) layer's MLP;
 //   inference: the prefill's attention and MLP of one layer, and the last
 //              decode step's attention over the full cache.
 #include <fmt/format.h>
@@ -26,6 +27,7 @@
 #include "distributed/shard.h"
 #include "kernels/cpu/gemv_quant.h"
 #include "kernels/cuda/quant.h"
+#include "models/decoder.h"
 #include "models/param_count.h"
 
 namespace kiln::models {
@@ -183,51 +185,46 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     const std::int64_t all_saved =
         s.recompute ? embed + L * r(N * C, e) + fin  // checkpoints keep only each layer's input
                     : embed + L * layer + fin;
-    const std::int64_t logits = r(N * V, e), loss = r(1, e);
+    const std::int64_t loss = r(1, e);
 
-    // Cross-entropy backward: the logits gradient written over the logits (in
-    // place, in the logits' dtype).
-    Moment ce = base;
-    ce.phase = Phase::Backward, ce.label = "cross_entropy";
-    ce[BudgetRow::Activations] = all_saved;
-    ce[BudgetRow::Logits] = logits + r(N, f) /* lse */ + r(N, f) /* dloss */ + loss;
-    ce[BudgetRow::Temporaries] = loss /* the seed gradient, ones */;
-    moments.push_back(ce);
-
-    // LM-head backward: dlogits alive, dx = dlogits @ W allocated.
+    // The LM head and the loss (ag::linear_cross_entropy, DecoderModel::loss): chunks of n rows,
+    // both gradients computed in forward. It peaks at a full chunk's dh after the first: the
+    // chunk's logits (overwritten by their gradient), dloss (n), the whole dh (N, C), the chunk's
+    // dh (n, C) before its copy into it, the loss; and dW (V, C) beside the gradients. One chunk
+    // (n = N) computes dh in place of the copy.
+    const std::int64_t n =
+        std::min(N, std::max<std::int64_t>(1, DecoderModel::kDefaultLossChunkBytes / (V * e)));
     Moment head = base;
-    head.phase = Phase::Backward, head.label = "linear";
+    head.phase = Phase::Forward, head.label = "linear_cross_entropy";
     head[BudgetRow::Activations] = all_saved;
-    head[BudgetRow::Logits] = logits + loss;
-    head[BudgetRow::Temporaries] = r(N * C, e);
+    head[BudgetRow::Logits] =
+        r(n * V, e) + r(n, f) + r(N * C, e) + (n < N ? r(n * C, e) : 0) + loss;
+    head[BudgetRow::Gradients] += r(V * C, e);
     moments.push_back(head);
 
-    if (s.recompute) {
-      // The last layer's SwiGLU backward after its recomputation: the inputs
-      // saved by the other L - 1 checkpoints, and the layer's full saved set
-      // again (with its recomputed output, held until the layer's backward
-      // ends) less the SwiGLU output that down_proj's backward has released;
-      // temporaries: the incoming gradient (N, C), d(swiglu out), dgate, dup.
-      // Another gated activation peaks the same way in the product's backward
-      // (mul, a "binary" node): the product released, d(product), d(act out)
-      // and dup alive.
-      Moment rc = base;
-      rc.phase = Phase::Backward, rc.label = swiglu ? "swiglu" : "binary";
-      rc[BudgetRow::Activations] = embed + (L - 1) * r(N * C, e) + layer - r(N * F, e);
-      rc[BudgetRow::Temporaries] = r(N * C, e) + 3 * r(N * F, e);
-      if (plain_mlp) {
-        // A plain MLP peaks one op earlier, in proj's backward: the full saved
-        // set (the activation's output not yet released); temporaries: the
-        // incoming gradient (N, C), d(act out) (N, F) and, with a bias, its
-        // gradient (C). The activation's backward after it holds the same bytes
-        // less the bias gradient (d(act out) freed as dfc (N, F) is made).
-        rc.label = "linear";
-        rc[BudgetRow::Activations] = embed + (L - 1) * r(N * C, e) + layer;
-        rc[BudgetRow::Temporaries] = r(N * C, e) + r(N * F, e) + (c.bias ? r(C, e) : 0);
-      }
-      rc[BudgetRow::Logits] = loss;
-      moments.push_back(rc);
+    // The last layer's MLP backward (the first layer backward reaches, holding the most), after
+    // its recomputation with --recompute: the saved set less the SwiGLU output that down_proj's
+    // backward has released; temporaries: the incoming gradient (N, C), d(swiglu out), dgate,
+    // dup. Another gated activation peaks the same way in the product's backward (mul, a
+    // "binary" node): the product released, d(product), d(act out) and dup alive. With
+    // --recompute the saved set is the inputs of the other L - 1 checkpoints and the layer's full
+    // saved set again (its recomputed output held until the layer's backward ends).
+    const std::int64_t held = s.recompute ? embed + (L - 1) * r(N * C, e) + layer : all_saved;
+    Moment mb = base;
+    mb.phase = Phase::Backward, mb.label = swiglu ? "swiglu" : "binary";
+    mb[BudgetRow::Activations] = held - r(N * F, e);
+    mb[BudgetRow::Temporaries] = r(N * C, e) + 3 * r(N * F, e);
+    if (plain_mlp) {
+      // A plain MLP peaks one op earlier, in proj's backward: the full saved set (the
+      // activation's output not yet released); temporaries: the incoming gradient (N, C),
+      // d(act out) (N, F) and, with a bias, its gradient (C). The activation's backward after it
+      // holds the same bytes less the bias gradient (d(act out) freed as dfc (N, F) is made).
+      mb.label = "linear";
+      mb[BudgetRow::Activations] = held;
+      mb[BudgetRow::Temporaries] = r(N * C, e) + r(N * F, e) + (c.bias ? r(C, e) : 0);
     }
+    mb[BudgetRow::Logits] = loss;
+    moments.push_back(mb);
   } else {
     const std::int64_t S = s.seq, N = B * S, ctx = s.kv_capacity();
     base[BudgetRow::KVCache] = 2 * L * r(B * ctx * Hk * D, e);

@@ -22,15 +22,14 @@ std::string spec_line(const BudgetSpec& s) {
                                      : fmt::format(", weights {}", gguf_scheme_name(s.weights)));
   line += per_rank(s) ? fmt::format("global batch {} ({} per rank) | ", s.batch, s.local_batch())
                       : fmt::format("batch {} | ", s.batch);
-  if (s.mode == BudgetMode::Train)
-    line += fmt::format("seq {} | {}{}", s.seq, s.adamw ? "AdamW" : "SGD (momentum)",
-                        s.recompute ? " | recompute" : "");
+  if (s.mode != BudgetMode::Train)
+    return line + fmt::format("prefill {} + {} decode steps | context {}", s.seq, s.decodes(),
+                              s.kv_capacity());
+  line += fmt::format("seq {} | {}{}", s.seq, s.adamw ? "AdamW" : "SGD (momentum)",
+                      s.recompute ? " | recompute" : "");
   if (per_rank(s))
     line += fmt::format(" | {} rank{}, ZeRO-{} | rank {}", s.nproc, s.nproc > 1 ? "s" : "", s.zero,
                         s.rank);
-  else
-    line += fmt::format("prefill {} + {} decode steps | context {}", s.seq, s.decodes(),
-                        s.kv_capacity());
   return line;
 }
 

@@ -168,10 +168,21 @@ Tensor DecoderModel::forward(const Tensor& ids, std::int64_t pos_offset, KVCache
 Tensor DecoderModel::loss(const Tensor& ids, const Tensor& targets, std::int32_t ignore_index) {
   KILN_CHECK(targets.shape() == ids.shape(), "[model] targets {} do not match ids {}",
              shape_str(targets.shape()), shape_str(ids.shape()));
-  Tensor logits = forward(ids);
-  MemLabelScope label("cross_entropy");
-  return ag::cross_entropy(ag::reshape(logits, {-1, cfg.vocab_size}), targets.reshape({-1}),
-                           ignore_index);
+  const bool fused = loss_chunk_bytes > 0 &&
+                     (!lm_head || (!lm_head->bias.defined() && !lm_head->weight_quant)) &&
+                     !model->embed_tokens->weight_quant;
+  if (!fused) {
+    Tensor logits = forward(ids);
+    MemLabelScope label("cross_entropy");
+    return ag::cross_entropy(ag::reshape(logits, {-1, cfg.vocab_size}), targets.reshape({-1}),
+                             ignore_index);
+  }
+  Tensor h = hidden(ids);
+  MemLabelScope label("linear_cross_entropy");
+  const std::int64_t row_bytes = cfg.vocab_size * dtype_size(h.dtype());
+  const std::int64_t chunk_rows = std::max<std::int64_t>(1, loss_chunk_bytes / row_bytes);
+  return ag::linear_cross_entropy(ag::reshape(h, {-1, cfg.dim}), lm_head_weight(),
+                                  targets.reshape({-1}), ignore_index, chunk_rows);
 }
 
 }  // namespace kiln::models

@@ -85,6 +85,12 @@ class DecoderModel : public nn::Module {
 
   ModelConfig cfg;
   bool recompute = false;  // per-layer activation checkpointing in training
+  // loss() runs the LM head and the cross-entropy in chunks of rows whose logits take at most
+  // this many bytes (at least one row), computing both gradients in forward
+  // (ag::linear_cross_entropy), so the (N, V) logits never exist whole. 0: the logits whole, then
+  // the loss (forward(), then ag::cross_entropy). Unused with a bias or quantized LM head.
+  std::int64_t loss_chunk_bytes = kDefaultLossChunkBytes;
+  static constexpr std::int64_t kDefaultLossChunkBytes = std::int64_t{64} << 20;
   std::shared_ptr<DecoderBody> model;
   std::shared_ptr<nn::Linear> lm_head;  // null when tied
   std::unique_ptr<nn::Rope> rope;       // null without RoPE (PosEmbedding::Learned)
