@@ -181,26 +181,36 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     layer += (plain_mlp ? 2 : swiglu ? 3 : 4) * r(N * F, e);
     layer += r(N * C, e);                    // the layer's output x'
     const std::int64_t embed = r(N * C, e);  // embedding output = layer 0's input
-    const std::int64_t fin = c.final_norm ? nstat * r(N, f) + r(N * C, e) : 0;  // saved by lm_head
+    // The final norm's statistics and output (the LM head + loss's input, alive until it ends).
+    const std::int64_t fin = c.final_norm ? nstat * r(N, f) + r(N * C, e) : 0;
     const std::int64_t all_saved =
         s.recompute ? embed + L * r(N * C, e) + fin  // checkpoints keep only each layer's input
                     : embed + L * layer + fin;
     const std::int64_t loss = r(1, e);
 
     // The LM head and the loss (ag::linear_cross_entropy, DecoderModel::loss): chunks of n rows,
-    // both gradients computed in forward. It peaks at a full chunk's dh after the first: the
-    // chunk's logits (overwritten by their gradient), dloss (n), the whole dh (N, C), the chunk's
-    // dh (n, C) before its copy into it, the loss; and dW (V, C) beside the gradients. One chunk
-    // (n = N) computes dh in place of the copy.
+    // both gradients computed in forward. A chunk of m rows holds its logits (overwritten by
+    // their gradient), dloss (m), the whole dh (N, C), its own dh (m, C) until it is copied into
+    // dh (with one chunk, dh itself), the loss, and from the first chunk's dW on, dW (V, C)
+    // beside the gradients. The candidates: the first chunk before and after its dW, a later full
+    // chunk, and the last, shorter one.
     const std::int64_t n =
         std::min(N, std::max<std::int64_t>(1, DecoderModel::kDefaultLossChunkBytes / (V * e)));
-    Moment head = base;
-    head.phase = Phase::Forward, head.label = "linear_cross_entropy";
-    head[BudgetRow::Activations] = all_saved;
-    head[BudgetRow::Logits] =
-        r(n * V, e) + r(n, f) + r(N * C, e) + (n < N ? r(n * C, e) : 0) + loss;
-    head[BudgetRow::Gradients] += r(V * C, e);
-    moments.push_back(head);
+    auto head = [&](std::int64_t m, bool chunk_dh, bool dw) {
+      Moment h = base;
+      h.phase = Phase::Forward, h.label = "linear_cross_entropy";
+      h[BudgetRow::Activations] = all_saved;
+      h[BudgetRow::Logits] =
+          r(m * V, e) + r(m, f) + r(N * C, e) + (chunk_dh ? r(m * C, e) : 0) + loss;
+      if (dw) h[BudgetRow::Gradients] += r(V * C, e);
+      moments.push_back(h);
+    };
+    head(n, false, true);
+    if (n < N) {
+      head(n, true, false);
+      if (N >= 2 * n) head(n, true, true);
+      if (N % n != 0) head(N % n, true, true);
+    }
 
     // The last layer's MLP backward (the first layer backward reaches, holding the most), after
     // its recomputation with --recompute: the saved set less the SwiGLU output that down_proj's
@@ -208,8 +218,11 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     // dup. Another gated activation peaks the same way in the product's backward (mul, a
     // "binary" node): the product released, d(product), d(act out) and dup alive. With
     // --recompute the saved set is the inputs of the other L - 1 checkpoints and the layer's full
-    // saved set again (its recomputed output held until the layer's backward ends).
-    const std::int64_t held = s.recompute ? embed + (L - 1) * r(N * C, e) + layer : all_saved;
+    // saved set again (its recomputed output held until the layer's backward ends); without, all
+    // of it less the final norm's output (the LM head + loss does not save it) and the last
+    // layer's output (the final norm's saved input, released by its backward).
+    const std::int64_t held =
+        s.recompute ? embed + (L - 1) * r(N * C, e) + layer : all_saved - fin - r(N * C, e);
     Moment mb = base;
     mb.phase = Phase::Backward, mb.label = swiglu ? "swiglu" : "binary";
     mb[BudgetRow::Activations] = held - r(N * F, e);

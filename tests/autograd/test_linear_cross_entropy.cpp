@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "autograd/ops.h"
+#include "kernels/cuda/runtime.h"
 
 using namespace kiln;
 
@@ -99,4 +100,49 @@ TEST(LinearCrossEntropy, RefusesMismatchedShapes) {
   Tensor w3 = ops::zeros({6, 3}, DType::F32, Device::cpu());
   Tensor t3 = ops::from_vector(std::vector<std::int32_t>{0, 1, 2}, {3});
   EXPECT_THROW(ag::linear_cross_entropy(h, w3, t3, -100, 0), Error);
+}
+
+// The fused op on CUDA (f32 and bf16, in row chunks: narrowed views through the GEMMs, the loss
+// kernels and the copies) against the CPU's unfused graph in f64.
+TEST(LinearCrossEntropy, CudaChunksMatchTheCpu) {
+  if (cuda::device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: ag::linear_cross_entropy on CUDA is not checked";
+  const std::int64_t N = 300, C = 40, V = 257;
+  Generator gen(21);
+  const Tensor h0 = ops::randn({N, C}, gen), w0 = ops::randn({V, C}, gen);
+  std::vector<std::int32_t> tv(N);
+  for (std::int64_t i = 0; i < N; ++i)
+    tv[i] = i % 11 == 0 ? -100 : static_cast<std::int32_t>((i * 37) % V);
+  const Tensor t = ops::from_vector(tv, {N});
+  auto grads = [&](Device dev, DType dt, std::int64_t chunk) {
+    Tensor h = h0.to(dt).to(dev), w = w0.to(dt).to(dev);
+    h.set_requires_grad(true);
+    w.set_requires_grad(true);
+    Tensor tt = t.to(dev);
+    Tensor loss = chunk < 0 ? ag::cross_entropy(ag::linear(h, w), tt, -100)
+                            : ag::linear_cross_entropy(h, w, tt, -100, chunk);
+    backward(loss);
+    return LossAndGrads{loss.to(Device::cpu()).to(DType::F64).item(),
+                        h.grad().to(Device::cpu()).to_double_vector(),
+                        w.grad().to(Device::cpu()).to_double_vector()};
+  };
+  const LossAndGrads ref = grads(Device::cpu(), DType::F64, -1);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    // bf16: inputs and outputs rounded to 8 bits of mantissa; f32: TF32-free cuBLASLt GEMMs.
+    const double tol = dt == DType::F32 ? 1e-5 : 2e-2;
+    for (std::int64_t chunk : {0, 64, 7}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(dt) << " chunk_rows " << chunk);
+      const LossAndGrads got = grads(Device::cuda(0), dt, chunk);
+      EXPECT_NEAR(got.loss, ref.loss, tol * std::abs(ref.loss));
+      double err_h = 0, ref_h = 0, err_w = 0, ref_w = 0;
+      for (std::size_t i = 0; i < ref.dh.size(); ++i)
+        err_h += (got.dh[i] - ref.dh[i]) * (got.dh[i] - ref.dh[i]), ref_h += ref.dh[i] * ref.dh[i];
+      for (std::size_t i = 0; i < ref.dw.size(); ++i)
+        err_w += (got.dw[i] - ref.dw[i]) * (got.dw[i] - ref.dw[i]), ref_w += ref.dw[i] * ref.dw[i];
+      // Normalized mean squared error of each gradient.
+      EXPECT_LT(err_h / ref_h, tol * tol) << "dh";
+      EXPECT_LT(err_w / ref_w, tol * tol) << "dw";
+      EXPECT_GT(ref_h, 0.0);
+    }
+  }
 }

@@ -481,3 +481,34 @@ TEST(TrainerMfu, PeakTableByDeviceName) {
   EXPECT_DOUBLE_EQ(bf16_peak_tflops("NVIDIA A100-SXM4-80GB"), 0.0);
   EXPECT_DOUBLE_EQ(bf16_peak_tflops(""), 0.0);
 }
+
+// The LM head + loss in chunks (DecoderModel::loss): the analytic model follows every chunking
+// to the byte on the CUDA allocator: one chunk, one full chunk and a shorter last one, several
+// full chunks and a shorter last one, whole chunks only.
+TEST(Budget, AnalyticFollowsTheLossChunksExactly) {
+  struct Case {
+    const char* preset;
+    DType dt;
+    std::int64_t batch, seq;
+  };
+  for (const Case& k :
+       {Case{"stories42M", DType::BF16, 16, 64}, Case{"stories15M", DType::F32, 4, 256},
+        Case{"stories15M", DType::BF16, 16, 256}, Case{"stories15M", DType::BF16, 8, 131}}) {
+    BudgetSpec s;
+    s.cfg = preset(k.preset);
+    s.mode = BudgetMode::Train, s.dtype = k.dt, s.batch = k.batch, s.seq = k.seq;
+    s.simulate = DeviceType::CUDA;
+    for (bool rc : {false, true}) {
+      s.recompute = rc;
+      const BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
+      const std::string what = fmt::format("{} {} b{} s{}{}", k.preset, dtype_name(k.dt), k.batch,
+                                           k.seq, rc ? " rc" : "");
+      for (std::size_t i = 0; i < kNumBudgetRows; ++i)
+        if (i != idx(BudgetRow::Slack))
+          EXPECT_EQ(a.at_peak[i], d.at_peak[i])
+              << what << ": " << budget_row_name(static_cast<BudgetRow>(i));
+      EXPECT_EQ(a.peak_label, d.peak_label) << what;
+      EXPECT_EQ(d.peak_label, "linear_cross_entropy") << what;
+    }
+  }
+}
