@@ -82,7 +82,7 @@ struct Settings {
   int threads = 2, warmup = 2, steps = 5;
   bool recompute = false;
   double peak_tflops = 0;
-  std::int64_t loss_chunk_mib = models::DecoderModel::kDefaultLossChunkBytes >> 20;
+  std::int64_t loss_chunk_rows = models::DecoderModel::kDefaultLossChunkRows;
 };
 
 // Builds the model and runs warmup + timed steps at `batch`; the JSON line on success.
@@ -98,7 +98,7 @@ nlohmann::json run(const Settings& st, std::int64_t batch) {
   models::ModelConfig cfg = models::preset(st.preset);
   models::DecoderModel model(cfg, /*seed=*/0, st.dtype, st.device);
   model.recompute = st.recompute;
-  model.loss_chunk_bytes = st.loss_chunk_mib << 20;
+  model.loss_chunk_rows = st.loss_chunk_rows;
   nn::AdamWOptions o;
   o.lr = 5e-4;
   o.beta1 = 0.9;
@@ -179,7 +179,7 @@ nlohmann::json run(const Settings& st, std::int64_t batch) {
       {"peak_bytes", ms.total_peak},
       {"reserved_peak_bytes", ms.reserved_peak},
       {"recompute", st.recompute},
-      {"loss_chunk_mib", st.loss_chunk_mib},
+      {"loss_chunk_rows", st.loss_chunk_rows},
   };
   if (cuda_dev) {
     const DeviceMemoryRows d = cuda_device_memory(st.device.index);
@@ -233,9 +233,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", st.steps)->check(CLI::PositiveNumber);
   app.add_option("--peak-tflops", st.peak_tflops, "bf16 peak for MFU (default: by GPU name)");
   app.add_flag("--recompute", st.recompute, "per-layer activation checkpointing");
-  app.add_option("--loss-chunk-mib", st.loss_chunk_mib,
-                 "LM head + loss in row chunks of at most this many MiB of logits, gradients in "
-                 "forward (default 64); 0: the logits whole, then the loss")
+  app.add_option("--loss-chunk-rows", st.loss_chunk_rows,
+                 "LM head + loss in chunks of at most this many rows, gradients in forward, where "
+                 "that holds less than the whole logits (default 4096); 0: the logits whole, then "
+                 "the loss")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 

@@ -13,8 +13,8 @@
 #    - at B: kiln (bf16 weights/activations, f32 masters and moments, --attention auto: cuDNN's
 #      fused attention for training's shape), the same kiln step with kiln's own attention
 #      kernels (--attention kiln: the measurement behind the default), the same kiln step with
-#      the (N, V) logits whole before the loss (--loss-chunk-mib 0: the measurement behind the
-#      chunked LM head + loss, the default),
+#      each LM head + loss chunking of LOSS_CHUNK_ROWS_AB (--loss-chunk-rows; 0: the (N, V)
+#      logits whole before the loss; the measurement behind the default, 4096-row chunks),
 #      PyTorch eager and PyTorch torch.compile (bf16 autocast, SDPA flash, fused AdamW).
 #    Tokens/s, MFU (6N + 12 L H Dh T per token over the card's bf16 dense peak), peak memory
 #    (kiln's tracker allocated peak vs torch.cuda.max_memory_allocated) and the driver's used.
@@ -28,8 +28,8 @@
 #
 # Environment: WARMUP (3), STEPS (10), CONFIGS ("stories15M:256:256 stories42M:1024:128",
 # name:seq:max_batch), ATTN_SEQS ("1024 4096 8192"; both lists split on spaces or commas),
-# RUN_TIMEOUT (seconds per run, 420), SEARCH (1; 0 compares at max_batch without searching,
-# for batches known to fit).
+# RUN_TIMEOUT (seconds per run, 420), LOSS_CHUNK_ROWS_AB ("0 2048 8192"), SEARCH (1; 0
+# compares at max_batch without searching, for batches known to fit).
 # Timings never run with synchronous launches: CUDA_LAUNCH_BLOCKING is set to 0 for every run
 # whatever it was (the JSON's "env" records both).
 set -uo pipefail
@@ -46,6 +46,7 @@ py=${KILN_PYTHON:-python3}
 WARMUP=${WARMUP:-3}
 STEPS=${STEPS:-10}
 CONFIGS=${CONFIGS:-"stories15M:256:256 stories42M:1024:128"}
+LOSS_CHUNK_ROWS_AB=$(echo "${LOSS_CHUNK_ROWS_AB-0 2048 8192}" | tr ',' ' ')
 CONFIGS=${CONFIGS//,/ }
 ATTN_SEQS=${ATTN_SEQS:-"1024 4096 8192"}
 ATTN_SEQS=${ATTN_SEQS//,/ }
@@ -122,15 +123,14 @@ for spec in $CONFIGS; do
   # (--attention auto: cuDNN for training's shape): the measurement behind the default (issue 19).
   record "kilnown_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 --preset "$cfg" \
     --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" --attention kiln >/dev/null
-  # The same step with the logits whole, then the loss (--loss-chunk-mib 0) against the default
-  # (the LM head and the loss in 64 MiB row chunks, both gradients in forward): the measurement
-  # behind the default's speed and memory.
-  record "kilnwhole_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 --preset "$cfg" \
-    --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" --loss-chunk-mib 0 >/dev/null
-  # And chunks of 16 MiB, whose logits stay in L2 between the LM head and the loss kernels.
-  record "kilnchunk16_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 \
-    --preset "$cfg" --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" \
-    --loss-chunk-mib 16 >/dev/null
+  # The same step with other LM head + loss chunks (--loss-chunk-rows R; 0: the logits whole,
+  # then the loss) against the default (chunks of 4096 rows, both gradients in forward): the
+  # measurement behind the default's speed and memory.
+  for rows in $LOSS_CHUNK_ROWS_AB; do
+    record "kilnrows${rows}_$cfg" "$bindir/kiln_bench_train_step" --device cuda --dtype bf16 \
+      --preset "$cfg" --seq "$seq" --batch "$b" --warmup "$WARMUP" --steps "$STEPS" \
+      --loss-chunk-rows "$rows" >/dev/null
+  done
   record "torch_eager_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" --seq "$seq" \
     --batch "$b" --warmup "$WARMUP" --steps "$STEPS" >/dev/null
   record "torch_compile_$cfg" "$py" "$repo/bench/torch_train_step_gpu.py" --config "$cfg" \
@@ -189,16 +189,18 @@ for kind in [r["kind"] for r in runs if r["kind"].startswith("kiln_")]:
     kc = by_kind.get(f"kilnown_{cfg}")
     if ok(k) and ok(kc):
         res["ratios"][f"{cfg}_tok_per_s_kiln_auto_attention_over_kiln_attention"] = round(k["tok_per_s"] / kc["tok_per_s"], 3)
-    kw = by_kind.get(f"kilnwhole_{cfg}")
-    if ok(k) and ok(kw):
-        res["ratios"][f"{cfg}_tok_per_s_kiln_chunked_loss_over_whole_logits"] = round(k["tok_per_s"] / kw["tok_per_s"], 3)
-        res["ratios"][f"{cfg}_peak_bytes_kiln_chunked_loss_over_whole_logits"] = round(k["peak_bytes"] / kw["peak_bytes"], 3)
-    k16 = by_kind.get(f"kilnchunk16_{cfg}")
-    if ok(k16) and ok(kw):
-        res["ratios"][f"{cfg}_tok_per_s_kiln_16mib_chunks_over_whole_logits"] = round(k16["tok_per_s"] / kw["tok_per_s"], 3)
+    variants = sorted((int(r["kind"][len("kilnrows"):-len(cfg) - 1]), r["result"]) for r in runs
+                      if r["kind"].startswith("kilnrows") and r["kind"].endswith("_" + cfg))
+    whole = dict(variants).get(0)
+    for rows_ab, kv in variants:
+        if rows_ab and ok(kv) and ok(whole):
+            res["ratios"][f"{cfg}_tok_per_s_kiln_{rows_ab}_row_loss_chunks_over_whole_logits"] = round(kv["tok_per_s"] / whole["tok_per_s"], 3)
+    if ok(k) and ok(whole):
+        res["ratios"][f"{cfg}_tok_per_s_kiln_over_whole_logits"] = round(k["tok_per_s"] / whole["tok_per_s"], 3)
+        res["ratios"][f"{cfg}_peak_bytes_kiln_over_whole_logits"] = round(k["peak_bytes"] / whole["peak_bytes"], 3)
     rows = [("kiln (--attention auto)", k), ("kiln, its own attention kernels", kc),
-            ("kiln, logits whole (--loss-chunk-mib 0)", kw),
-            ("kiln, 16 MiB loss chunks (--loss-chunk-mib 16)", k16), ("torch.compile", by_kind.get(f"torch_compile_{cfg}")), ("torch eager", by_kind.get(f"torch_eager_{cfg}"))]
+            *[("kiln, logits whole (--loss-chunk-rows 0)" if r == 0 else f"kiln, loss chunks of {r} rows", kv) for r, kv in variants],
+            ("torch.compile", by_kind.get(f"torch_compile_{cfg}")), ("torch eager", by_kind.get(f"torch_eager_{cfg}"))]
     for name, r in rows:
         if not ok(r):
             err = (r or {}).get("error", "no result")

@@ -193,9 +193,9 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     // their gradient), dloss (m), the whole dh (N, C), its own dh (m, C) until it is copied into
     // dh (with one chunk, dh itself), the loss, and from the first chunk's dW on, dW (V, C)
     // beside the gradients. The candidates: the first chunk before and after its dW, a later full
-    // chunk, and the last, shorter one.
-    const std::int64_t n =
-        std::min(N, std::max<std::int64_t>(1, DecoderModel::kDefaultLossChunkBytes / (V * e)));
+    // chunk, and the last, shorter one. Where chunks would hold more (chunked_loss_rows: 0), the
+    // logits whole.
+    const std::int64_t n = chunked_loss_rows(N, C, DecoderModel::kDefaultLossChunkRows);
     auto head = [&](std::int64_t m, bool chunk_dh, bool dw) {
       Moment h = base;
       h.phase = Phase::Forward, h.label = "linear_cross_entropy";
@@ -205,11 +205,28 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
       if (dw) h[BudgetRow::Gradients] += r(V * C, e);
       moments.push_back(h);
     };
-    head(n, false, true);
-    if (n < N) {
+    if (n > 0) {
+      head(n, false, true);
       head(n, true, false);
       if (N >= 2 * n) head(n, true, true);
       if (N % n != 0) head(N % n, true, true);
+    } else {
+      // The logits whole (where chunks would hold more): the cross-entropy backward writes the
+      // gradient over the logits (in place, in their dtype); then the LM head's backward holds
+      // dlogits and allocates dx = dlogits W.
+      const std::int64_t logits = r(N * V, e);
+      Moment ce = base;
+      ce.phase = Phase::Backward, ce.label = "cross_entropy";
+      ce[BudgetRow::Activations] = all_saved;
+      ce[BudgetRow::Logits] = logits + r(N, f) /* lse */ + r(N, f) /* dloss */ + loss;
+      ce[BudgetRow::Temporaries] = loss /* the seed gradient, ones */;
+      moments.push_back(ce);
+      Moment lm = base;
+      lm.phase = Phase::Backward, lm.label = "linear";
+      lm[BudgetRow::Activations] = all_saved;
+      lm[BudgetRow::Logits] = logits + loss;
+      lm[BudgetRow::Temporaries] = r(N * C, e);
+      moments.push_back(lm);
     }
 
     // The last layer's MLP backward (the first layer backward reaches, holding the most), after

@@ -118,6 +118,12 @@ std::map<std::string, nn::Linear*> DecoderModel::linears() const {
   return out;
 }
 
+std::int64_t chunked_loss_rows(std::int64_t rows, std::int64_t dim, std::int64_t max_chunk_rows) {
+  if (max_chunk_rows <= 0 || rows <= 0) return 0;
+  const std::int64_t n = std::min(rows, max_chunk_rows);
+  return rows > n + dim ? n : 0;
+}
+
 Tensor DecoderModel::logits(const Tensor& h) const {
   if (lm_head && lm_head->weight_quant)
     return ops::linear_quant(h, lm_head->weight, *lm_head->weight_quant, lm_head->out_features);
@@ -168,7 +174,8 @@ Tensor DecoderModel::forward(const Tensor& ids, std::int64_t pos_offset, KVCache
 Tensor DecoderModel::loss(const Tensor& ids, const Tensor& targets, std::int32_t ignore_index) {
   KILN_CHECK(targets.shape() == ids.shape(), "[model] targets {} do not match ids {}",
              shape_str(targets.shape()), shape_str(ids.shape()));
-  const bool fused = loss_chunk_bytes > 0 &&
+  const std::int64_t chunk_rows = chunked_loss_rows(ids.numel(), cfg.dim, loss_chunk_rows);
+  const bool fused = chunk_rows > 0 &&
                      (!lm_head || (!lm_head->bias.defined() && !lm_head->weight_quant)) &&
                      !model->embed_tokens->weight_quant;
   if (!fused) {
@@ -179,8 +186,6 @@ Tensor DecoderModel::loss(const Tensor& ids, const Tensor& targets, std::int32_t
   }
   Tensor h = hidden(ids);
   MemLabelScope label("linear_cross_entropy");
-  const std::int64_t row_bytes = cfg.vocab_size * dtype_size(h.dtype());
-  const std::int64_t chunk_rows = std::max<std::int64_t>(1, loss_chunk_bytes / row_bytes);
   return ag::linear_cross_entropy(ag::reshape(h, {-1, cfg.dim}), lm_head_weight(),
                                   targets.reshape({-1}), ignore_index, chunk_rows);
 }

@@ -38,6 +38,14 @@ struct KVCache {
   std::int64_t capacity = 0;
 };
 
+// The rows per chunk in which DecoderModel::loss runs the LM head and the loss over `rows` rows,
+// at most max_chunk_rows each, or 0 where it keeps the logits whole: max_chunk_rows 0, or where
+// chunks would hold more. The chunked path holds one chunk's logits (n, V) and dW (V, C) at its
+// peak where the whole path holds the (N, V) logits (both hold dh (N, C)), so it chunks only
+// when N > n + C, and saves (N - n - C) V elements. (Qwen3-8B at 1 x 4096 keeps the logits
+// whole; stories42M at 16 x 1024 saves 0.70 GiB in bf16.)
+std::int64_t chunked_loss_rows(std::int64_t rows, std::int64_t dim, std::int64_t max_chunk_rows);
+
 class DecoderBody : public nn::Module {
  public:
   DecoderBody(const ModelConfig& c, const nn::Init& init);
@@ -85,12 +93,14 @@ class DecoderModel : public nn::Module {
 
   ModelConfig cfg;
   bool recompute = false;  // per-layer activation checkpointing in training
-  // loss() runs the LM head and the cross-entropy in chunks of rows whose logits take at most
-  // this many bytes (at least one row), computing both gradients in forward
-  // (ag::linear_cross_entropy), so the (N, V) logits never exist whole. 0: the logits whole, then
-  // the loss (forward(), then ag::cross_entropy). Unused with a bias or quantized LM head.
-  std::int64_t loss_chunk_bytes = kDefaultLossChunkBytes;
-  static constexpr std::int64_t kDefaultLossChunkBytes = std::int64_t{64} << 20;
+  // loss() runs the LM head and the cross-entropy in chunks of at most this many rows, computing
+  // both gradients in forward (ag::linear_cross_entropy), so the (N, V) logits never exist
+  // whole; where that would hold more (chunked_loss_rows), and with 0, the logits whole, then the
+  // loss (forward(), then ag::cross_entropy). Unused with a bias or quantized LM head. 4096 rows
+  // keep the chunks' GEMMs efficient: on an H200, chunks of about 1000 rows cost stories15M 14%
+  // of its tokens/s against the whole logits (docs/memory.md).
+  std::int64_t loss_chunk_rows = kDefaultLossChunkRows;
+  static constexpr std::int64_t kDefaultLossChunkRows = 4096;
   std::shared_ptr<DecoderBody> model;
   std::shared_ptr<nn::Linear> lm_head;  // null when tied
   std::unique_ptr<nn::Rope> rope;       // null without RoPE (PosEmbedding::Learned)
