@@ -118,10 +118,11 @@ std::map<std::string, nn::Linear*> DecoderModel::linears() const {
   return out;
 }
 
-std::int64_t chunked_loss_rows(std::int64_t rows, std::int64_t dim, std::int64_t max_chunk_rows) {
+std::int64_t chunked_loss_rows(std::int64_t rows, std::int64_t vocab, std::int64_t dim,
+                               std::int64_t max_chunk_rows) {
   if (max_chunk_rows <= 0 || rows <= 0) return 0;
   const std::int64_t n = std::min(rows, max_chunk_rows);
-  return rows > n + dim ? n : 0;
+  return (rows - n) * vocab > n * dim + vocab * dim ? n : 0;
 }
 
 Tensor DecoderModel::logits(const Tensor& h) const {
@@ -174,7 +175,8 @@ Tensor DecoderModel::forward(const Tensor& ids, std::int64_t pos_offset, KVCache
 Tensor DecoderModel::loss(const Tensor& ids, const Tensor& targets, std::int32_t ignore_index) {
   KILN_CHECK(targets.shape() == ids.shape(), "[model] targets {} do not match ids {}",
              shape_str(targets.shape()), shape_str(ids.shape()));
-  const std::int64_t chunk_rows = chunked_loss_rows(ids.numel(), cfg.dim, loss_chunk_rows);
+  const std::int64_t chunk_rows =
+      chunked_loss_rows(ids.numel(), cfg.vocab_size, cfg.dim, loss_chunk_rows);
   const bool fused = chunk_rows > 0 &&
                      (!lm_head || (!lm_head->bias.defined() && !lm_head->weight_quant)) &&
                      !model->embed_tokens->weight_quant;

@@ -40,11 +40,13 @@ struct KVCache {
 
 // The rows per chunk in which DecoderModel::loss runs the LM head and the loss over `rows` rows,
 // at most max_chunk_rows each, or 0 where it keeps the logits whole: max_chunk_rows 0, or where
-// chunks would hold more. The chunked path holds one chunk's logits (n, V) and dW (V, C) at its
-// peak where the whole path holds the (N, V) logits (both hold dh (N, C)), so it chunks only
-// when N > n + C, and saves (N - n - C) V elements. (Qwen3-8B at 1 x 4096 keeps the logits
-// whole; stories42M at 16 x 1024 saves 0.70 GiB in bf16.)
-std::int64_t chunked_loss_rows(std::int64_t rows, std::int64_t dim, std::int64_t max_chunk_rows);
+// chunks would hold more. At its peak the chunked path holds one chunk's logits (n, V), the
+// chunk's dh (n, C) and dW (V, C) where the whole path holds the (N, V) logits (both hold an
+// (N, C) gradient), so it chunks only where (N - n) V > n C + V C. (Qwen3-8B at 1 or 2 x 4096
+// keeps the logits whole, as does shakespeare-char's 65-token vocabulary; stories42M at
+// 16 x 1024 saves 0.70 GiB in bf16.)
+std::int64_t chunked_loss_rows(std::int64_t rows, std::int64_t vocab, std::int64_t dim,
+                               std::int64_t max_chunk_rows);
 
 class DecoderBody : public nn::Module {
  public:

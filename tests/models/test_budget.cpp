@@ -472,7 +472,7 @@ TEST(TrainerMfu, PeakTableByDeviceName) {
 }
 
 // The LM head + loss in chunks of rows (DecoderModel::loss, chunked_loss_rows): the analytic
-// model follows to the byte, on the CUDA allocator, the logits whole (N <= n + C), two full
+// model follows to the byte, on the CUDA allocator, the logits whole (too few rows), two full
 // chunks, one full chunk and a shorter last one, several full chunks and a shorter last one.
 TEST(Budget, AnalyticFollowsTheLossChunksExactly) {
   struct Case {
@@ -512,7 +512,7 @@ TEST(Budget, ChunkedLossMeasuredEqualsDryRun) {
   s.cfg = preset("stories260K");
   s.mode = BudgetMode::Train, s.batch = 20, s.seq = 256, s.dtype = DType::F32;
   const std::int64_t N = 20 * 256, V = s.cfg.vocab_size, C = s.cfg.dim;
-  ASSERT_EQ(chunked_loss_rows(N, C, DecoderModel::kDefaultLossChunkRows), 4096);
+  ASSERT_EQ(chunked_loss_rows(N, V, C, DecoderModel::kDefaultLossChunkRows), 4096);
   const BudgetFigures dry = run_budget(s, Device::meta()), meas = run_budget(s, Device::cpu());
   expect_same(dry, meas, "stories260K chunked loss");
   EXPECT_EQ(dry.peak_label, "linear_cross_entropy");
@@ -523,4 +523,19 @@ TEST(Budget, ChunkedLossMeasuredEqualsDryRun) {
             r64(4096 * V * 4) + r64(4096 * 4) + r64(N * C * 4) + r64(4096 * C * 4) + r64(4));
   EXPECT_EQ(analytic_budget(s).at_peak[idx(BudgetRow::Logits)],
             dry.at_peak[idx(BudgetRow::Logits)]);
+}
+
+// Where the LM head + loss runs in chunks: only where one chunk's logits, its dh and dW hold
+// less than the whole logits.
+TEST(Budget, ChunkedLossRowsOnlyWhereChunksHoldLess) {
+  constexpr std::int64_t n = DecoderModel::kDefaultLossChunkRows;
+  EXPECT_EQ(chunked_loss_rows(16 * 1024, 32000, 512, n), 4096);     // stories42M 16 x 1024
+  EXPECT_EQ(chunked_loss_rows(4 * 256, 32000, 288, n), 0);          // one chunk: nothing saved
+  EXPECT_EQ(chunked_loss_rows(4096, 151936, 4096, n), 0);           // Qwen3-8B 1 x 4096
+  EXPECT_EQ(chunked_loss_rows(8192, 151936, 4096, n), 0);           // 2 x 4096: dW outweighs
+  EXPECT_EQ(chunked_loss_rows(16384, 151936, 4096, n), 4096);       // 4 x 4096
+  EXPECT_EQ(chunked_loss_rows(64 * 256, 65, 192, n), 0);            // shakespeare-char
+  EXPECT_EQ(chunked_loss_rows(16 * 1024, 32000, 512, 0), 0);        // switched off
+  EXPECT_EQ(chunked_loss_rows(16 * 1024, 32000, 512, 1 << 20), 0);  // one chunk
+  EXPECT_EQ(chunked_loss_rows(16 * 1024, 32000, 512, 2048), 2048);
 }
