@@ -341,6 +341,7 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
              "[linear_cross_entropy] tensors on different devices: {}, {} and {}", h.device().str(),
              w.device().str(), targets.device().str());
   const std::int64_t N = h.size(0), C = h.size(1);
+  KILN_CHECK(N > 0, "[linear_cross_entropy] no rows: the mean loss of 0 targets is undefined");
   const double inv_count = inverse_target_count(targets, ignore_index);
   const bool want_dh = needs_grad({&h}), want_dw = needs_grad({&w});
   const std::int64_t rows_per = chunk_rows > 0 ? std::min(chunk_rows, N) : N;

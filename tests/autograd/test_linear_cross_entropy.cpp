@@ -100,6 +100,9 @@ TEST(LinearCrossEntropy, RefusesMismatchedShapes) {
   Tensor w3 = ops::zeros({6, 3}, DType::F32, Device::cpu());
   Tensor t3 = ops::from_vector(std::vector<std::int32_t>{0, 1, 2}, {3});
   EXPECT_THROW(ag::linear_cross_entropy(h, w3, t3, -100, 0), Error);
+  Tensor h0 = ops::zeros({0, 3}, DType::F32, Device::cpu());
+  Tensor t0 = ops::zeros({0}, DType::I32, Device::cpu());
+  EXPECT_THROW(ag::linear_cross_entropy(h0, w3, t0, -100, 0), Error);
 }
 
 // The fused op on CUDA (f32 and bf16, in row chunks: narrowed views through the GEMMs, the loss
