@@ -28,6 +28,7 @@ struct BudgetOptions {
   std::string device = "cpu";
   std::int64_t batch = 1, seq = 256, context = 0, decode = 32, nproc = 1, zero = 0;
   bool recompute = false, json = false, measure = false;
+  std::int64_t loss_chunk_rows = models::DecoderModel::kDefaultLossChunkRows;
   bool serve = false;  // the serving budget (serve/serve_budget.h)
   std::int64_t seqs = 8, block_size = 16, max_batch_tokens = 256;
 };
@@ -80,6 +81,11 @@ Run add_budget_command(CLI::App &app) {
   app.add_option("--optimizer", o->optimizer, "adamw | sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_flag("--recompute", o->recompute, "Per-layer activation recomputation (training)");
+  app.add_option("--loss-chunk-rows", o->loss_chunk_rows,
+                 "Training: the LM head and the loss in chunks of this many rows where that holds "
+                 "less than the whole (N, V) logits; 0: the logits whole (as kiln train's flag)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option(
       "--gpu-mem", o->gpu_mem,
       "Memory to fit (per rank with --nproc), e.g. 80GiB, 24GB: largest batch (global, a "
@@ -169,6 +175,7 @@ Run add_budget_command(CLI::App &app) {
                                                              : DType::F32;
     base.adamw = o->optimizer == "adamw";
     base.recompute = o->recompute;
+    base.loss_chunk_rows = o->loss_chunk_rows;
     base.nproc = static_cast<int>(o->nproc);
     base.zero = static_cast<int>(o->zero);
     base.simulate = o->simulate == "cuda" || (o->simulate.empty() && device.is_cuda())

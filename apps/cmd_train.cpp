@@ -101,6 +101,12 @@ Run add_train_command(CLI::App& app) {
       ->capture_default_str()
       ->check(uint64_flag());
   app.add_flag("--recompute", o->recompute, "Per-layer activation checkpointing");
+  app.add_option("--loss-chunk-rows", o->loss_chunk_rows,
+                 "The LM head and the loss in chunks of this many rows, both gradients computed "
+                 "in forward, where that holds less than the whole (batch x seq, vocab) logits; "
+                 "0: the logits whole, then the loss")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--time-limit", o->time_limit_s, "Stop training after this many seconds (0: none)")
       ->capture_default_str()
       ->check(real_in(0, 1e9));

@@ -195,7 +195,7 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     // beside the gradients. The candidates: the first chunk before and after its dW, a later full
     // chunk, and the last, shorter one. Where chunks would hold more (chunked_loss_rows: 0), the
     // logits whole.
-    const std::int64_t n = chunked_loss_rows(N, V, C, DecoderModel::kDefaultLossChunkRows);
+    const std::int64_t n = chunked_loss_rows(N, V, C, s.loss_chunk_rows);
     auto head = [&](std::int64_t m, bool chunk_dh, bool dw) {
       Moment h = base;
       h.phase = Phase::Forward, h.label = "linear_cross_entropy";

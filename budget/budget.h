@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/decoder.h"
 #include "models/gguf_model.h"
 #include "tensor/memory.h"
 
@@ -70,6 +71,9 @@ struct BudgetSpec {
   GgufScheme weights = GgufScheme::F32;
   bool adamw = true;       // else SGD with momentum 0.9 (one f32 buffer per parameter)
   bool recompute = false;  // per-layer activation checkpointing (training)
+  // Training: the LM head + loss's chunks of rows (DecoderModel::loss_chunk_rows; 0: the logits
+  // whole, then the loss).
+  std::int64_t loss_chunk_rows = DecoderModel::kDefaultLossChunkRows;
   // Whose allocator the dry run and the analytic model charge for: CPU rounds
   // every block up to 64 bytes, the CUDA caching allocator to 512.
   DeviceType simulate = DeviceType::CPU;

@@ -98,6 +98,7 @@ void BudgetSpec::validate() const {
   cfg.validate();
   KILN_CHECK(batch > 0 && seq > 0, "[budget] batch ({}) and seq ({}) must be > 0", batch, seq);
   KILN_CHECK(decode_steps >= 0, "[budget] decode steps must be >= 0");
+  KILN_CHECK(loss_chunk_rows >= 0, "[budget] loss chunk rows ({}) must be >= 0", loss_chunk_rows);
   KILN_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
              "[budget] dtype must be f32, bf16 or f16, got {}", dtype_name(dtype));
   KILN_CHECK(simulate != DeviceType::Meta, "[budget] cannot simulate the meta device");
@@ -191,6 +192,7 @@ void TrainStep::run() {
   if (!prebuilt_) built = std::make_unique<DecoderModel>(s.cfg, 1234, s.dtype, device);
   DecoderModel& model = prebuilt_ ? *prebuilt_ : *built;
   model.recompute = s.recompute;
+  model.loss_chunk_rows = s.loss_chunk_rows;
   model.train();
   auto named = model.named_parameters();
 

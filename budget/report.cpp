@@ -220,6 +220,7 @@ nlohmann::json budget_report_json(const std::vector<BudgetReport>& reports) {
                                                  : std::string(gguf_scheme_name(s.weights))},
         {"optimizer", s.adamw ? "adamw" : "sgd"},
         {"recompute", s.recompute},
+        {"loss_chunk_rows", s.loss_chunk_rows},
         {"simulate", s.simulate == DeviceType::CUDA ? "cuda" : "cpu"},
         {"analytic", figures_json(r.analytic)},
         {"dry_run", figures_json(r.dry)}};

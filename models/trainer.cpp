@@ -116,7 +116,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"eval_interval", eval_interval},
           {"eval_batches", eval_batches},
           {"seed", seed},
-          {"recompute", recompute}};
+          {"recompute", recompute},
+          {"loss_chunk_rows", loss_chunk_rows}};
 }
 
 double evaluate(DecoderModel& model, std::span<const std::int32_t> tokens, std::int64_t batch,
@@ -167,6 +168,8 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
   finite_in(o.eps, 1e-30, 1, "--eps");
   finite_in(o.clip, 0, 1e6, "--clip");
   KILN_CHECK(o.log_interval >= 1, "[train] --log-interval {} must be >= 1", o.log_interval);
+  KILN_CHECK(o.loss_chunk_rows >= 0, "[train] --loss-chunk-rows {} must be >= 0",
+             o.loss_chunk_rows);
   KILN_CHECK(o.eval_batches >= 1, "[train] --eval-batches {} must be >= 1", o.eval_batches);
   KILN_CHECK(o.max_nonfinite_steps >= 1, "[train] --max-nonfinite-steps {} must be >= 1",
              o.max_nonfinite_steps);
@@ -221,6 +224,7 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
 
   model_ = std::make_unique<DecoderModel>(cfg, o.seed, dtype, device);
   model_->recompute = o.recompute;
+  model_->loss_chunk_rows = o.loss_chunk_rows;
   const nn::AdamWOptions adamw{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   if (o.zero == 0) opt_ = std::make_unique<nn::AdamW>(model_->named_parameters(), adamw);
   if (world > 1 || o.zero > 0) {

@@ -66,6 +66,9 @@ struct TrainOptions {
   bool resume = false;  // continue from out_dir/ckpt.h5
   std::uint64_t seed = 1337;
   bool recompute = false;
+  // The LM head and the loss in chunks of this many rows where that holds less than the whole
+  // (N, V) logits (DecoderModel::loss_chunk_rows); 0: the logits whole.
+  std::int64_t loss_chunk_rows = DecoderModel::kDefaultLossChunkRows;
   double time_limit_s = 0;  // 0: none; else stop after this much training time
   // With time_limit_s: from the end of the warm-up, and again at every evaluation, `steps` becomes
   // what fits the limit at the step time measured so far (fitted_steps), so that the learning

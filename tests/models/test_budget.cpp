@@ -539,3 +539,27 @@ TEST(Budget, ChunkedLossRowsOnlyWhereChunksHoldLess) {
   EXPECT_EQ(chunked_loss_rows(16 * 1024, 32000, 512, 1 << 20), 0);  // one chunk
   EXPECT_EQ(chunked_loss_rows(16 * 1024, 32000, 512, 2048), 2048);
 }
+
+// --loss-chunk-rows reaches the dry run and the analytic model alike: 0 keeps the logits whole
+// (the peak is the LM head's backward over them), 2048 chunks finer than the default.
+TEST(Budget, LossChunkRowsOptionReachesBothModels) {
+  BudgetSpec s;
+  s.cfg = preset("stories15M");
+  s.mode = BudgetMode::Train, s.dtype = DType::BF16, s.batch = 32, s.seq = 256;
+  s.simulate = DeviceType::CUDA;
+  std::int64_t prev_logits = 0;
+  for (std::int64_t rows : {0, 4096, 2048}) {
+    s.loss_chunk_rows = rows;
+    const BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
+    for (std::size_t i = 0; i < kNumBudgetRows; ++i)
+      if (i != idx(BudgetRow::Slack))
+        EXPECT_EQ(a.at_peak[i], d.at_peak[i])
+            << rows << ": " << budget_row_name(static_cast<BudgetRow>(i));
+    EXPECT_EQ(d.peak_label, rows == 0 ? "linear" : "linear_cross_entropy") << rows;
+    const std::int64_t logits = d.at_peak[idx(BudgetRow::Logits)];
+    if (prev_logits > 0) EXPECT_LT(logits, prev_logits) << rows;  // finer chunks hold less
+    prev_logits = logits;
+  }
+  s.loss_chunk_rows = -1;
+  EXPECT_THROW(run_budget(s, Device::meta()), Error);
+}

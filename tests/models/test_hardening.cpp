@@ -186,6 +186,10 @@ TEST(Hardening, TrainerRefusesOutOfRangeOptionsFromTheLibrary) {
   o.beta2 = std::nan("");
   e = error_of([&] { models::Trainer(o, Device::cpu(), DType::F32, log); });
   EXPECT_NE(e.find("--beta2 nan"), std::string::npos) << e;
+  o.beta2 = 0.99;
+  o.loss_chunk_rows = -1;
+  e = error_of([&] { models::Trainer(o, Device::cpu(), DType::F32, log); });
+  EXPECT_NE(e.find("--loss-chunk-rows -1"), std::string::npos) << e;
 }
 
 // ---- class 5: sizes checked before anything is built -------------------------------------
