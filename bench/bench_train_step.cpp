@@ -235,8 +235,8 @@ int main(int argc, char** argv) {
   app.add_flag("--recompute", st.recompute, "per-layer activation checkpointing");
   app.add_option("--loss-chunk-rows", st.loss_chunk_rows,
                  "LM head + loss in chunks of at most this many rows, gradients in forward, where "
-                 "that holds less than the whole logits (default 4096); 0: the logits whole, then "
-                 "the loss")
+                 "that holds less than the whole logits; 0: the logits whole, then the loss")
+      ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 

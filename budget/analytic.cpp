@@ -13,9 +13,10 @@
 //
 // The static rows are sums over parameter tensors and are exact. The peak is
 // the largest of a few candidate moments, each the list of tensors alive then:
-//   training:  the chunked LM head + loss in forward (both of its gradients
-//              made there), and the backward of the last (with --recompute,
-//              recomputed) layer's MLP;
+//   training:  the LM head + loss, in chunks in forward (both of its
+//              gradients made there) or, with the logits whole, the
+//              cross-entropy's and the LM head's backward; and the backward of
+//              the last (with --recompute, recomputed) layer's MLP;
 //   inference: the prefill's attention and MLP of one layer, and the last
 //              decode step's attention over the full cache.
 #include <fmt/format.h>
@@ -191,10 +192,9 @@ BudgetFigures analytic_budget(const BudgetSpec& s) {
     // The LM head and the loss (ag::linear_cross_entropy, DecoderModel::loss): chunks of n rows,
     // both gradients computed in forward. A chunk of m rows holds its logits (overwritten by
     // their gradient), dloss (m), the whole dh (N, C), its own dh (m, C) until it is copied into
-    // dh (with one chunk, dh itself), the loss, and from the first chunk's dW on, dW (V, C)
-    // beside the gradients. The candidates: the first chunk before and after its dW, a later full
-    // chunk, and the last, shorter one. Where chunks would hold more (chunked_loss_rows: 0), the
-    // logits whole.
+    // dh, the loss, and from the first chunk's dW on, dW (V, C) beside the gradients. The
+    // candidates: the first chunk before and after its dW, a later full chunk, and the last,
+    // shorter one. Where chunks would hold more (chunked_loss_rows: 0), the logits whole.
     const std::int64_t n = chunked_loss_rows(N, V, C, s.loss_chunk_rows);
     auto head = [&](std::int64_t m, bool chunk_dh, bool dw) {
       Moment h = base;

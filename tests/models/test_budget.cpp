@@ -205,12 +205,8 @@ TEST(Budget, GeluGatedMlpDryRunAndAnalytic) {
     // Exact against a dry run that takes the dtype natively on the CPU allocator; a bf16 CPU
     // without bf16 kernels is compared with CUDA's dry run, within expect_analytic's tolerance.
     if (!simulates_native_dtype(s) || gemm_scratch_unmodelled(s)) return;
-    BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
-    for (std::size_t i = 0; i < kNumBudgetRows; ++i)
-      if (i != idx(BudgetRow::Slack))  // the allocator's, not a category
-        EXPECT_EQ(a.at_peak[i], d.at_peak[i])
-            << budget_mode_name(s.mode) << ": " << budget_row_name(static_cast<BudgetRow>(i));
-    EXPECT_EQ(a.peak_label, d.peak_label);
+    test::expect_rows_at_peak_equal(analytic_budget(s), run_budget(s, Device::meta()),
+                                    std::string(budget_mode_name(s.mode)));
   };
   for (MlpActivation act : {MlpActivation::GeluTanh, MlpActivation::Gelu}) {
     SCOPED_TRACE(nn::mlp_activation_name(act));
@@ -491,14 +487,10 @@ TEST(Budget, AnalyticFollowsTheLossChunksExactly) {
     s.simulate = DeviceType::CUDA;
     for (bool rc : {false, true}) {
       s.recompute = rc;
-      const BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
+      const BudgetFigures d = run_budget(s, Device::meta());
       const std::string what = fmt::format("{} {} b{} s{}{}", k.preset, dtype_name(k.dt), k.batch,
                                            k.seq, rc ? " rc" : "");
-      for (std::size_t i = 0; i < kNumBudgetRows; ++i)
-        if (i != idx(BudgetRow::Slack))
-          EXPECT_EQ(a.at_peak[i], d.at_peak[i])
-              << what << ": " << budget_row_name(static_cast<BudgetRow>(i));
-      EXPECT_EQ(a.peak_label, d.peak_label) << what;
+      test::expect_rows_at_peak_equal(analytic_budget(s), d, what);
       if (!rc) EXPECT_EQ(d.peak_label, k.label) << what;
     }
   }
@@ -550,11 +542,8 @@ TEST(Budget, LossChunkRowsOptionReachesBothModels) {
   std::int64_t prev_logits = 0;
   for (std::int64_t rows : {0, 4096, 2048}) {
     s.loss_chunk_rows = rows;
-    const BudgetFigures a = analytic_budget(s), d = run_budget(s, Device::meta());
-    for (std::size_t i = 0; i < kNumBudgetRows; ++i)
-      if (i != idx(BudgetRow::Slack))
-        EXPECT_EQ(a.at_peak[i], d.at_peak[i])
-            << rows << ": " << budget_row_name(static_cast<BudgetRow>(i));
+    const BudgetFigures d = run_budget(s, Device::meta());
+    test::expect_rows_at_peak_equal(analytic_budget(s), d, fmt::format("{} rows", rows));
     EXPECT_EQ(d.peak_label, rows == 0 ? "linear" : "linear_cross_entropy") << rows;
     const std::int64_t logits = d.at_peak[idx(BudgetRow::Logits)];
     if (prev_logits > 0) EXPECT_LT(logits, prev_logits) << rows;  // finer chunks hold less
