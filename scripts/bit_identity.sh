@@ -4,6 +4,8 @@
 # losses and gradient norms (f32 and bf16; a char model and a GQA llama2.c-shaped one) and of generations sampled
 # at temperature 1.5 (so that the logits decide) from seeded random Qwen3-0.6B weights (f32 and
 # bf16). Run it on the old and the new commit, on the same machine and thread count, and diff.
+# Compare like builds: loading the CUDA libraries alone adds ~80 M instructions to the callgrind
+# count (bench/results/bit_identity_20261128.md), so build both with -DKILN_CUDA=OFF, or both with.
 #
 #   scripts/bit_identity.sh [BUILD_DIR] > before.txt
 #   KILN_CALLGRIND=1 scripts/bit_identity.sh build   # also the instruction count of one run
