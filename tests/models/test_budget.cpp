@@ -48,20 +48,7 @@ ModelConfig budget_tiny_qwen3() {
 
 using kiln::test::idx;
 
-// Every tracker row (slack is the allocator's, not a category) and the peak's
-// phase and label.
-void expect_same(const BudgetFigures& dry, const BudgetFigures& meas, const std::string& what) {
-  for (std::size_t i = 0; i < kNumBudgetRows; ++i) {
-    if (i == idx(BudgetRow::Slack)) continue;
-    std::string row(budget_row_name(static_cast<BudgetRow>(i)));
-    EXPECT_EQ(dry.at_peak[i], meas.at_peak[i]) << what << ": " << row << " at the peak";
-    EXPECT_EQ(dry.peak[i], meas.peak[i]) << what << ": " << row << " own peak";
-  }
-  EXPECT_EQ(dry.total_peak, meas.total_peak) << what;
-  EXPECT_EQ(dry.peak_phase, meas.peak_phase) << what;
-  EXPECT_EQ(dry.peak_label, meas.peak_label) << what;
-  EXPECT_GT(dry.total_peak, 0) << what;
-}
+using kiln::test::expect_dry_equals_measured;
 
 // The analytic model is compared with the dry run of a backend that computes the dtype
 // natively without GEMM library scratch: the simulated one, or CUDA's where the simulated CPU
@@ -105,7 +92,7 @@ TEST(Budget, DryRunEqualsMeasuredStories15MTrainStep) {
   s.batch = 4, s.seq = 256, s.dtype = DType::F32, s.adamw = true;
   BudgetFigures dry = run_budget(s, Device::meta());
   BudgetFigures meas = run_budget(s, Device::cpu());
-  expect_same(dry, meas, "stories15M train step");
+  expect_dry_equals_measured(dry, meas, "stories15M train step");
   EXPECT_EQ(dry.peak_phase, Phase::Backward);
   // Weights, gradients, AdamW m and v: 4 + 4 + 8 bytes per parameter (+ rounding).
   const std::int64_t w = param_bytes(s.cfg, 4);
@@ -125,7 +112,7 @@ TEST(Budget, DryRunEqualsMeasuredTinyQwen3PrefillDecode) {
   ASSERT_EQ(s.decodes(), 32);
   BudgetFigures dry = run_budget(s, Device::meta(), true);
   BudgetFigures meas = run_budget(s, Device::cpu());
-  expect_same(dry, meas, "tiny qwen3 prefill 64 + 32 decode");
+  expect_dry_equals_measured(dry, meas, "tiny qwen3 prefill 64 + 32 decode");
   // KV: 2 (k, v) · L · context · Hkv · D · 4 bytes.
   EXPECT_EQ(dry.at_peak[idx(BudgetRow::KVCache)], 2 * 2 * 96 * 2 * 32 * 4);
   bool prefill = false, decode = false;
@@ -141,14 +128,17 @@ TEST(Budget, DryRunEqualsMeasuredVariants) {
   s.cfg = budget_tiny_qwen3();
   s.mode = BudgetMode::Infer;
   s.batch = 3, s.seq = 20, s.decode_steps = 5;  // strided KV-cache slots at batch > 1
-  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "infer batch 3");
+  expect_dry_equals_measured(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                             "infer batch 3");
   s.mode = BudgetMode::Train;
   s.batch = 2, s.seq = 32;
   s.recompute = true;
-  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "train recompute");
+  expect_dry_equals_measured(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                             "train recompute");
   s.recompute = false;
   s.adamw = false;
-  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "train sgd");
+  expect_dry_equals_measured(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                             "train sgd");
 }
 
 // The CPU runs bf16 natively where it has a bf16 kernel (tensor/kernels_cpu_*.cpp: GEMMs on oneDNN
@@ -160,17 +150,21 @@ TEST(Budget, DryRunEqualsMeasuredInBf16OnTheCpu) {
   s.cfg = budget_tiny_qwen3();
   s.dtype = DType::BF16;
   s.mode = BudgetMode::Train, s.batch = 2, s.seq = 32;
-  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 train");
+  expect_dry_equals_measured(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                             "bf16 train");
   s.recompute = true;
-  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 train rc");
+  expect_dry_equals_measured(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                             "bf16 train rc");
   s.mode = BudgetMode::Infer, s.recompute = false, s.seq = 20, s.decode_steps = 4;
-  expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "bf16 infer");
+  expect_dry_equals_measured(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                             "bf16 infer");
   // stories15M's shapes (dim 288, hidden 768, vocab 32000) through the bf16 GEMMs.
   BudgetSpec t;
   t.cfg = preset("stories15M");
   t.dtype = DType::BF16;
   t.mode = BudgetMode::Train, t.batch = 2, t.seq = 64, t.adamw = true;
-  expect_same(run_budget(t, Device::meta()), run_budget(t, Device::cpu()), "stories15M bf16 train");
+  expect_dry_equals_measured(run_budget(t, Device::meta()), run_budget(t, Device::cpu()),
+                             "stories15M bf16 train");
 }
 
 TEST(Budget, AnalyticMatchesDryRun) {
@@ -218,8 +212,8 @@ TEST(Budget, GeluGatedMlpDryRunAndAnalytic) {
     for (bool rc : {false, true}) {
       s.recompute = rc;
       s.dtype = DType::F32;
-      expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
-                  rc ? "gelu-gated train recompute" : "gelu-gated train");
+      expect_dry_equals_measured(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                                 rc ? "gelu-gated train recompute" : "gelu-gated train");
       for (DType dt : {DType::F32, DType::BF16}) {
         s.dtype = dt;
         expect_exact(s);
@@ -228,7 +222,8 @@ TEST(Budget, GeluGatedMlpDryRunAndAnalytic) {
     s.mode = BudgetMode::Infer;
     s.recompute = false, s.dtype = DType::F32;
     s.batch = 2, s.seq = 20, s.decode_steps = 4;
-    expect_same(run_budget(s, Device::meta()), run_budget(s, Device::cpu()), "gelu-gated infer");
+    expect_dry_equals_measured(run_budget(s, Device::meta()), run_budget(s, Device::cpu()),
+                               "gelu-gated infer");
     expect_exact(s);
     s.simulate = DeviceType::CUDA;
     expect_exact(s);
@@ -506,7 +501,7 @@ TEST(Budget, ChunkedLossMeasuredEqualsDryRun) {
   const std::int64_t N = 20 * 256, V = s.cfg.vocab_size, C = s.cfg.dim;
   ASSERT_EQ(chunked_loss_rows(N, V, C, DecoderModel::kDefaultLossChunkRows), 4096);
   const BudgetFigures dry = run_budget(s, Device::meta()), meas = run_budget(s, Device::cpu());
-  expect_same(dry, meas, "stories260K chunked loss");
+  expect_dry_equals_measured(dry, meas, "stories260K chunked loss");
   EXPECT_EQ(dry.peak_label, "linear_cross_entropy");
   EXPECT_EQ(dry.peak_phase, Phase::Forward);
   // One chunk's logits (4096, V), dloss, dh (N, C) and the chunk's dh (4096, C), and the loss.

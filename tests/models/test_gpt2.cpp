@@ -469,15 +469,7 @@ TEST(Gpt2, BudgetDryRunEqualsMeasured) {
   auto expect_same = [&](const std::string& what) {
     models::BudgetFigures dry = models::run_budget(s, Device::meta());
     models::BudgetFigures meas = models::run_budget(s, Device::cpu());
-    for (std::size_t i = 0; i < models::kNumBudgetRows; ++i) {
-      if (i == idx(models::BudgetRow::Slack)) continue;  // the allocator's, not a category
-      std::string row(models::budget_row_name(static_cast<models::BudgetRow>(i)));
-      EXPECT_EQ(dry.at_peak[i], meas.at_peak[i]) << what << ": " << row << " at the peak";
-      EXPECT_EQ(dry.peak[i], meas.peak[i]) << what << ": " << row << " own peak";
-    }
-    EXPECT_EQ(dry.total_peak, meas.total_peak) << what;
-    EXPECT_EQ(dry.peak_label, meas.peak_label) << what;
-    EXPECT_GT(dry.total_peak, 0) << what;
+    test::expect_dry_equals_measured(dry, meas, what);
   };
   s.mode = models::BudgetMode::Train, s.batch = 2, s.seq = 32;
   expect_same("train");
