@@ -8,6 +8,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/dropout.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/optimizer.h"
@@ -69,6 +70,20 @@ template <class T>
 struct RmsNormCpu {
   static void run(RmsNormArgs& a) {
     kc::rmsnorm_forward<T>(rows_of(a.x), a.w.size(0), a.eps, a.x.template data<T>(),
+                           a.w.template data<T>(), a.y.template data<T>(),
+                           a.rstd.template data<kc::compute_t<T>>());
+  }
+};
+
+// The add and the norm are the kernels add() and rmsnorm() run (so the bits are theirs); for
+// decode's one row, s is still in L1 when the norm reads it.
+template <class T>
+struct AddRmsNormCpu {
+  static void run(AddRmsNormArgs& a) {
+    const std::int64_t n = a.s.numel(), unit = 1;
+    kc::binary<T>(kc::BinaryOp::Add, 1, &n, a.x.template data<T>(), &unit, a.r.template data<T>(),
+                  &unit, a.s.template data<T>());
+    kc::rmsnorm_forward<T>(rows_of(a.s), a.w.size(0), a.eps, a.s.template data<T>(),
                            a.w.template data<T>(), a.y.template data<T>(),
                            a.rstd.template data<kc::compute_t<T>>());
   }
@@ -342,6 +357,7 @@ void register_nn() {
   register_float_storage<EmbeddingArgs, EmbeddingCpu>();
   register_float_storage<EmbeddingBackwardArgs, EmbeddingBackwardCpu>();
   register_float_storage<RmsNormArgs, RmsNormCpu>();
+  register_float_storage<AddRmsNormArgs, AddRmsNormCpu>();
   register_float_storage<RmsNormBackwardArgs, RmsNormBackwardCpu>(
       {.scratch = &rmsnorm_backward_scratch});
   register_float_storage<LayerNormArgs, LayerNormCpu>();

@@ -52,6 +52,10 @@ struct RmsNormBackwardCuda {
   static void run(RmsNormBackwardArgs& a);
 };
 template <class T>
+struct AddRmsNormCuda {
+  static void run(AddRmsNormArgs& a);
+};
+template <class T>
 struct LayerNormCuda {
   static void run(LayerNormArgs& a);
 };
@@ -257,6 +261,16 @@ void RmsNormCuda<T>::run(RmsNormArgs& a) {
                            a.rstd.template data<float>(), kStream);
 }
 
+template <class T>
+void AddRmsNormCuda<T>::run(AddRmsNormArgs& a) {
+  const Rows rx = row_view(a.x, a.x.dtype()), rr = row_view(a.r, a.x.dtype());
+  const Tensor w = dense_as(a.w, a.x.dtype());
+  cuda::add_rmsnorm_forward<T>(rx.rows, rx.cols, static_cast<float>(a.eps), rx.t.template data<T>(),
+                               rx.stride, rr.t.template data<T>(), rr.stride, w.template data<T>(),
+                               a.s.template data<T>(), a.y.template data<T>(),
+                               a.rstd.template data<float>(), kStream);
+}
+
 // dx =; dw += when defined (any float dtype), through f32 chunk partials.
 template <class T>
 void RmsNormBackwardCuda<T>::run(RmsNormBackwardArgs& a) {
@@ -396,6 +410,7 @@ void register_nn() {
   register_cuda<EmbeddingBackwardArgs, EmbeddingBackwardCuda, float, bf16, f16>(
       {.layout = S, .mixed_inputs = true});
   register_cuda<RmsNormArgs, RmsNormCuda, float, bf16, f16>({.layout = S});
+  register_cuda<AddRmsNormArgs, AddRmsNormCuda, float, bf16, f16>({.layout = S});
   register_cuda<RmsNormBackwardArgs, RmsNormBackwardCuda, float, bf16, f16>(
       {.layout = S, .scratch = &rmsnorm_backward_scratch});
   register_cuda<LayerNormArgs, LayerNormCuda, float, bf16, f16>({.layout = S});

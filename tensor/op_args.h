@@ -347,6 +347,26 @@ struct RmsNormArgs {  // y = x * rstd * w; x (..., C), w (C), rstd (rows) in the
   }
 };
 
+// The residual add of a pre-norm block and the norm after it, in one op (inference: one pass over
+// the hidden state on CUDA). s = x + r, rounded to the storage dtype; then rmsnorm(s) exactly as
+// RmsNormArgs (y, rstd), so the result is the add's and the norm's, bit for bit.
+struct AddRmsNormArgs {  // x, r, s, y (..., C); w (C); rstd (rows) in the compute dtype
+  static constexpr Op kOp = Op::RmsNorm;
+  static constexpr std::string_view kName = "add_rmsnorm";
+  Tensor x, r, w, s, y, rstd;
+  double eps = 1e-5;
+  const Tensor& anchor() const { return y; }
+  template <class F>
+  void slots(F&& f) {
+    f(Slot::In, x);
+    f(Slot::In, r);
+    f(Slot::In, w);
+    f(Slot::Out, s);
+    f(Slot::Out, y);
+    f(Slot::AuxOut, rstd);
+  }
+};
+
 struct RmsNormBackwardArgs {  // dx =; dw += (any float dtype) when defined
   static constexpr Op kOp = Op::RmsNorm;
   static constexpr std::string_view kName = "rmsnorm_backward";
@@ -678,11 +698,11 @@ using AllKernels = decltype(detail::concat(
     KernelList<CopyArgs, FillArgs, RandomArgs, BinaryArgs, UnaryArgs, AffineArgs, AxpyArgs,
                ScaleArgs, ReduceArgs, ArgmaxArgs, SumAllArgs, SumSquaresArgs, SumSquaresMultiArgs,
                GemmArgs, MatmulArgs, LinearArgs, SoftmaxArgs, SoftmaxBackwardArgs, EmbeddingArgs,
-               EmbeddingBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, LayerNormArgs,
-               LayerNormBackwardArgs, RopeTablesArgs, RopeArgs, SwiGluArgs, SwiGluBackwardArgs,
-               AttentionArgs, AttentionBackwardArgs, CrossEntropyArgs, CrossEntropyBackwardArgs,
-               DropoutArgs, DropoutBackwardArgs, AdamWArgs, AdamWMultiArgs, SgdArgs, DequantizeArgs,
-               LinearQuantArgs, PagedAttentionArgs>{},
+               EmbeddingBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, AddRmsNormArgs,
+               LayerNormArgs, LayerNormBackwardArgs, RopeTablesArgs, RopeArgs, SwiGluArgs,
+               SwiGluBackwardArgs, AttentionArgs, AttentionBackwardArgs, CrossEntropyArgs,
+               CrossEntropyBackwardArgs, DropoutArgs, DropoutBackwardArgs, AdamWArgs,
+               AdamWMultiArgs, SgdArgs, DequantizeArgs, LinearQuantArgs, PagedAttentionArgs>{},
     detail::activation_kernels(std::make_index_sequence<kActivations.size()>{})));
 
 }  // namespace kiln::ops

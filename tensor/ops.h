@@ -85,8 +85,8 @@ Tensor dequantize(const Tensor& blocks, quant::QuantType type, const Shape& shap
 // as GGUF stores a weight: numel(blocks) = N * K / block_size * block_bytes) and bias (N) or
 // undefined. x is f32, bf16 or f16; out has x's dtype. Inference only (no gradient).
 // On the CPU, up to kiln::cpu::quant_gemv_max_rows(type) rows run the int8 GEMV (x quantized to
-// 8 bits per value, kernels/cpu/gemv_quant.h); more rows dequantize W (to x's dtype) a slice at a time
-// and multiply with the float GEMM. On CUDA W is dequantized and multiplied by cuBLASLt.
+// 8 bits per value, kernels/cpu/gemv_quant.h); more rows dequantize W (to x's dtype) a slice at a
+// time and multiply with the float GEMM. On CUDA W is dequantized and multiplied by cuBLASLt.
 Tensor linear_quant(const Tensor& x, const Tensor& blocks, quant::QuantType type, std::int64_t n,
                     const Tensor& bias = Tensor());
 
@@ -117,6 +117,11 @@ void embedding_backward_(Tensor& dtable, const Tensor& ids, const Tensor& dout);
 
 // x: (..., C), w: (C). Returns y and rstd (rows,) in f32 (f64 for f64 inputs).
 std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x, const Tensor& w, double eps);
+// A pre-norm block's residual add and the next RMSNorm in one op: s = x + r (x, r: (..., C), one
+// dtype), then (y, rstd) = rmsnorm(s, w, eps). Returns s, y and rstd; bit-identical to add() and
+// rmsnorm(). No autograd node: for inference.
+std::tuple<Tensor, Tensor, Tensor> add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& w,
+                                               double eps);
 // Returns dx; accumulates into dw (+=) if defined.
 Tensor rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                         Tensor* dw);

@@ -67,6 +67,20 @@ std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x, const Tensor& w, double eps)
   return {a.y, rstd};
 }
 
+std::tuple<Tensor, Tensor, Tensor> add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& w,
+                                               double eps) {
+  KILN_CHECK(x.shape() == r.shape() && x.dtype() == r.dtype(),
+             "[add_rmsnorm] residual {} {} does not match input {} {}", shape_str(r.shape()),
+             dtype_name(r.dtype()), shape_str(x.shape()), dtype_name(x.dtype()));
+  KILN_CHECK(w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0),
+             "[add_rmsnorm] input {} does not match weight {}", shape_str(x.shape()),
+             shape_str(w.shape()));
+  Tensor rstd = Tensor::empty({rows_of(x)}, compute_dtype(x.dtype()), x.device());
+  AddRmsNormArgs a{x, r, w, empty_like(x), empty_like(x), rstd, eps};
+  run(a);
+  return {a.s, a.y, rstd};
+}
+
 // A norm backward's weight and row statistics match x's rows and columns, and a weight gradient
 // (when asked for) is a contiguous buffer of the weight's size.
 static void check_norm_backward(const Tensor& x, const Tensor& w, const Tensor& stat,

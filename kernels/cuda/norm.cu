@@ -43,18 +43,31 @@ __device__ __forceinline__ void accumulate_partial(float* part, const float (&va
 // ---- RMSNorm ----------------------------------------------------------------------------------
 
 // x: (rows, dim) row stride xs; w: (dim); y: (rows, dim) dense; rstd: (rows) f32.
-template <typename T, bool kWarp, int V>
+// kAdd (add_rmsnorm): the row is s = x + res (res: row stride rs), rounded to T as add() stores
+// it, written to s (rows, dim) dense, and normalized; the second pass adds again rather than read
+// s back (ldp may take the read-only path, which does not see this kernel's writes).
+template <typename T, bool kWarp, int V, bool kAdd>
 __global__ void __launch_bounds__(1024)
     rmsnorm_fwd_kernel(std::int64_t rows, std::int64_t dim, float eps, const T* x, std::int64_t xs,
-                       const T* w, T* y, float* rstd) {
+                       const T* res, std::int64_t rs, T* s, const T* w, T* y, float* rstd) {
   const Group g = make_group<kWarp>();
   if (g.index >= rows) return;  // whole warps only (block mode: index < rows always)
   const T* xr = x + g.index * xs;
   T* yr = y + g.index * dim;
+  const auto row_pack = [&](std::int64_t c) {
+    Pack<T, V> p = ldp<T, V>(xr + c);
+    if constexpr (kAdd) {
+      const Pack<T, V> rp = ldp<T, V>(res + g.index * rs + c);
+#pragma unroll
+      for (int e = 0; e < V; ++e) p.v[e] = store<T>(__fadd_rn(load(p.v[e]), load(rp.v[e])));
+    }
+    return p;
+  };
   const std::int64_t step = static_cast<std::int64_t>(g.size) * V;
   float ss = 0.f;
   for (std::int64_t c = static_cast<std::int64_t>(g.lane) * V; c < dim; c += step) {
-    const Pack<T, V> xp = ldp<T, V>(xr + c);
+    const Pack<T, V> xp = row_pack(c);
+    if constexpr (kAdd) stp<T, V>(s + g.index * dim + c, xp);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float v = load(xp.v[e]);
@@ -65,7 +78,7 @@ __global__ void __launch_bounds__(1024)
   const float r = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
   if (g.lane == 0) rstd[g.index] = r;
   for (std::int64_t c = static_cast<std::int64_t>(g.lane) * V; c < dim; c += step) {
-    const Pack<T, V> xp = ldp<T, V>(xr + c), wp = ldp<T, V>(w + c);
+    const Pack<T, V> xp = row_pack(c), wp = ldp<T, V>(w + c);
     Pack<T, V> o;
 #pragma unroll
     for (int e = 0; e < V; ++e) o.v[e] = store<T>(load(xp.v[e]) * r * load(wp.v[e]));
@@ -355,9 +368,25 @@ void rmsnorm_forward(std::int64_t rows, std::int64_t dim, float eps, const T* x,
   const int vec = row_vec_width(sizeof(T), dim, {x, w, y}, {x_stride});
   const RowLaunch l = row_launch(rows, dim, vec);
   with_shape<T>(l, vec, [&](auto warp, auto v) {
-    rmsnorm_fwd_kernel<T, decltype(warp)::value, decltype(v)::value>
-        <<<static_cast<unsigned>(l.blocks), l.threads, 0, stream>>>(rows, dim, eps, x, x_stride, w,
-                                                                    y, rstd);
+    rmsnorm_fwd_kernel<T, decltype(warp)::value, decltype(v)::value, false>
+        <<<static_cast<unsigned>(l.blocks), l.threads, 0, stream>>>(
+            rows, dim, eps, x, x_stride, nullptr, 0, nullptr, w, y, rstd);
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+template <typename T>
+void add_rmsnorm_forward(std::int64_t rows, std::int64_t dim, float eps, const T* x,
+                         std::int64_t x_stride, const T* r, std::int64_t r_stride, const T* w, T* s,
+                         T* y, float* rstd, StreamHandle stream) {
+  check_rows("add_rmsnorm", rows, dim, x_stride, r_stride);
+  if (rows == 0) return;
+  const int vec = row_vec_width(sizeof(T), dim, {x, r, w, s, y}, {x_stride, r_stride});
+  const RowLaunch l = row_launch(rows, dim, vec);
+  with_shape<T>(l, vec, [&](auto warp, auto v) {
+    rmsnorm_fwd_kernel<T, decltype(warp)::value, decltype(v)::value, true>
+        <<<static_cast<unsigned>(l.blocks), l.threads, 0, stream>>>(rows, dim, eps, x, x_stride, r,
+                                                                    r_stride, s, w, y, rstd);
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
@@ -447,6 +476,9 @@ void reduce_partials(std::int64_t chunks, std::int64_t dim, const float* part, U
 }
 
 #define KILN_INSTANTIATE(T)                                                                       \
+  template void add_rmsnorm_forward<T>(std::int64_t, std::int64_t, float, const T*, std::int64_t, \
+                                       const T*, std::int64_t, const T*, T*, T*, float*,          \
+                                       StreamHandle);                                             \
   template void rmsnorm_forward<T>(std::int64_t, std::int64_t, float, const T*, std::int64_t,     \
                                    const T*, T*, float*, StreamHandle);                           \
   template void rmsnorm_backward<T>(std::int64_t, std::int64_t, const T*, std::int64_t, const T*, \

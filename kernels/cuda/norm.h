@@ -3,6 +3,8 @@
 // rstd, mean: (rows) f32. T is float, bf16 or f16; all math is f32.
 //
 // RMSNorm:    rstd = 1 / sqrt(mean_j(x_j^2) + eps),  y = x * rstd * w                  (y, rstd =)
+// add_rmsnorm: s = x + r (rounded to T), then RMSNorm of s; r: (rows, dim) with a row stride,
+//             s: (rows, dim) contiguous                                           (s, y, rstd =)
 //   backward: dx = rstd * w dy - x * rstd^3 * mean_j(w_j dy_j x_j)                     (dx =)
 //             dw_partial[c, j] = sum over the rows of chunk c of dy * x * rstd          (=)
 // LayerNorm:  mean = mean_j(x_j),  rstd = 1 / sqrt(mean_j((x_j - mean)^2) + eps),
@@ -104,6 +106,10 @@ inline std::int64_t norm_backward_scratch_floats(std::int64_t rows, std::int64_t
 template <typename T>
 void rmsnorm_forward(std::int64_t rows, std::int64_t dim, float eps, const T* x,
                      std::int64_t x_stride, const T* w, T* y, float* rstd, StreamHandle stream);
+template <typename T>
+void add_rmsnorm_forward(std::int64_t rows, std::int64_t dim, float eps, const T* x,
+                         std::int64_t x_stride, const T* r, std::int64_t r_stride, const T* w, T* s,
+                         T* y, float* rstd, StreamHandle stream);
 // dw_partial: (norm_chunks(rows).count, dim) f32, written; null when dw is not wanted.
 template <typename T>
 void rmsnorm_backward(std::int64_t rows, std::int64_t dim, const T* x, std::int64_t x_stride,

@@ -172,6 +172,15 @@ std::vector<Case> all_cases() {
     Tensor dx = ops::rmsnorm_backward(x, w, rstd, dy, &dw);
     return std::vector{y, rstd, dx, dw};
   });
+  // A strided input, and decode's one wide row (the block-per-row path on CUDA).
+  add(Op::RmsNorm, "add_rmsnorm", Tol::Reduction, [](const Env &e) {
+    Tensor x = e.in({136, 9}, 70).transpose(0, 1), r = e.in({9, 136}, 71);
+    Tensor w = e.in({136}, 72);
+    auto [s, y, rstd] = ops::add_rmsnorm(x, r, w, 1e-5);
+    Tensor xw = e.in({1, 4096}, 73), rw = e.in({1, 4096}, 74), ww = e.in({4096}, 75);
+    auto [sw, yw, rstdw] = ops::add_rmsnorm(xw, rw, ww, 1e-6);
+    return std::vector{s, y, rstd, sw, yw, rstdw};
+  });
   add(Op::LayerNorm, "layernorm", Tol::Reduction, [](const Env &e) {
     Tensor x = e.in({7, 200}, 22), w = e.in({200}, 23), b = e.in({200}, 24);
     Tensor dy = e.in({7, 200}, 25);

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "tensor/ops.h"
+#include "tensor/storage.h"
+#include "tests/error_of.h"
 
 namespace kiln {
 namespace {
@@ -515,6 +517,67 @@ TEST(Ops, RmsNormLayerNorm) {
   EXPECT_EQ(r32.dtype(), DType::F32);
   EXPECT_TRUE(close(y32, y, 1e-5, 1e-5));
   EXPECT_THROW(ops::rmsnorm(x, randt({C + 1}, 1), eps), Error);
+}
+
+// add_rmsnorm is add() then rmsnorm(): against float64 sums here, and bit for bit against the two
+// ops in every float dtype, on rows with vector tails and decode's one wide row.
+TEST(Ops, AddRmsNormIsTheAddThenTheNorm) {
+  const int R = 5, C = 19;
+  const double eps = 1e-5;
+  Tensor x = randt({C, R}, 60, DType::F64, -2, 2).transpose(0, 1);  // (R, C), strided
+  Tensor r = randt({R, C}, 61, DType::F64, -2, 2), w = randt({C}, 62);
+  auto xv = x.to_double_vector(), rv = r.to_double_vector(), wv = w.to_double_vector();
+  V s(R * C), y(R * C), rs(R);
+  for (int i = 0; i < R; ++i) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) {
+      s[i * C + c] = xv[i * C + c] + rv[i * C + c];
+      ss += s[i * C + c] * s[i * C + c];
+    }
+    rs[i] = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) y[i * C + c] = s[i * C + c] * rs[i] * wv[c];
+  }
+  auto [s64, y64, rstd64] = ops::add_rmsnorm(x, r, w, eps);
+  EXPECT_TRUE(close(s64, s));
+  EXPECT_TRUE(close(y64, y));
+  EXPECT_TRUE(close(rstd64, rs));
+
+  for (DType dt : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
+    for (const Shape& shape : {Shape{2, 3, 37}, Shape{1, 1, 4096}}) {
+      const Tensor a = randt(shape, 63, dt, -3, 3), b = randt(shape, 64, dt, -3, 3);
+      const Tensor g = randt({shape.back()}, 65, dt, 0.5, 1.5);
+      auto [sf, yf, rf] = ops::add_rmsnorm(a, b, g, eps);
+      const Tensor su = ops::add(a, b);
+      auto [yu, ru] = ops::rmsnorm(su, g, eps);
+      EXPECT_EQ(sf.dtype(), dt);
+      EXPECT_EQ(yf.shape(), shape);
+      EXPECT_EQ(rf.dtype(), ru.dtype());
+      EXPECT_EQ(sf.to_double_vector(), su.to_double_vector()) << dtype_name(dt);
+      EXPECT_EQ(yf.to_double_vector(), yu.to_double_vector()) << dtype_name(dt);
+      EXPECT_EQ(rf.to_double_vector(), ru.to_double_vector()) << dtype_name(dt);
+    }
+  }
+
+  // Both backends have a kernel: the meta device, simulating each, gives the shapes.
+  for (DeviceType simulated : {DeviceType::CPU, DeviceType::CUDA}) {
+    MetaSimulatesScope scope(simulated);
+    const Tensor m = ops::zeros({2, 7, 64}, DType::BF16, Device::meta());
+    auto [sm, ym, rm] = ops::add_rmsnorm(m, m, ops::zeros({64}, DType::BF16, Device::meta()), eps);
+    EXPECT_EQ(sm.shape(), (Shape{2, 7, 64}));
+    EXPECT_EQ(ym.dtype(), DType::BF16);
+    EXPECT_EQ(rm.shape(), (Shape{14}));
+    EXPECT_EQ(rm.dtype(), DType::F32);
+  }
+
+  test::expect_error(
+      [&] {
+        ops::add_rmsnorm(x, randt({R, C + 1}, 66), w, eps);
+      },
+      "residual (5, 20) f64 does not match input (5, 19) f64", "[add_rmsnorm]");
+  test::expect_error([&] { ops::add_rmsnorm(x, r.to(DType::F32), w, eps); },
+                     "residual (5, 19) f32 does not match input (5, 19) f64", "[add_rmsnorm]");
+  test::expect_error([&] { ops::add_rmsnorm(x, r, randt({C + 1}, 67), eps); },
+                     "input (5, 19) does not match weight (20,)", "[add_rmsnorm]");
 }
 
 // x: (B, T, H, D) logical values; reference rotation with angles in double.
