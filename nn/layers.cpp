@@ -85,6 +85,16 @@ Tensor Norm::forward(const Tensor& x) const {
                                      : ag::rmsnorm(x, weight, eps);
 }
 
+std::pair<Tensor, Tensor> Norm::add_forward(const Tensor& x, const Tensor& r) const {
+  if (kind == NormKind::RmsNorm && !grad_enabled()) {
+    auto [s, y, rstd] = ops::add_rmsnorm(x, r, weight, eps);
+    return {s, y};
+  }
+  Tensor s = ag::add(x, r);
+  Tensor y = forward(s);
+  return {s, y};
+}
+
 Rope::Rope(std::int64_t max_pos_, std::int64_t head_dim, double theta, ops::RopeStyle style_,
            DType dtype, Device device)
     : style(style_), max_pos(max_pos_) {
@@ -185,8 +195,9 @@ DecoderLayer::DecoderLayer(const AttentionConfig& a, const MlpConfig& m, NormKin
 
 Tensor DecoderLayer::forward(const Tensor& x, const Rope* rope, std::int64_t pos_offset,
                              LayerKV* kv) const {
-  Tensor h = ag::add(x, self_attn->forward(input_layernorm->forward(x), rope, pos_offset, kv));
-  return ag::add(h, mlp->forward(post_attention_layernorm->forward(h)));
+  auto [h, normed] = post_attention_layernorm->add_forward(
+      x, self_attn->forward(input_layernorm->forward(x), rope, pos_offset, kv));
+  return ag::add(h, mlp->forward(normed));
 }
 
 }  // namespace kiln::nn

@@ -188,6 +188,21 @@ TEST(Module, StateDictRoundTrip) {
   }
 }
 
+// Without grad recording a decoder layer runs its residual add and post-attention RMSNorm as one
+// op (ops::add_rmsnorm); with it, as ag::add then ag::rmsnorm. The logits are the same bits.
+TEST(Module, InferenceForwardEqualsTheRecordedForwardBitForBit) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    DecoderModel m(tiny(false), 4, dt);
+    Tensor ids = ids_tensor(2, 7, 32, 5);
+    const Tensor recorded = m.forward(ids);
+    EXPECT_TRUE(recorded.requires_grad());
+    NoGradGuard ng;
+    const Tensor inference = m.forward(ids);
+    EXPECT_FALSE(inference.requires_grad());
+    EXPECT_EQ(inference.to_double_vector(), recorded.to_double_vector()) << dtype_name(dt);
+  }
+}
+
 TEST(Module, StrictMismatchListsEverything) {
   DecoderModel m(tiny(), 1);
   auto sd = m.state_dict();
