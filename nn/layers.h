@@ -62,7 +62,8 @@ class Norm : public Module {
   Norm(NormKind kind, std::int64_t dim, double eps, const Init& init);
   Tensor forward(const Tensor& x) const;
   // A pre-norm block's residual add and this norm: returns (x + r, norm(x + r)). Without grad
-  // recording an RMSNorm runs both as one op (ops::add_rmsnorm: one pass on CUDA, the same bits).
+  // recording an RMSNorm runs both as one op (ops::add_rmsnorm: one pass on CUDA, the same bits
+  // as the two ops for the model's contiguous activations).
   std::pair<Tensor, Tensor> add_forward(const Tensor& x, const Tensor& r) const;
   Tensor weight, bias;  // bias: LayerNorm only
   double eps;

@@ -348,8 +348,8 @@ struct RmsNormArgs {  // y = x * rstd * w; x (..., C), w (C), rstd (rows) in the
 };
 
 // The residual add of a pre-norm block and the norm after it, in one op (inference: one pass over
-// the hidden state on CUDA). s = x + r, rounded to the storage dtype; then rmsnorm(s) exactly as
-// RmsNormArgs (y, rstd), so the result is the add's and the norm's, bit for bit.
+// the hidden state on CUDA). s = x + r, rounded to the storage dtype; then rmsnorm(s) as
+// RmsNormArgs computes it (y, rstd): the add's and the norm's bits (ops.h says where on CUDA).
 struct AddRmsNormArgs {  // x, r, s, y (..., C); w (C); rstd (rows) in the compute dtype
   static constexpr Op kOp = Op::RmsNorm;
   static constexpr std::string_view kName = "add_rmsnorm";

@@ -118,8 +118,9 @@ void embedding_backward_(Tensor& dtable, const Tensor& ids, const Tensor& dout);
 // x: (..., C), w: (C). Returns y and rstd (rows,) in f32 (f64 for f64 inputs).
 std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x, const Tensor& w, double eps);
 // A pre-norm block's residual add and the next RMSNorm in one op: s = x + r (x, r: (..., C), one
-// dtype), then (y, rstd) = rmsnorm(s, w, eps). Returns s, y and rstd; bit-identical to add() and
-// rmsnorm(). No autograd node: for inference.
+// dtype), then (y, rstd) = rmsnorm(s, w, eps). Returns s, y and rstd: add()'s and rmsnorm()'s bits
+// on the CPU, and on CUDA wherever both read the same vector width (x and r 16-byte aligned with
+// whole-vector row strides, as a model's activations are). No autograd node: for inference.
 std::tuple<Tensor, Tensor, Tensor> add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& w,
                                                double eps);
 // Returns dx; accumulates into dw (+=) if defined.

@@ -3,10 +3,10 @@
 // rstd, mean: (rows) f32. T is float, bf16 or f16; all math is f32.
 //
 // RMSNorm:    rstd = 1 / sqrt(mean_j(x_j^2) + eps),  y = x * rstd * w                  (y, rstd =)
-// add_rmsnorm: s = x + r (rounded to T), then RMSNorm of s; r: (rows, dim) with a row stride,
-//             s: (rows, dim) contiguous                                           (s, y, rstd =)
 //   backward: dx = rstd * w dy - x * rstd^3 * mean_j(w_j dy_j x_j)                     (dx =)
 //             dw_partial[c, j] = sum over the rows of chunk c of dy * x * rstd          (=)
+// add_rmsnorm: s = x + r (rounded to T), then RMSNorm of s; r: (rows, dim) with a row stride,
+//             s: (rows, dim) contiguous                                           (s, y, rstd =)
 // LayerNorm:  mean = mean_j(x_j),  rstd = 1 / sqrt(mean_j((x_j - mean)^2) + eps),
 //             xhat = (x - mean) * rstd,  y = xhat * w + b   (b may be null)     (y, mean, rstd =)
 //   backward: g = w dy,  dx = rstd * (g - mean_j(g_j) - xhat * mean_j(g_j xhat_j))    (dx =)
