@@ -57,10 +57,15 @@ void embedding_backward_(Tensor& dtable, const Tensor& ids, const Tensor& dout) 
 
 // ---- norms ----------------------------------------------------------------------
 
-std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x, const Tensor& w, double eps) {
+// An RMSNorm's weight is one vector as long as x's last dim.
+static void check_rmsnorm_weight(const Tensor& x, const Tensor& w, const char* op) {
   KILN_CHECK(w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0),
-             "[rmsnorm] input {} does not match weight {}", shape_str(x.shape()),
+             "[{}] input {} does not match weight {}", op, shape_str(x.shape()),
              shape_str(w.shape()));
+}
+
+std::tuple<Tensor, Tensor> rmsnorm(const Tensor& x, const Tensor& w, double eps) {
+  check_rmsnorm_weight(x, w, "rmsnorm");
   Tensor rstd = Tensor::empty({rows_of(x)}, compute_dtype(x.dtype()), x.device());
   RmsNormArgs a{x, w, empty_like(x), rstd, eps};
   run(a);
@@ -72,9 +77,7 @@ std::tuple<Tensor, Tensor, Tensor> add_rmsnorm(const Tensor& x, const Tensor& r,
   KILN_CHECK(x.shape() == r.shape() && x.dtype() == r.dtype(),
              "[add_rmsnorm] residual {} {} does not match input {} {}", shape_str(r.shape()),
              dtype_name(r.dtype()), shape_str(x.shape()), dtype_name(x.dtype()));
-  KILN_CHECK(w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0),
-             "[add_rmsnorm] input {} does not match weight {}", shape_str(x.shape()),
-             shape_str(w.shape()));
+  check_rmsnorm_weight(x, w, "add_rmsnorm");
   Tensor rstd = Tensor::empty({rows_of(x)}, compute_dtype(x.dtype()), x.device());
   AddRmsNormArgs a{x, r, w, empty_like(x), empty_like(x), rstd, eps};
   run(a);
