@@ -358,12 +358,85 @@ KILN_TARGET_AVX512 void quantize_row_q8_avx512(const X* x, std::int64_t K, Block
     }
   }
 }
+
+// ---- the x quantizers on AVX2: quantize_block's arithmetic, 8 lanes at a time --------------
+
+// The largest |x| of n values (a multiple of 8); false where one of them is an infinity or a
+// NaN (not below +inf, unordered true).
+template <typename X>
+KILN_TARGET_AVX2 inline bool amax_finite_avx2(const X* x, int n, float* amax) {
+  const __m256 sign = _mm256_set1_ps(-0.0f),
+               inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 m = _mm256_setzero_ps();
+  int bad = 0;
+  for (int j = 0; j < n; j += 8) {
+    const __m256 a = _mm256_andnot_ps(sign, load_f32x8(x + j));
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+    m = _mm256_max_ps(m, a);
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  *amax = _mm_cvtss_f32(h);
+  return bad == 0;
+}
+
+// 32 values times id, rounded to nearest-even (as nearbyint) and clamped to [-127, 127], stored
+// as bytes at q; the codes' sums over each 16 in sums[0..1] when sums is not null.
+template <typename X>
+KILN_TARGET_AVX2 inline void quantize_32_avx2(const X* x, __m256 id, std::int8_t* q,
+                                              std::int16_t* sums) {
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i v[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(load_f32x8(x + 8 * k), id),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+  }
+  if (sums != nullptr) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i s8 = _mm256_add_epi32(v[2 * h], v[2 * h + 1]);
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+      sums[h] = static_cast<std::int16_t>(_mm_cvtsi128_si32(s));
+    }
+  }
+  // The packs work within 128-bit lanes: dword k of the result holds 4 codes of v[k % 4],
+  // lane k / 4; the permutation puts them back in order. No value saturates (|code| <= 127).
+  const __m256i p =
+      _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// One block of n values (32 or 256): quantize_block's bytes and scale, and Q8_K's block sums
+// when sums is not null.
+template <typename X>
+KILN_TARGET_AVX2 float quantize_block_avx2(const X* x, int n, std::int8_t* q, std::int16_t* sums) {
+  float amax = 0.0f;
+  if (!amax_finite_avx2(x, n, &amax)) {
+    std::memset(q, 0, static_cast<std::size_t>(n));
+    if (sums != nullptr)
+      std::memset(sums, 0, sizeof(std::int16_t) * static_cast<std::size_t>(n / 16));
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  for (int j = 0; j < n; j += 32)
+    quantize_32_avx2(x + j, id, q + j, sums != nullptr ? sums + j / 16 : nullptr);
+  return amax / 127.0f;
+}
 #endif
 
 template <typename X>
 void quantize_row_q8(const X* x, std::int64_t K, BlockQ8* out) {
 #if KILN_CPU_X86
   if (cpu_has(CpuIsa::Avx512)) return quantize_row_q8_avx512(x, K, out);
+  if (cpu_has(CpuIsa::Avx2)) {
+    for (std::int64_t b = 0; b < K / 32; ++b)
+      out[b].d = quantize_block_avx2(x + 32 * b, 32, out[b].q, nullptr);
+    return;
+  }
 #endif
   for (std::int64_t b = 0; b < K / 32; ++b) out[b].d = quantize_block(x + 32 * b, 32, out[b].q);
 }
@@ -406,6 +479,11 @@ template <typename X>
 void quantize_row_q8_k(const X* x, std::int64_t K, BlockQ8K* out) {
 #if KILN_CPU_X86
   if (cpu_has(CpuIsa::Avx512)) return quantize_row_q8_k_avx512(x, K, out);
+  if (cpu_has(CpuIsa::Avx2)) {
+    for (std::int64_t b = 0; b < K / 256; ++b)
+      out[b].d = quantize_block_avx2(x + 256 * b, 256, out[b].q, out[b].bsums);
+    return;
+  }
 #endif
   for (std::int64_t b = 0; b < K / 256; ++b) {
     out[b].d = quantize_block(x + 256 * b, 256, out[b].q);
