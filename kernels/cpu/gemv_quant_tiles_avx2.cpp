@@ -153,6 +153,24 @@ KILN_TARGET_AVX2 inline Q4kHead q4_k_head8(const std::uint8_t* blk, std::int64_t
   return h;
 }
 
+// Group g's (0..3) two scales, of sub-blocks 2g and 2g + 1: one 6-bit value per dword (row).
+KILN_TARGET_AVX2 inline void q4_k_group_scales(const Q4kHead& hd, int g, __m256i* sc_lo,
+                                               __m256i* sc_hi) {
+  const __m256i byte = _mm256_set1_epi32(0xFF);
+  const __m256i sc_packed = g < 2 ? hd.sc_a : hd.sc_b;
+  const int shift = 16 * (g % 2);
+  *sc_lo = _mm256_and_si256(_mm256_srli_epi32(sc_packed, shift), byte);
+  *sc_hi = _mm256_and_si256(_mm256_srli_epi32(sc_packed, shift + 8), byte);
+}
+
+// summ = sum_s m_s xs_s per row, from the mins' i16 pairs and x's four pairs (q4_k_x_pairs).
+KILN_TARGET_AVX2 inline __m256i q4_k_min_sum(const Q4kHead& hd, const std::int32_t* pairs) {
+  __m256i summ = _mm256_setzero_si256();
+  for (int k = 0; k < 4; ++k)
+    summ = _mm256_add_epi32(summ, _mm256_madd_epi16(hd.mp[k], _mm256_set1_epi32(pairs[k])));
+  return summ;
+}
+
 // Per output, per super-block: acc = fma(float(sumi), d_w d_x, acc); acc = fma(-float(summ),
 // dmin_w d_x, acc), sumi and summ as gemv_quant_tiles.cpp states them.
 KILN_TARGET_AVX2 void q4_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
@@ -160,17 +178,13 @@ KILN_TARGET_AVX2 void q4_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
                                  const std::int32_t* x_pairs, std::int64_t nb, std::int64_t M,
                                  float* acc) {
   for (std::int64_t m = 0; m < M; ++m) _mm256_storeu_ps(acc + 8 * m, _mm256_setzero_ps());
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), byte = _mm256_set1_epi32(0xFF);
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
   const std::uint8_t* ahead = w + 16 * row_bytes;
   alignas(32) std::int32_t sumi[32 * 8];
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::uint8_t* blk = w + b * 144;
     prefetch_share8(ahead + b * 8 * 144, 8 * 144);
     const Q4kHead hd = q4_k_head8(blk, row_bytes);
-    const __m256 dw = hd.dw, dmin = hd.dmin;
-    const __m256i sc_a = hd.sc_a, sc_b = hd.sc_b;
-    const __m256i* mp = hd.mp;
     for (std::int64_t m = 0; m < M; ++m)
       _mm256_store_si256(reinterpret_cast<__m256i*>(sumi + 8 * m), _mm256_setzero_si256());
     for (int g = 0; g < 4; ++g) {
@@ -180,10 +194,8 @@ KILN_TARGET_AVX2 void q4_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
         lo[c] = _mm256_and_si256(t[c], low4);
         hi[c] = _mm256_and_si256(_mm256_srli_epi16(t[c], 4), low4);
       }
-      const __m256i sc_packed = g < 2 ? sc_a : sc_b;
-      const int shift = 16 * (g % 2);
-      const __m256i sc_lo = _mm256_and_si256(_mm256_srli_epi32(sc_packed, shift), byte);
-      const __m256i sc_hi = _mm256_and_si256(_mm256_srli_epi32(sc_packed, shift + 8), byte);
+      __m256i sc_lo, sc_hi;
+      q4_k_group_scales(hd, g, &sc_lo, &sc_hi);
       for (std::int64_t m = 0; m < M; ++m) {
         const std::int8_t* xq = reinterpret_cast<const BlockQ8K*>(x + m * xstride)[b].q + 64 * g;
         __m256i a = _mm256_setzero_si256(), h = _mm256_setzero_si256();  // i16: 8 x 3810 fits
@@ -200,16 +212,13 @@ KILN_TARGET_AVX2 void q4_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
     }
     for (std::int64_t m = 0; m < M; ++m) {
       const auto* xb = reinterpret_cast<const BlockQ8K*>(x + m * xstride) + b;
-      const std::int32_t* pairs = x_pairs + 4 * (m * nb + b);
-      __m256i summ = _mm256_setzero_si256();
-      for (int k = 0; k < 4; ++k)
-        summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(pairs[k])));
+      const __m256i summ = q4_k_min_sum(hd, x_pairs + 4 * (m * nb + b));
       const __m256 dx = _mm256_set1_ps(xb->d);
       __m256 a = _mm256_loadu_ps(acc + 8 * m);
       a = _mm256_fmadd_ps(
           _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sumi + 8 * m))),
-          _mm256_mul_ps(dw, dx), a);
-      a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmin, dx), a);
+          _mm256_mul_ps(hd.dw, dx), a);
+      a = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(hd.dmin, dx), a);
       _mm256_storeu_ps(acc + 8 * m, a);
     }
   }
@@ -225,19 +234,15 @@ KILN_TARGET_AVX2 void q4_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
 KILN_TARGET_AVX2 void q4_k_tile8_row(const std::uint8_t* w, std::int64_t row_bytes,
                                      const BlockQ8K* x, const std::int32_t* x_pairs,
                                      std::int64_t nb, float* acc) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), byte = _mm256_set1_epi32(0xFF);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
   const std::uint8_t* ahead = w + 16 * row_bytes;
   __m256 sum = _mm256_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::uint8_t* blk = w + b * 144;
     prefetch_share8(ahead + b * 8 * 144, 8 * 144);
     const Q4kHead hd = q4_k_head8(blk, row_bytes);
-    const __m256i sc_a = hd.sc_a, sc_b = hd.sc_b;
     // The min term's integer sum first, so that fewer vectors live through the loop.
-    const std::int32_t* pairs = x_pairs + 4 * b;
-    __m256i summ = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k)
-      summ = _mm256_add_epi32(summ, _mm256_madd_epi16(hd.mp[k], _mm256_set1_epi32(pairs[k])));
+    const __m256i summ = q4_k_min_sum(hd, x_pairs + 4 * b);
     const std::int8_t* xq = x[b].q;
     __m256i sumi = _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -260,10 +265,8 @@ KILN_TARGET_AVX2 void q4_k_tile8_row(const std::uint8_t* w, std::int64_t row_byt
                                       bcast(xg + 32 + k)));
         }
       }
-      const __m256i sc_packed = g < 2 ? sc_a : sc_b;
-      const int shift = 16 * (g % 2);
-      const __m256i sc_lo = _mm256_and_si256(_mm256_srli_epi32(sc_packed, shift), byte);
-      const __m256i sc_hi = _mm256_and_si256(_mm256_srli_epi32(sc_packed, shift + 8), byte);
+      __m256i sc_lo, sc_hi;
+      q4_k_group_scales(hd, g, &sc_lo, &sc_hi);
       const __m256i sc16_lo = _mm256_or_si256(sc_lo, _mm256_slli_epi32(sc_lo, 16));
       const __m256i sc16_hi = _mm256_or_si256(sc_hi, _mm256_slli_epi32(sc_hi, 16));
       sumi = _mm256_add_epi32(
@@ -277,6 +280,24 @@ KILN_TARGET_AVX2 void q4_k_tile8_row(const std::uint8_t* w, std::int64_t row_byt
 }
 
 // ---- Q6_K -----------------------------------------------------------------------------------
+// The 16 signed scales (four per dword of scales[0..3], as load_rows_8x16 gives them) as i16
+// pairs matching q6_k_x_pairs: sp[2j] = (sc[4j], sc[4j + 2]), sp[2j + 1] = (sc[4j + 1],
+// sc[4j + 3]).
+KILN_TARGET_AVX2 inline void q6_k_scale_pairs(const __m256i scales[4], __m256i sp[8]) {
+  for (int j = 0; j < 4; ++j) {
+    sp[2 * j] = _mm256_srai_epi16(_mm256_slli_epi16(scales[j], 8), 8);
+    sp[2 * j + 1] = _mm256_srai_epi16(scales[j], 8);
+  }
+}
+
+// sum_g sc_g bsums_g per row, from sp and x's eight pairs (q6_k_x_pairs).
+KILN_TARGET_AVX2 inline __m256i q6_k_correction(const __m256i sp[8], const std::int32_t* pairs) {
+  __m256i corr = _mm256_setzero_si256();
+  for (int k = 0; k < 8; ++k)
+    corr = _mm256_add_epi32(corr, _mm256_madd_epi16(sp[k], _mm256_set1_epi32(pairs[k])));
+  return corr;
+}
+
 // Per output, per super-block: acc = fma(float(sum_g sc_g isum_g - 32 sum_g sc_g bsums_g),
 // d_w d_x, acc) (gemv_quant_tiles.cpp).
 KILN_TARGET_AVX2 void q6_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
@@ -293,13 +314,10 @@ KILN_TARGET_AVX2 void q6_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
     prefetch_share8(ahead + b * 8 * 210, 8 * 210);
     __m256i sc[16], sp[8], scales[4];
     load_rows_8x16(blk + 192, row_bytes, scales);
-    for (int j = 0; j < 4; ++j) {
-      const __m256i v = scales[j];
+    for (int j = 0; j < 4; ++j)
       for (int k = 0; k < 4; ++k)
-        sc[4 * j + k] = _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * k), 24);
-      sp[2 * j] = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
-      sp[2 * j + 1] = _mm256_srai_epi16(v, 8);
-    }
+        sc[4 * j + k] = _mm256_srai_epi32(_mm256_slli_epi32(scales[j], 24 - 8 * k), 24);
+    q6_k_scale_pairs(scales, sp);
     const __m256 dw = f16_rows8(blk + 208, row_bytes);
     for (std::int64_t m = 0; m < M; ++m)
       _mm256_store_si256(reinterpret_cast<__m256i*>(sumi + 8 * m), _mm256_setzero_si256());
@@ -343,10 +361,7 @@ KILN_TARGET_AVX2 void q6_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
     }
     for (std::int64_t m = 0; m < M; ++m) {
       const auto* xb = reinterpret_cast<const BlockQ8K*>(x + m * xstride) + b;
-      const std::int32_t* pairs = x_pairs + 8 * (m * nb + b);
-      __m256i corr = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k)
-        corr = _mm256_add_epi32(corr, _mm256_madd_epi16(sp[k], _mm256_set1_epi32(pairs[k])));
+      const __m256i corr = q6_k_correction(sp, x_pairs + 8 * (m * nb + b));
       const __m256i total =
           _mm256_sub_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(sumi + 8 * m)),
                            _mm256_slli_epi32(corr, 5));
@@ -374,10 +389,7 @@ KILN_TARGET_AVX2 void q6_k_tile8_row(const std::uint8_t* w, std::int64_t row_byt
     prefetch_share8(ahead + b * 8 * 210, 8 * 210);
     __m256i scales[4], sp[8];
     load_rows_8x16(blk + 192, row_bytes, scales);
-    for (int j = 0; j < 4; ++j) {
-      sp[2 * j] = _mm256_srai_epi16(_mm256_slli_epi16(scales[j], 8), 8);
-      sp[2 * j + 1] = _mm256_srai_epi16(scales[j], 8);
-    }
+    q6_k_scale_pairs(scales, sp);
     const __m256 dw = f16_rows8(blk + 208, row_bytes);
     const std::int8_t* xq = x[b].q;
     __m256i sumi = _mm256_setzero_si256();
@@ -418,10 +430,7 @@ KILN_TARGET_AVX2 void q6_k_tile8_row(const std::uint8_t* w, std::int64_t row_byt
         }
       }
     }
-    const std::int32_t* pairs = x_pairs + 8 * b;
-    __m256i corr = _mm256_setzero_si256();
-    for (int k = 0; k < 8; ++k)
-      corr = _mm256_add_epi32(corr, _mm256_madd_epi16(sp[k], _mm256_set1_epi32(pairs[k])));
+    const __m256i corr = q6_k_correction(sp, x_pairs + 8 * b);
     const __m256i total = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
     sum =
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), sum);
