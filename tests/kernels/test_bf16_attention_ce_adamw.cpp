@@ -201,7 +201,9 @@ TEST(AttentionBf16, BackwardMatchesFloat64AtEveryIsa) {
 TEST(CrossEntropyBf16, MatchesFloat64AtEveryIsaAndInPlace) {
   constexpr int32_t kIgnore = -100;
   // V past one stack chunk (4096) and not a multiple of it.
-  for (const auto& [N, V] : {std::pair<int64_t, int64_t>{7, 33}, {5, 9000}, {3, 32000}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{7, 33}, {5, 9000}, {3, 32000}}) {
+    // Named copies, not a structured binding: clang 14 cannot capture one in a lambda.
+    const int64_t N = shape.first, V = shape.second;
     const auto logits = to_bf16(random_normal_vec<double>(N * V, N + V, 0.0, 4.0));
     auto targets = random_int_vec<int32_t>(N, 2 * N + V, 0, V);
     targets[1] = kIgnore;

@@ -102,7 +102,9 @@ TEST(Bf16NativeCpu, AttentionChargesNoConversionsAndMatchesF32) {
   };
   std::array<Tensor, 4> got;
   auto run_on = [&](Device dev) {
-    auto [q, k, v, dout] = inputs(dev);
+    // Named, not a structured binding: clang 14 cannot capture one in a lambda.
+    const std::array<Tensor, 4> in = inputs(dev);
+    const Tensor &q = in[0], &k = in[1], &v = in[2], &dout = in[3];
     return peak_scratch(dev, [&] {
       auto [out, lse] = attention(q, k, v, scale, 0);
       EXPECT_EQ(out.dtype(), DType::BF16);
