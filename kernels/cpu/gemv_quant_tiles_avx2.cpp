@@ -12,9 +12,11 @@
 // Q8_0 has none: its signed codes need sign(x, w) per row and chunk, and that tile decoded more
 // slowly than the one-row kernel (gemv_quant.cpp: tile_width).
 //
-// One row of x (decode) takes q4_k_tile8_row / q6_k_tile8_row: the same sums and fmas with the
-// sums in registers and each chunk used as it is unpacked. At M = 1 they run 31% and 30% fewer
-// instructions than the general tiles (callgrind, 1024 x 1024).
+// One row of x (decode) takes q4_k_tile8_row / q6_k_tile8_row: the same integer sums and fmas.
+// The Q4_K one keeps its sums in registers and uses each chunk as it is unpacked (31% fewer
+// instructions than the general tile at M = 1, callgrind, 1024 x 1024); the Q6_K one does not
+// transpose at all (each row's codes against x's bytes as they lie, the rows' sums reduced once
+// per super-block): 931 instructions per super-block against the general tile's 1,639.
 #include <cstring>
 
 #include "kernels/common/error.h"
@@ -372,66 +374,84 @@ KILN_TARGET_AVX2 void q6_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
   }
 }
 
-// q6_k_tile8 for one row of x, as q4_k_tile8_row is q4_k_tile8's: the same sums and fmas, so
-// the same bits. Each chunk's 6-bit codes are used as they are built; the high bits come to
-// bits 4-5 with one shift and one mask (the 16-bit shifts carry bits across bytes, but the mask
-// keeps only each byte's own); and each scale is sign-extended into both i16 halves of its
-// dwords (a byte shuffle to the high bytes, then an arithmetic shift), so that vpmaddwd with it
-// is the general tile's mullo(madd(p, ones), sc).
-KILN_TARGET_AVX2 void q6_k_tile8_row(const std::uint8_t* w, std::int64_t row_bytes,
-                                     const BlockQ8K* x, const std::int32_t* x_pairs,
-                                     std::int64_t nb, float* acc) {
+// One row of a Q6_K super-block against x, untransposed: the row's 256 codes as eight vectors of
+// 32 in weight order, each times x's 32 (vpmaddubsw, x as the signed operand), times its two
+// sub-blocks' scales (vpmaddwd with [sc_g x 8 | sc_g+1 x 8]), less 32 sum_g sc_g bsums_g; the
+// integer total of the row is the horizontal sum of the returned lanes. Layout (llama.cpp's):
+// ql[128], qh[64], scales[16], d; in half h, the 32-weight group r takes low nibbles of
+// ql[64h + 32(r % 2) ...] for r < 2 and high ones for r >= 2, and bits 2r..2r+1 of qh[32h ...].
+KILN_TARGET_AVX2 inline __m256i q6_k_row_sums(const std::uint8_t* blk, const std::int8_t* xq,
+                                              __m256i bsums) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  // The 16 scales in both lanes; scale_pick[g / 2] puts scale g in every i16 of the low lane and
+  // scale g + 1 in every i16 of the high lane (as the high byte: the shift sign-extends it).
+  const __m256i sc8 =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+  __m256i acc = _mm256_sub_epi32(
+      _mm256_setzero_si256(),
+      _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(
+                                              reinterpret_cast<const __m128i*>(blk + 192))),
+                                          bsums),
+                        5));
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+    const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(ql0, low4),
+                                          _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
+                          _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                          _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
+                          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                          _mm256_and_si256(qh, bits45)),
+                          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45))};
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const int g = 8 * h + 2 * r;
+      const __m256i pick = _mm256_setr_epi8(-128, g, -128, g, -128, g, -128, g, -128, g, -128, g,
+                                            -128, g, -128, g,  //
+                                            -128, g + 1, -128, g + 1, -128, g + 1, -128, g + 1,
+                                            -128, g + 1, -128, g + 1, -128, g + 1, -128, g + 1);
+      const __m256i sc16 = _mm256_srai_epi16(_mm256_shuffle_epi8(sc8, pick), 8);
+      const __m256i x32 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 * h + 32 * r));
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], x32), sc16));
+    }
+  }
+  return acc;
+}
+
+// Lane i of the result = the sum of the eight i32 lanes of a[i].
+KILN_TARGET_AVX2 inline __m256i hsum_8x8(const __m256i a[8]) {
+  const __m256i t0 = _mm256_hadd_epi32(a[0], a[1]), t1 = _mm256_hadd_epi32(a[2], a[3]);
+  const __m256i t2 = _mm256_hadd_epi32(a[4], a[5]), t3 = _mm256_hadd_epi32(a[6], a[7]);
+  const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+  // u0: rows 0-3 over lanes 0-3 of each, then rows 0-3 over lanes 4-7; u1 the same for rows 4-7.
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+// q6_k_tile8 for one row of x, as q4_k_tile8_row is q4_k_tile8's: the same integer total per
+// row and super-block, sum_g sc_g isum_g - 32 sum_g sc_g bsums_g (exact in i32, so in any order),
+// and the same fma per super-block, so the same bits. Unlike the general tile it does not
+// transpose: each row's codes meet x's 32 bytes as they lie (q6_k_row_sums), and the eight rows'
+// sums are reduced once per super-block (hsum_8x8). The transposes and x broadcasts cost more than
+// that on AVX2: callgrind, 931 instructions per tile and super-block against 1,147 transposed;
+// one thread in L2, 14-18 GB/s against 11-12 (docs/quantization.md).
+KILN_TARGET_AVX2 void q6_k_tile8_row(const std::uint8_t* w, std::int64_t row_bytes,
+                                     const BlockQ8K* x, std::int64_t nb, float* acc) {
   const std::uint8_t* ahead = w + 16 * row_bytes;
   __m256 sum = _mm256_setzero_ps();
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::uint8_t* blk = w + b * 210;
     prefetch_share8(ahead + b * 8 * 210, 8 * 210);
-    __m256i scales[4], sp[8];
-    load_rows_8x16(blk + 192, row_bytes, scales);
-    q6_k_scale_pairs(scales, sp);
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].bsums));
+    __m256i rows[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) rows[i] = q6_k_row_sums(blk + i * row_bytes, x[b].q, bsums);
+    const __m256i total = hsum_8x8(rows);
     const __m256 dw = f16_rows8(blk + 208, row_bytes);
-    const std::int8_t* xq = x[b].q;
-    __m256i sumi = _mm256_setzero_si256();
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      __m256i qh[8];
-      load_rows_8x32(blk + 128 + 32 * h, row_bytes, qh);
-#pragma GCC unroll 2
-      for (int half_ql = 0; half_ql < 2; ++half_ql) {
-        __m256i ql[8];
-        load_rows_8x32(blk + 64 * h + 32 * half_ql, row_bytes, ql);
-#pragma GCC unroll 2
-        for (int r = half_ql; r < 4; r += 2) {
-          const int g = 8 * h + 2 * r;  // the sub-blocks g and g + 1: scale bytes g % 4, + 1
-          const __m256i sc16[2] = {scale_pairs(scales[g / 4], g % 4),
-                                   scale_pairs(scales[g / 4], g % 4 + 1)};
-          const std::int8_t* xr = xq + 128 * h + 32 * r;
-          for (int k = 0; k < 2; ++k) {  // sub-block g + k: chunks 4k..4k+3, two per i16 sum
-            __m256i p[2];
-            for (int pair = 0; pair < 2; ++pair) {
-              __m256i q[2];
-              for (int e = 0; e < 2; ++e) {
-                const int c = 4 * k + 2 * pair + e;
-                const __m256i nib = r >= 2 ? _mm256_and_si256(_mm256_srli_epi16(ql[c], 4), low4)
-                                           : _mm256_and_si256(ql[c], low4);
-                const __m256i hb = r == 3   ? _mm256_srli_epi16(qh[c], 2)
-                                   : r == 2 ? qh[c]
-                                            : _mm256_slli_epi16(qh[c], 4 - 2 * r);
-                q[e] = _mm256_or_si256(nib, _mm256_and_si256(hb, bits45));
-              }
-              const int c = 4 * k + 2 * pair;
-              p[pair] = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast(xr + 4 * c)),
-                                         _mm256_maddubs_epi16(q[1], bcast(xr + 4 * c + 4)));
-            }
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(p[0], sc16[k]),
-                                                           _mm256_madd_epi16(p[1], sc16[k])));
-          }
-        }
-      }
-    }
-    const __m256i corr = q6_k_correction(sp, x_pairs + 8 * b);
-    const __m256i total = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
     sum =
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), sum);
   }
@@ -454,8 +474,7 @@ void gemv_tile8_avx2(quant::QuantType t, const std::uint8_t* w, std::int64_t row
     case quant::QuantType::Q6_K:
       break;
   }
-  if (M == 1)
-    return q6_k_tile8_row(w, row_bytes, reinterpret_cast<const BlockQ8K*>(x), x_extra, nb, acc);
+  if (M == 1) return q6_k_tile8_row(w, row_bytes, reinterpret_cast<const BlockQ8K*>(x), nb, acc);
   q6_k_tile8(w, row_bytes, x, xstride, x_extra, nb, M, acc);
 }
 #else
