@@ -114,6 +114,7 @@ echo '{"model_type": "qwen3"}' >"$bundle/data/qwen/Qwen3-8B/config.json"
 # not run, and the random-folder writer (FAKE_WRITE_SLEEP: seconds before it writes).
 cat >"$bundle/bench/kiln_bench_train_step" <<'EOF'
 #!/usr/bin/env bash
+[ -z "${FAKE_WRITE_UNTIL:-}" ] || touch "$FAKE_WRITE_UNTIL"
 echo "{\"tok_per_s\": 2000.0, \"batch\": 4, \"seq\": 256, \"mfu\": 0.2, \"peak_bytes\": 100, \"clb\": \"${CUDA_LAUNCH_BLOCKING:-unset}\"}"
 EOF
 cat >"$bundle/bench/kiln_bench_attention" <<'EOF'
@@ -132,6 +133,12 @@ cat >"$bundle/bench/kiln_write_random_safetensors" <<'EOF'
 out=""
 while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
 [ "$out" = smoke_folder ] || sleep "${FAKE_WRITE_SLEEP:-0}"  # only the 8B folder takes minutes
+# FAKE_WRITE_UNTIL: the 8B writer also waits for this file, which the fake training bench makes,
+# so it is still writing when the bench starts however slowly the steps before it run (a fixed
+# sleep raced with them on a loaded machine). 120 s at most, then the check that needs it fails.
+if [ "$out" != smoke_folder ] && [ -n "${FAKE_WRITE_UNTIL:-}" ]; then
+  for _ in $(seq 600); do [ -e "$FAKE_WRITE_UNTIL" ] && break; sleep 0.2; done
+fi
 mkdir "$out" && echo '{}' >"$out/config.json" && echo x >"$out/model-00001-of-00001.safetensors"
 EOF
 # Python for the peers (PyTorch training step, HF decode); anything else goes to python3.
@@ -245,10 +252,11 @@ check "smoke: no training outputs in the archive" bash -c "! tar -tzf '$o/logs.t
 check "smoke: at most 8 files back" [ "$(find "$o" -type f | wc -l)" -le 8 ]
 
 # ---- the window, end to end on the fakes -------------------------------------------------------
-# The writer sleeps, so it is still writing when the bench starts: paused there, waited for at
-# decode. CUDA_LAUNCH_BLOCKING=1 in the environment must not reach the timing steps.
+# The writer waits for the training bench to start, so it is still writing then: paused there,
+# waited for at decode. CUDA_LAUNCH_BLOCKING=1 in the environment must not reach the timing steps.
 o=$tmp/window
-run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=window KILN_PYTHON="$tmp/bin/fakepy" FAKE_WRITE_SLEEP=8 \
+run_check "$o" "$tmp/bin" KILN_GPU_CHECK_STAGES=window KILN_PYTHON="$tmp/bin/fakepy" \
+  FAKE_WRITE_UNTIL="$tmp/window_bench_started" \
   KILN_GPU_CHECK_DECODE_DIR="$tmp/decode/qwen3_8b" KILN_GPU_CHECK_DECODE_MIN_GB=0 CUDA_LAUNCH_BLOCKING=1
 rc=$?
 check "window: exit 0 ($rc)" [ "$rc" = 0 ]
