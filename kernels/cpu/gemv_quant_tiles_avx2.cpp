@@ -113,17 +113,6 @@ KILN_TARGET_AVX2 inline __m256i bcast(const std::int8_t* p) {
   return _mm256_set1_epi32(load_i32(p));
 }
 
-// Byte k (0..3) of each dword of v, sign-extended into both i16 halves of the dword: vpshufb
-// (which indexes within 128-bit lanes) moves byte 4d + k of dword d into its bytes 1 and 3 and
-// zeroes bytes 0 and 2, and the arithmetic shift brings each down with its sign.
-KILN_TARGET_AVX2 inline __m256i scale_pairs(__m256i v, int k) {
-  const __m256i dword_base = _mm256_setr_epi32(0, 0x04000400, 0x08000800, 0x0C000C00, 0, 0x04000400,
-                                               0x08000800, 0x0C000C00);
-  const __m256i idx = _mm256_add_epi32(
-      dword_base, _mm256_set1_epi32(static_cast<int>(0x00800080u | (k << 24) | (k << 8))));
-  return _mm256_srai_epi16(_mm256_shuffle_epi8(v, idx), 8);
-}
-
 // ---- Q4_K -----------------------------------------------------------------------------------
 // A Q4_K super-block's header for 8 rows (lane j = row j): d and dmin as f32; the eight 6-bit
 // scales packed as bytes, sub-blocks 0-3 in sc_a and 4-7 in sc_b (as quant::q4_k_scale_min
@@ -383,16 +372,13 @@ KILN_TARGET_AVX2 void q6_k_tile8(const std::uint8_t* w, std::int64_t row_bytes,
 KILN_TARGET_AVX2 inline __m256i q6_k_row_sums(const std::uint8_t* blk, const std::int8_t* xq,
                                               __m256i bsums) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
-  // The 16 scales in both lanes; scale_pick[g / 2] puts scale g in every i16 of the low lane and
+  // The 16 scales in both lanes; each group's `pick` puts scale g in every i16 of the low lane and
   // scale g + 1 in every i16 of the high lane (as the high byte: the shift sign-extends it).
-  const __m256i sc8 =
-      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+  const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+  const __m256i sc8 = _mm256_broadcastsi128_si256(scales);
   __m256i acc = _mm256_sub_epi32(
       _mm256_setzero_si256(),
-      _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(
-                                              reinterpret_cast<const __m128i*>(blk + 192))),
-                                          bsums),
-                        5));
+      _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bsums), 5));
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
     const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
