@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
 #include "apps/flags.h"

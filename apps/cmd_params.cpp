@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
 #include "apps/flags.h"

@@ -1,5 +1,7 @@
 // libFuzzer target: a Hugging Face config.json, read by load_hf_config (the path `kiln generate`
 // and load_model take).
+#include <nlohmann/json.hpp>
+
 #include "fuzz/fuzz_util.h"
 #include "models/config.h"
 

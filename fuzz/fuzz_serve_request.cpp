@@ -3,6 +3,8 @@
 // of both endpoints, and the text and reasoning streams over the body's bytes (their outputs must
 // add up: the text sent, the whole reply's reasoning split). Every refusal must be an HttpError
 // (400) or a kiln::Error, never a crash or another exception.
+#include <nlohmann/json.hpp>
+
 #include "fuzz/fuzz_util.h"
 #include "models/io/json_limits.h"
 #include "serve/openai.h"

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "models/io/checkpoint_h5.h"
 #include "models/io/json_limits.h"
@@ -88,7 +89,7 @@ void save_checkpoint(const std::string& path, const DecoderModel& model, const n
   w.set_attr_i64("model_seed", static_cast<std::int64_t>(st.model_seed));
   w.set_attr_f64("best_val_loss", st.best_val_loss);
   w.set_attr_string("tokenizer_spec", st.tokenizer_spec);
-  w.set_attr_string("args", st.args.dump());
+  w.set_attr_string("args", st.args_json);
   w.add_bytes("tokenizer",
               std::vector<std::uint8_t>(st.tokenizer_data.begin(), st.tokenizer_data.end()));
   w.write(path);
@@ -101,8 +102,10 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   // other JSON kiln reads, and a wrongly typed field names the file.
   const nlohmann::json cfg = io::parse_json_limited(
       r.get_attr_string("config"), fmt::format("checkpoint {} attribute 'config'", path));
-  m.state.args = io::parse_json_limited(r.get_attr_string("args"),
-                                        fmt::format("checkpoint {} attribute 'args'", path));
+  // Parsed to check it (bounded, well formed), kept as the text it is.
+  m.state.args_json = io::parse_json_limited(r.get_attr_string("args"),
+                                             fmt::format("checkpoint {} attribute 'args'", path))
+                          .dump();
   m.config = ModelConfig::from_json(cfg, fmt::format("checkpoint {} attribute 'config'", path));
   m.state.step = r.get_attr_i64("step");
   KILN_CHECK(m.state.step >= 0, "[checkpoint] {}: negative step {}", path, m.state.step);

@@ -7,8 +7,6 @@
 #include <cstdint>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "models/decoder.h"
 #include "models/io/tokenizer.h"
 #include "nn/optim.h"
@@ -16,18 +14,18 @@
 namespace kiln::models {
 
 struct TrainState {
-  std::int64_t step = 0;              // optimizer steps done
+  std::int64_t step = 0;  // optimizer steps done
   std::uint64_t data_seed = 0;
-  std::uint64_t data_position = 0;    // batches drawn by the train sampler
+  std::uint64_t data_position = 0;  // batches drawn by the train sampler
   std::uint64_t model_seed = 0;
-  std::string tokenizer_spec;         // "char", "byte", "llama2c:PATH"
-  std::string tokenizer_data;         // CharTokenizer vocabulary
+  std::string tokenizer_spec;  // "char", "byte", "llama2c:PATH"
+  std::string tokenizer_data;  // CharTokenizer vocabulary
   double best_val_loss = 0.0;
-  nlohmann::json args;                // the training options
+  std::string args_json;  // the training options (TrainOptions::to_json, dumped)
 };
 
-void save_checkpoint(const std::string& path, const DecoderModel& model,
-                     const nn::Optimizer* opt, const TrainState& st);
+void save_checkpoint(const std::string& path, const DecoderModel& model, const nn::Optimizer* opt,
+                     const TrainState& st);
 
 // Reads the config and state without loading weights.
 struct CheckpointMeta {

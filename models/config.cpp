@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "models/io/json_limits.h"
 #include "models/io/mapped_file.h"

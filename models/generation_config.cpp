@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "models/gguf_model.h"
 #include "models/io/gguf_tokenizer.h"

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "distributed/nccl_communicator.h"
 #include "models/data.h"
@@ -219,7 +220,7 @@ Trainer::Trainer(const TrainOptions& o, Device device, DType dtype, std::ostream
   st_.data_seed = o.seed + 1;
   st_.tokenizer_spec = o.tokenizer;
   if (auto* ct = dynamic_cast<io::CharTokenizer*>(tok.get())) st_.tokenizer_data = ct->serialize();
-  st_.args = o.to_json();
+  st_.args_json = o.to_json().dump();
   st_.best_val_loss = INFINITY;
 
   model_ = std::make_unique<DecoderModel>(cfg, o.seed, dtype, device);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "models/io/json_limits.h"

@@ -3,7 +3,7 @@
 // OpenAI error objects. Pure functions on JSON and strings, no sockets.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <stdexcept>
 #include <string>
 #include <string_view>

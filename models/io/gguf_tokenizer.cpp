@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 

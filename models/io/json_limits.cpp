@@ -1,5 +1,6 @@
 #include "models/io/json_limits.h"
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "kernels/common/error.h"

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "budget/budget.h"
 #include "distributed/shard.h"

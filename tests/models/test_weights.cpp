@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "models/weights.h"
 #include "tests/models/tiny_hf.h"
@@ -293,7 +294,6 @@ TEST_F(WeightsTest, MetaModelIsValidatedOnly) {
   DecoderModel meta_tied(qwen_cfg(true), 18, DType::BF16, Device::meta());
   EXPECT_FALSE(load_error(meta_tied, path("m.safetensors")).empty());
 }
-
 
 TEST_F(WeightsTest, Llama2cBinLoadsIntoModelWithSameLogits) {
   for (bool shared : {true, false}) {
