@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/, one per loader) with clang, ASan and UBSan in build-fuzz/,
+# Builds the libFuzzer targets (fuzz/, one per loader) with clang, ASan and UBSan in build-asan/,
 # then runs each for SECONDS (default 30) from its seed corpus (fuzz/corpus/<target>/), and
 # prints per target the executions, the coverage (libFuzzer's cov/ft) and any crash. Exits non-zero
-# when any target crashed; the crashing input is in build-fuzz/artifacts/<target>/.
+# when any target crashed; the crashing input is in build-asan/artifacts/<target>/.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     e.g. scripts/fuzz.sh 600 safetensors hf_config
 #
 # KILN_FUZZ_JOBS=N runs N targets at once (default 1; each is one process, -jobs is not used).
-# New corpus entries go to build-fuzz/corpus/<target>/, never into the committed seeds.
+# New corpus entries go to build-asan/corpus/<target>/, never into the committed seeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,22 +19,13 @@ targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 jobs=${KILN_FUZZ_JOBS:-1}
 
-cc=${KILN_FUZZ_CC:-clang-14}
-cxx=${KILN_FUZZ_CXX:-clang++-14}
-command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (scripts/setup.sh installs it)" >&2; exit 1; }
-
-# -O1 -gline-tables-only: the usual fuzzing trade-off (fast enough, stacks that name the line);
-# asserts stay on.
-mkdir -p build-fuzz
-cmake -S . -B build-fuzz -DKILN_FUZZ=ON -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DCMAKE_C_FLAGS_DEBUG="-O1 -gline-tables-only" \
-  >build-fuzz/build.log 2>&1 ||
-  { cat build-fuzz/build.log; exit 1; }
+# The sanitizer job's build (scripts/asan_build.sh: clang 14, ASan + UBSan, libFuzzer's coverage on
+# the loaders); after scripts/sanitize.sh only the fuzz targets' own small files are left to build.
 fuzz_bins=()
 for t in "${targets[@]}"; do fuzz_bins+=("fuzz_$t"); done
-cmake --build build-fuzz -j"$(nproc)" --target "${fuzz_bins[@]}" >>build-fuzz/build.log 2>&1 ||
-  { tail -50 build-fuzz/build.log; exit 1; }
+# shellcheck source=scripts/asan_build.sh
+source scripts/asan_build.sh
+asan_build "${fuzz_bins[@]}" || exit 1
 
 # The targets write each input to a file under KILN_FUZZ_SCRATCH (fuzz/fuzz_util.h): tmpfs when
 # there is one. The OpenMP pool is not used by the loaders; one thread leaves the cores to others.
@@ -52,7 +43,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/fuzz/lsan.supp:print_suppressions=0}
 
 run_one() {
-  local t=$1 dir=build-fuzz
+  local t=$1 dir=build-asan
   rm -rf "$dir/artifacts/$t"
   mkdir -p "$dir/corpus/$t" "$dir/artifacts/$t"
   local log="$dir/fuzz_$t.log" rc=0
@@ -116,7 +107,7 @@ while [ "$running" -gt 0 ]; do
   running=$((running - 1))
 done
 if [ "$failed" -ne 0 ]; then
-  echo "fuzz.sh: a target crashed (inputs in build-fuzz/artifacts/<target>/)"
+  echo "fuzz.sh: a target crashed (inputs in build-asan/artifacts/<target>/)"
   exit 1
 fi
 echo "fuzz.sh: ${#targets[@]} targets, ${seconds}s each, no crash"

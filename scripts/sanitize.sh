@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# CI's sanitizer job: a CPU-only AddressSanitizer + UndefinedBehaviorSanitizer build (gcc,
-# -DKILN_SANITIZE=ON, in build-asan/) of every test binary (kernels, tensor, autograd, nn,
-# models/io, models, serve with its live loopback server, apps with the kiln binary it runs, and
-# dist as a world of one: the multi-rank runs need mpirun, which the sanitizers do not cover), and
-# a run of each. Any sanitizer report fails its test binary, and this script with it. The CUDA
+# CI's sanitizer job: a CPU-only AddressSanitizer + UndefinedBehaviorSanitizer build (clang 14, in
+# build-asan/, which scripts/fuzz.sh shares: scripts/asan_build.sh) of every test binary (kernels,
+# tensor, autograd, nn, models/io, models, serve with its live loopback server, apps with the kiln
+# binary it runs, and dist as a world of one: the multi-rank runs need mpirun, which the
+# sanitizers do not cover), and a run of each. Any sanitizer report fails its test binary, and this script with it. The CUDA
 # glue's host logic is in this build too (its capability entries and plans compile without
 # CUDA); the CUDA-only host files (kernels/cuda/*.cpp) are not.
 #
@@ -14,25 +14,16 @@ cd "$(dirname "$0")/.."
 tests=(test_kernels test_tensor test_autograd test_nn test_models_io test_models test_serve test_apps test_dist)
 # test_dist without mpirun runs the world-of-one tests only (as ctest's dist.world_of_one does).
 declare -A filter=([test_dist]="--gtest_filter=Dist.*:DataParallel.OneStep*")
-mkdir -p build-asan
-# -O1 -g1: sanitized tests at a usable speed, with stacks that name the line (-g1 keeps the line
-# tables, which is all a sanitizer report needs, and compiles ~15% faster than -g). Asserts stay on.
-# The test binaries (test_kernels aside) and kiln itself at -O0 (KILN_DRIVER_COMPILE_OPTIONS; the
-# top-level CMakeLists.txt has the figures): they are test logic and the command line, which
-# compile 2.4x faster at -O0; the libraries, where the tests' time goes, stay at -O1.
-cmake -S . -B build-asan -DKILN_SANITIZE=ON -DKILN_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" \
-  -DKILN_DRIVER_COMPILE_OPTIONS=-O0 >build-asan/build.log 2>&1 ||
-  { cat build-asan/build.log; exit 1; }
-cmake --build build-asan -j"$(nproc)" --target "${tests[@]}" kiln >>build-asan/build.log 2>&1 ||
-  { tail -50 build-asan/build.log; exit 1; }
+# shellcheck source=scripts/asan_build.sh
+source scripts/asan_build.sh
+asan_build "${tests[@]}" kiln || exit 1
 
 # halt_on_error / abort_on_error: the first report ends the binary with a non-zero status.
 # allocator_may_return_null: a huge malloc returns null as glibc's does (kiln and libhdf5 handle
 # that: CheckpointProbeCli.HugeHdf5AllocationRefusedInTheChild expects HDF5's "memory allocation
 # failed"), instead of ASan reporting it as an error.
-# detect_leaks stays on and needs no suppressions: libgomp and OpenMP OpenBLAS, with 2 threads,
-# report no leaks (checked; docs/fuzzing.md). Two threads run the kernels' parallel paths.
+# detect_leaks stays on and needs no suppressions: LLVM's libomp (which also serves OpenMP
+# OpenBLAS's libgomp calls) reports no leaks with 2 threads (checked; docs/fuzzing.md). Two threads run the kernels' parallel paths.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}

@@ -378,14 +378,23 @@ void widen_sgemm(const Bf16Gemm& g, const E* A, const E* B, void* C, const void*
   KILN_CHECK(scratch_bytes >= w.bytes(), "[bf16_gemm] needs {} scratch bytes, was given {}",
              w.bytes(), scratch_bytes);
   const std::int64_t per_batch = w.tiles_m * w.tiles_n;
-#pragma omp parallel for num_threads(static_cast <int>(w.threads)) \
-    schedule(static) if (w.threads > 1)
-  for (std::int64_t t = 0; t < w.tiles; ++t) {
+  auto run_tile = [&](std::int64_t t, int thread) {
     const std::int64_t b = t / per_batch, tm = (t % per_batch) / w.tiles_n, tn = t % w.tiles_n;
-    float* mine = static_cast<float*>(scratch) + omp_get_thread_num() * w.thread_floats();
+    float* mine = static_cast<float*>(scratch) + thread * w.thread_floats();
     widen_tile(g, w, A + b * g.stride_a, B + b * g.stride_b,
                static_cast<char*>(C) + b * g.stride_c * elt_size(g.c_type), bias, tm * w.mb,
                tn * w.nb, mine);
+  };
+  // One thread: no parallel construct at all, not a serialized one (`if (false)`). OpenBLAS,
+  // called inside a serialized region, asks omp_in_parallel() (false: the region is inactive) and
+  // forks its own team. libgomp gives that nested team its threads; LLVM's libomp (clang builds)
+  // runs it with one, and OpenBLAS's threaded sgemm then waits forever for the partner it was
+  // promised (seen in test_nn MixedPrecision.Bf16LossTracksF32, clang 14, 2 threads).
+  if (w.threads > 1) {
+#pragma omp parallel for num_threads(static_cast <int>(w.threads)) schedule(static)
+    for (std::int64_t t = 0; t < w.tiles; ++t) run_tile(t, omp_get_thread_num());
+  } else {
+    for (std::int64_t t = 0; t < w.tiles; ++t) run_tile(t, 0);
   }
 }
 

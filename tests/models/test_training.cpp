@@ -2,6 +2,7 @@
 // and token-range errors, and the sampler.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -157,11 +158,17 @@ TEST(Training, FittedStepsFillTheTimeLeft) {
 TEST(Training, FitTimeLimitShortensTheSchedule) {
   const fs::path d = training_dir("fit_time_limit");
   std::ofstream(d / "data.txt") << make_text(20000);
+  std::ostringstream log;
+  // The limit scales with this machine's step time: 20 plain steps first, then a limit of 3x
+  // their training time (at least 3 s), so that the first fit, after 20 steps, comes well inside
+  // it on a sanitized or busy machine too (a fixed 3 s held 14 steps in the clang ASan build).
+  models::TrainOptions probe = tiny_options(d);
+  probe.out_dir = (d / "probe").string();
+  const double twenty_steps_s = train(probe, log).train_seconds;
   models::TrainOptions o = tiny_options(d);
   o.steps = 10'000'000;
-  o.time_limit_s = 3;
+  o.time_limit_s = std::max(3.0, 3.0 * twenty_steps_s);
   o.fit_time_limit = true;
-  std::ostringstream log;
   const models::TrainResult r = train(o, log);
   EXPECT_NE(log.str().find("the schedule now ends at step"), std::string::npos) << log.str();
   EXPECT_LT(r.steps_done, o.steps);
