@@ -1,7 +1,7 @@
 // Writes the seed corpora of the fuzz targets into <out>/<target>/ (fuzz/corpus/ in the repo):
 // for each format a few small valid files, written by kiln's own writers where it has one, and a
 // few invalid ones next to them. The corpora are committed; run this again only when a format
-// changes (build-fuzz/fuzz/make_seeds fuzz/corpus).
+// changes (build-asan/fuzz/make_seeds fuzz/corpus).
 #include <array>
 #include <cstdint>
 #include <cstring>
