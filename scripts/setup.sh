@@ -17,8 +17,8 @@ packages=(
   # oneDNN: bf16 (AMX / AVX512-BF16) GEMMs on the CPU; OpenMPI: multi-process training (distributed/)
   libdnnl-dev libopenmpi-dev openmpi-bin
   python3 python3-torch python3-numpy python3-h5py
-  # scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes, and clang's OpenMP runtime
-  # (gcc's -fsanitize=address,undefined for scripts/sanitize.sh comes with build-essential)
+  # scripts/sanitize.sh and scripts/fuzz.sh (one build, scripts/asan_build.sh): clang with libFuzzer
+  # and the sanitizer runtimes, and clang's OpenMP runtime
   clang-14 libclang-rt-14-dev libomp-14-dev
 )
 
