@@ -24,9 +24,10 @@
 #    llama-cpp-python sdist: its vendor/llama.cpp, built; convert_hf_to_gguf.py and gguf-py) and
 #    CONVERT_PYTHON (a python with PyTorch 2.x and transformers): the same random 0.6B folder
 #    (with Qwen's vocab.json and merges.txt beside it) converted by llama.cpp's own
-#    convert_hf_to_gguf.py --outtype bf16, then llama-bench on it with the same threads, PAIRS
-#    repetitions: pp PROMPT for prefill, and tg NEW at depth PROMPT (-d) for decode, so that both
-#    decode with the context kiln's run has. The JSON adds llama_cpp_bf16 and kiln over it.
+#    convert_hf_to_gguf.py --outtype bf16, then llama-bench on it with the same threads, inside
+#    each pair right after kiln's runs, one repetition each: pp PROMPT for prefill, and tg NEW at
+#    depth PROMPT (-d) for decode, so that both decode with the context kiln's run has. Both sides
+#    report the best of PAIRS. The JSON adds llama_cpp_bf16 (each run too) and kiln over it.
 # Prints each figure and writes bench/results/cpu_decode_<date>.json (commit, CPU model, date).
 #
 # Environment: PAIRS (2: f32+bf16 pairs, run alternately; the ratios use each dtype's best run,
@@ -95,29 +96,33 @@ fi
 lines=()
 "$BUILD_DIR/bench/kiln_write_random_safetensors" --config "$QWEN/Qwen3-0.6B/config.json" \
   --out "$WORK_DIR/qwen3-0.6b" --dtype bf16 2>/dev/null
+# llama.cpp on the same weights: its converter's bf16 GGUF, made before the pairs, so that
+# llama-bench runs inside each pair, right after kiln's runs, one repetition per test: a drift of
+# this shared machine then reaches both sides alike. Both sides report the best of PAIRS.
+LLAMA_LOG="$WORK_DIR/llama.csv"
+: >"$LLAMA_LOG"
+gguf="$WORK_DIR/qwen3-0.6b-bf16.gguf"
+if [[ -n "${LLAMA_BENCH:-}" ]]; then
+  cp "$QWEN/vocab.json" "$QWEN/merges.txt" "$WORK_DIR/qwen3-0.6b/"
+  PYTHONPATH="$LLAMA_CPP_SRC/gguf-py" "${CONVERT_PYTHON:-python3}" \
+    "$LLAMA_CPP_SRC/convert_hf_to_gguf.py" "$WORK_DIR/qwen3-0.6b" --outtype bf16 --outfile "$gguf" \
+    >"$WORK_DIR/convert.log" 2>&1 || true
+  [[ -s "$gguf" ]] || { tail -n 5 "$WORK_DIR/convert.log" >&2; echo "[bench] convert failed" >&2; exit 1; }
+fi
 for ((i = 0; i < PAIRS; i++)); do
   for dt in f32 bf16; do
     l="$(run_generate qwen3-0.6b "$WORK_DIR/qwen3-0.6b" "$dt" "$NEW" "$PROMPT")"
     echo "$l"
     lines+=("$l")
   done
+  if [[ -n "${LLAMA_BENCH:-}" ]]; then
+    "$LLAMA_BENCH" -m "$gguf" -t "$THREADS" -p "$PROMPT" -n 0 -r 1 -o csv 2>/dev/null |
+      tee -a "$LLAMA_LOG"
+    "$LLAMA_BENCH" -m "$gguf" -t "$THREADS" -p 0 -n "$NEW" -d "$PROMPT" -r 1 -o csv \
+      2>/dev/null | tee -a "$LLAMA_LOG"
+  fi
 done
-# llama.cpp on the same weights: its converter's bf16 GGUF, then llama-bench's CSV rows.
-LLAMA_LOG="$WORK_DIR/llama.csv"
-: >"$LLAMA_LOG"
-if [[ -n "${LLAMA_BENCH:-}" ]]; then
-  cp "$QWEN/vocab.json" "$QWEN/merges.txt" "$WORK_DIR/qwen3-0.6b/"
-  gguf="$WORK_DIR/qwen3-0.6b-bf16.gguf"
-  PYTHONPATH="$LLAMA_CPP_SRC/gguf-py" "${CONVERT_PYTHON:-python3}" \
-    "$LLAMA_CPP_SRC/convert_hf_to_gguf.py" "$WORK_DIR/qwen3-0.6b" --outtype bf16 --outfile "$gguf" \
-    >"$WORK_DIR/convert.log" 2>&1 || true
-  [[ -s "$gguf" ]] || { tail -n 5 "$WORK_DIR/convert.log" >&2; echo "[bench] convert failed" >&2; exit 1; }
-  "$LLAMA_BENCH" -m "$gguf" -t "$THREADS" -p "$PROMPT" -n 0 -r "$PAIRS" -o csv 2>/dev/null |
-    tee -a "$LLAMA_LOG"
-  "$LLAMA_BENCH" -m "$gguf" -t "$THREADS" -p 0 -n "$NEW" -d "$PROMPT" -r "$PAIRS" -o csv \
-    2>/dev/null | tee -a "$LLAMA_LOG"
-  rm -f "$gguf"
-fi
+rm -f "$gguf"
 # The prefill's GEMM shapes (--shape PROMPTxNxK each), how many of each a layer runs, and the
 # work per prefill token: "shapes|counts|flop_per_token".
 prefill_work="$("$PY" - "$QWEN/Qwen3-0.6B/config.json" "$PROMPT" <<'EOF'
@@ -210,8 +215,9 @@ for row in csv.reader(open(llama_log)):
         continue
     r = dict(zip(header, row))
     key = "prefill_tok_s" if int(r["n_prompt"]) > 0 else "decode_tok_s"
-    llama[key] = float(r["avg_ts"])
-    llama[key + "_stddev"] = float(r["stddev_ts"])
+    # One repetition per pair: the best of the pairs, as kiln's figure is; each run kept.
+    llama[key] = max(llama.get(key, 0.0), float(r["avg_ts"]))
+    llama.setdefault(key + "_runs", []).append(float(r["avg_ts"]))
     if key == "decode_tok_s":
         llama["decode_depth"] = int(r.get("n_depth", 0))
     llama["build"], llama["backend"] = r.get("build_commit", ""), r.get("backends", "")
