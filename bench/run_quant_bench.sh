@@ -82,7 +82,7 @@ LLAMA_LOG="$WORK_DIR/llama.txt"
 # llama-bench runs inside each pair, right after kiln's runs of that pair, one repetition per test:
 # a drift of this shared machine then reaches both sides alike (run after all of kiln's pairs, one
 # run measured llama.cpp's Q4_K_M decode at 21.1 tok/s and the next day's at 36-38).
-for i in $(seq 1 "$PAIRS"); do
+for _ in $(seq 1 "$PAIRS"); do
   for kind in q8_0 q4_k_m bf16; do
     extra=()
     gguf="$WORK_DIR/qwen3-0.6b-$kind.gguf"
