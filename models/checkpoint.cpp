@@ -103,9 +103,9 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   const nlohmann::json cfg = io::parse_json_limited(
       r.get_attr_string("config"), fmt::format("checkpoint {} attribute 'config'", path));
   // Parsed to check it (bounded, well formed), kept as the text it is.
-  m.state.args_json = io::parse_json_limited(r.get_attr_string("args"),
-                                             fmt::format("checkpoint {} attribute 'args'", path))
-                          .dump();
+  m.state.args_json = r.get_attr_string("args");
+  (void)io::parse_json_limited(m.state.args_json,
+                               fmt::format("checkpoint {} attribute 'args'", path));
   m.config = ModelConfig::from_json(cfg, fmt::format("checkpoint {} attribute 'config'", path));
   m.state.step = r.get_attr_i64("step");
   KILN_CHECK(m.state.step >= 0, "[checkpoint] {}: negative step {}", path, m.state.step);

@@ -11,7 +11,7 @@
 # and the command line, which compile 2.4x faster at -O0; the libraries, where the tests' time
 # goes, stay at -O1.
 #
-#   asan_build TARGET...     configures build-asan/ and builds the targets (log: build-asan/build.log)
+#   asan_build TARGET...   configures build-asan/ and builds the targets (log: build-asan/build.log)
 
 asan_cc=${KILN_FUZZ_CC:-clang-14}
 asan_cxx=${KILN_FUZZ_CXX:-clang++-14}
@@ -20,9 +20,11 @@ asan_build() {
   command -v "$asan_cxx" >/dev/null ||
     { echo "asan_build: $asan_cxx not found (scripts/setup.sh installs it)" >&2; return 1; }
   mkdir -p build-asan
+  : >build-asan/build.log  # this call's log only, so a failure shows its own output
   cmake -S . -B build-asan -DKILN_SANITIZE=ON -DKILN_FUZZ=ON -DKILN_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER="$asan_cc" -DCMAKE_CXX_COMPILER="$asan_cxx" \
-    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DCMAKE_C_FLAGS_DEBUG="-O1 -gline-tables-only" \
+    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" \
+    -DCMAKE_C_FLAGS_DEBUG="-O1 -gline-tables-only" \
     -DKILN_DRIVER_COMPILE_OPTIONS=-O0 >>build-asan/build.log 2>&1 ||
     { cat build-asan/build.log; return 1; }
   cmake --build build-asan -j"$(nproc)" --target "$@" >>build-asan/build.log 2>&1 ||

@@ -3,9 +3,9 @@
 # build-asan/, which scripts/fuzz.sh shares: scripts/asan_build.sh) of every test binary (kernels,
 # tensor, autograd, nn, models/io, models, serve with its live loopback server, apps with the kiln
 # binary it runs, and dist as a world of one: the multi-rank runs need mpirun, which the
-# sanitizers do not cover), and a run of each. Any sanitizer report fails its test binary, and this script with it. The CUDA
-# glue's host logic is in this build too (its capability entries and plans compile without
-# CUDA); the CUDA-only host files (kernels/cuda/*.cpp) are not.
+# sanitizers do not cover), and a run of each. Any sanitizer report fails its test binary, and
+# this script with it. The CUDA glue's host logic is in this build too (its capability entries and
+# plans compile without CUDA); the CUDA-only host files (kernels/cuda/*.cpp) are not.
 #
 #   scripts/sanitize.sh            (docs/fuzzing.md)
 set -euo pipefail
@@ -23,7 +23,8 @@ asan_build "${tests[@]}" kiln || exit 1
 # that: CheckpointProbeCli.HugeHdf5AllocationRefusedInTheChild expects HDF5's "memory allocation
 # failed"), instead of ASan reporting it as an error.
 # detect_leaks stays on and needs no suppressions: LLVM's libomp (which also serves OpenMP
-# OpenBLAS's libgomp calls) reports no leaks with 2 threads (checked; docs/fuzzing.md). Two threads run the kernels' parallel paths.
+# OpenBLAS's libgomp calls) reports no leaks with 2 threads (checked; docs/fuzzing.md). Two
+# threads run the kernels' parallel paths.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
