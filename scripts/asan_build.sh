@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One build for CI's sanitizer and fuzz jobs (sourced by scripts/sanitize.sh and scripts/fuzz.sh):
 # build-asan/, clang 14, AddressSanitizer + UndefinedBehaviorSanitizer on every library, libFuzzer's
-# coverage on the loaders (KILN_FUZZ; kiln_fuzz_coverage in the top-level CMakeLists), CPU only.
+# coverage on the loaders (KILN_FUZZ; kiln_fuzz_coverage in the top-level CMakeLists). CUDA as in
+# the main build: on when CMake finds nvcc (-UKILN_CUDA drops a cached choice, so the top-level
+# default decides), so the CUDA build's host code (kernels/cuda/*.cpp: the copy plans, cuDNN's
+# graphs built without a device; the CUDA glue's KILN_CUDA sections) runs under the sanitizers
+# too. nvcc compiles the .cu files without them: device code, and launch stubs with no logic.
 # Both jobs configure it the same way, so the second finds its libraries built: one compile of
 # the libraries instead of two (gcc for the tests, clang for the fuzz targets).
 #
@@ -21,7 +25,7 @@ asan_build() {
     { echo "asan_build: $asan_cxx not found (scripts/setup.sh installs it)" >&2; return 1; }
   mkdir -p build-asan
   : >build-asan/build.log  # this call's log only, so a failure shows its own output
-  cmake -S . -B build-asan -DKILN_SANITIZE=ON -DKILN_FUZZ=ON -DKILN_CUDA=OFF \
+  cmake -S . -B build-asan -DKILN_SANITIZE=ON -DKILN_FUZZ=ON -UKILN_CUDA \
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER="$asan_cc" -DCMAKE_CXX_COMPILER="$asan_cxx" \
     -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" \
     -DCMAKE_C_FLAGS_DEBUG="-O1 -gline-tables-only" \

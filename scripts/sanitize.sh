@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# CI's sanitizer job: a CPU-only AddressSanitizer + UndefinedBehaviorSanitizer build (clang 14, in
+# CI's sanitizer job: an AddressSanitizer + UndefinedBehaviorSanitizer build (clang 14, in
 # build-asan/, which scripts/fuzz.sh shares: scripts/asan_build.sh) of every test binary (kernels,
 # tensor, autograd, nn, models/io, models, serve with its live loopback server, apps with the kiln
 # binary it runs, and dist as a world of one: the multi-rank runs need mpirun, which the
 # sanitizers do not cover), and a run of each. Any sanitizer report fails its test binary, and
-# this script with it. The CUDA glue's host logic is in this build too (its capability entries and
-# plans compile without CUDA); the CUDA-only host files (kernels/cuda/*.cpp) are not.
+# this script with it. Where nvcc is installed the build has CUDA, as the main build does, so the
+# CUDA build's host code runs sanitized too: the tests that need no GPU (CudaBasicPlan's copy
+# plans, CudnnAttentionHost's deviceless cuDNN graphs, CudaErrors, CudaDevices) run, and the GPU
+# tests skip with their message.
 #
 #   scripts/sanitize.sh            (docs/fuzzing.md)
 set -euo pipefail
@@ -17,6 +19,12 @@ declare -A filter=([test_dist]="--gtest_filter=Dist.*:DataParallel.OneStep*")
 # shellcheck source=scripts/asan_build.sh
 source scripts/asan_build.sh
 asan_build "${tests[@]}" kiln || exit 1
+cuda=$(sed -n 's/^KILN_CUDA:BOOL=//p' build-asan/CMakeCache.txt)
+if [ "$cuda" = ON ]; then
+  echo "sanitize: CUDA on: the CUDA build's host code is sanitized too (GPU tests skip here)"
+else
+  echo "sanitize: CUDA off (no nvcc found): only the CPU build's code is sanitized"
+fi
 
 # halt_on_error / abort_on_error: the first report ends the binary with a non-zero status.
 # allocator_may_return_null: a huge malloc returns null as glibc's does (kiln and libhdf5 handle
