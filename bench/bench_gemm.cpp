@@ -1,11 +1,13 @@
 // CPU GEMM rates on given shapes: oneDNN bf16 (kiln's bf16 path, kernels/cpu/matmul_dnnl.h),
-// oneDNN f32 and OpenBLAS sgemm (kiln's f32 path, kernels/cpu/matmul.h), in TFLOP/s, measured
+// oneDNN f32 and OpenBLAS sgemm (kiln's two f32 libraries: kernels/cpu/matmul.h's rule picks one
+// per product, and these two columns are what it was set from), in TFLOP/s, measured
 // side by side in one run (interleaved repetitions, best of each) so a loaded machine shifts
 // them alike.
 //
 //   kiln_bench_gemm                                   the training shapes (docs/cpu_gemm.md)
 //   kiln_bench_gemm --shape 512x1024x3072 --only bf16 the oneDNN bf16 rate for M x N x K
 //   KILN_CPU_ISA=avx512 kiln_bench_gemm --path onednn  oneDNN's bf16 emulation on plain AVX-512
+//   kiln_bench_gemm --no-trans-b --beta 1 --shape t:192x192x2048   a weight gradient, dW += X^T dY
 //
 // C (M, N) = A (M, K) @ B (K, N), row-major, B stored transposed (N, K) as a Linear's weight
 // unless --no-trans-b. Threads: OMP_NUM_THREADS / --threads.
@@ -32,15 +34,21 @@ using kiln::cpu::Bf16Gemm;
 
 struct Shape {
   std::int64_t M, N, K;
+  bool trans_a = false;  // "t:" prefix: A stored (K, M), as a weight gradient's X^T dY
 };
 
-Shape parse_shape(const std::string& s) {
+Shape parse_shape(const std::string& text) {
   Shape sh{};
+  std::string s = text;
+  if (s.rfind("t:", 0) == 0) {
+    sh.trans_a = true;
+    s = s.substr(2);
+  }
   char x1 = 0, x2 = 0;
   long long m = 0, n = 0, k = 0;
   const int got = std::sscanf(s.c_str(), "%lld%c%lld%c%lld", &m, &x1, &n, &x2, &k);
   KILN_CHECK(got == 5 && x1 == 'x' && x2 == 'x' && m > 0 && n > 0 && k > 0,
-             "[bench_gemm] shape '{}' is not MxNxK with positive sizes", s);
+             "[bench_gemm] shape '{}' is not [t:]MxNxK with positive sizes", text);
   sh.M = m;
   sh.N = n;
   sh.K = k;
@@ -85,7 +93,11 @@ int main(int argc, char** argv) {
   double min_s = 0.3;
   bool no_trans_b = false;
   std::string path = "auto";
-  app.add_option("--shape", shapes, "MxNxK (repeatable); default: stories15M training shapes");
+  float beta = 0.0f;
+  app.add_option("--shape", shapes,
+                 "[t:]MxNxK (repeatable; t: A stored transposed, (K, M)); default: stories15M "
+                 "training shapes");
+  app.add_option("--beta", beta, "C = A B + beta C (f32 columns only; 1: a gradient accumulated)");
   app.add_option("--only", only, "all | bf16 (only the oneDNN bf16 rate)")
       ->check(CLI::IsMember({"all", "bf16"}));
   app.add_option("--threads", threads, "OpenMP threads (default: OMP_NUM_THREADS)");
@@ -108,16 +120,22 @@ int main(int argc, char** argv) {
                 "bf16 impl");
     for (const std::string& s : shapes) {
       const Shape sh = parse_shape(s);
-      const bool tb = !no_trans_b;
-      const std::int64_t lda = sh.K, ldb = tb ? sh.K : sh.N, ldc = sh.N;
+      const bool tb = !no_trans_b, ta = sh.trans_a;
+      const std::int64_t lda = ta ? sh.M : sh.K, ldb = tb ? sh.K : sh.N, ldc = sh.N;
       std::vector<float> a(sh.M * sh.K), b(sh.K * sh.N), c(sh.M * sh.N);
       for (std::size_t i = 0; i < a.size(); ++i) a[i] = float((i * 7919) % 1000) / 1000.0f - 0.5f;
       for (std::size_t i = 0; i < b.size(); ++i) b[i] = float((i * 104729) % 997) / 997.0f - 0.5f;
       std::vector<bf16> ab(a.size()), bb(b.size()), cb(c.size());
       for (std::size_t i = 0; i < a.size(); ++i) ab[i] = kiln::float_to_bf16(a[i]);
       for (std::size_t i = 0; i < b.size(); ++i) bb[i] = kiln::float_to_bf16(b[i]);
-      const Bf16Gemm g{
-          .trans_b = tb, .M = sh.M, .N = sh.N, .K = sh.K, .lda = lda, .ldb = ldb, .ldc = ldc};
+      const Bf16Gemm g{.trans_a = ta,
+                       .trans_b = tb,
+                       .M = sh.M,
+                       .N = sh.N,
+                       .K = sh.K,
+                       .lda = lda,
+                       .ldb = ldb,
+                       .ldc = ldc};
       const std::int64_t scratch_bytes = kiln::cpu::bf16_gemm_scratch_bytes(g);
       std::vector<std::byte> scratch(static_cast<std::size_t>(scratch_bytes) + 64);
       void* sp = scratch.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch.data()) % 64) % 64;
@@ -134,16 +152,16 @@ int main(int argc, char** argv) {
         if (only == "bf16") continue;
         best_dnnl = std::min(best_dnnl, time_once(
                                             [&] {
-                                              kiln::cpu::onednn_sgemm(false, tb, sh.M, sh.N, sh.K,
+                                              kiln::cpu::onednn_sgemm(ta, tb, sh.M, sh.N, sh.K,
                                                                       1.0f, a.data(), lda, b.data(),
-                                                                      ldb, 0.0f, c.data(), ldc);
+                                                                      ldb, beta, c.data(), ldc);
                                             },
                                             min_s));
         best_blas = std::min(best_blas, time_once(
                                             [&] {
-                                              kiln::cpu::gemm<float>(false, tb, sh.M, sh.N, sh.K,
-                                                                     1.0f, a.data(), lda, b.data(),
-                                                                     ldb, 0.0f, c.data(), ldc);
+                                              kiln::cpu::sgemm_openblas(
+                                                  ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda,
+                                                  b.data(), ldb, beta, c.data(), ldc);
                                             },
                                             min_s));
       }

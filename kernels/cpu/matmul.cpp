@@ -1,17 +1,50 @@
-// GEMM through cblas_sgemm / cblas_dgemm. See matmul.h for the threading choice.
+// GEMM through cblas_sgemm / cblas_dgemm, and f32 products through oneDNN where matmul.h's rule
+// says so. See matmul.h for the threading choice and the rule.
 #include "kernels/cpu/matmul.h"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/common/error.h"
+#include "kernels/cpu/matmul_dnnl.h"
 
 namespace kiln::cpu {
 namespace {
+
+// The rule's bounds (matmul.h; the measurements are in docs/cpu_gemm.md).
+constexpr int64_t kOnednnMinRows = 16;  // at 16 rows the two ran alike; below, OpenBLAS
+constexpr int64_t kOnednnMaxK = 4096;   // K = 32000 (an LM head's input gradient) ran slower
+
+// -1: no override (KILN_F32_GEMM decides, else the rule); else an F32GemmLibrary.
+std::atomic<int> g_library_override{-1};
+
+int env_library() {
+  static const int lib = [] {
+    const char* env = std::getenv("KILN_F32_GEMM");
+    const std::string_view v = env ? env : "";
+    if (v.empty() || v == "auto") return -1;
+    if (v == "openblas") return static_cast<int>(F32GemmLibrary::OpenBlas);
+    if (v == "onednn") return static_cast<int>(F32GemmLibrary::Onednn);
+    fail("[gemm] KILN_F32_GEMM={} is not one of auto, openblas, onednn", v);
+  }();
+  return lib;
+}
+
+// Whether this top-level f32 product goes to oneDNN (matmul.h).
+bool f32_on_onednn(bool ta, int64_t M, int64_t N, int64_t K) {
+  if (omp_in_parallel()) return false;  // a caller's thread: its own single-threaded product
+  int lib = g_library_override.load(std::memory_order_relaxed);
+  if (lib < 0) lib = env_library();
+  if (lib >= 0) return lib == static_cast<int>(F32GemmLibrary::Onednn);
+  return f32_gemm_library(cpu_isa(), ta, M, N, K) == F32GemmLibrary::Onednn;
+}
 
 // OpenBLAS runs one thread at or below this M*N*K (interface/gemm.c: SMP_THRESHOLD_MIN * 4).
 constexpr double kBlasSingleThreadMnk = 65536.0 * 4.0;
@@ -33,7 +66,8 @@ void check_args(const char* op, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   KILN_CHECK(ldc >= std::max<int64_t>(1, N), "[{}] ldc {} < {}", op, ldc, N);
 }
 
-template <typename T>
+// route: an f32 product may go to oneDNN (f32_on_onednn); false: OpenBLAS only.
+template <typename T, bool route = true>
 inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                       int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
@@ -59,6 +93,9 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
+    if (route && f32_on_onednn(ta, M, N, K) &&
+        try_onednn_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+      return;
     cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
                 beta, C, int(ldc));
   } else {
@@ -68,6 +105,24 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
 }
 
 }  // namespace
+
+F32GemmLibrary f32_gemm_library(CpuIsa level, bool trans_a, int64_t M, int64_t N, int64_t K) {
+  (void)N;  // every N measured agreed
+  const bool onednn = level == CpuIsa::Avx2 && !trans_a && M >= kOnednnMinRows && K <= kOnednnMaxK;
+  return onednn ? F32GemmLibrary::Onednn : F32GemmLibrary::OpenBlas;
+}
+
+void set_f32_gemm_library_override(const F32GemmLibrary* library) {
+  g_library_override.store(library ? static_cast<int>(*library) : -1, std::memory_order_relaxed);
+}
+
+void sgemm_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                    int64_t ldc) {
+  check_args("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  blas_gemm<float, false>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,

@@ -360,8 +360,8 @@ void widen_tile(const Bf16Gemm& g, const WidenBlocks& w, const E* A, const E* B,
     const std::int64_t kb = std::min(w.kb, g.K - k0);
     const std::int64_t lda = widen_block(A, g.lda, g.trans_a, i0, k0, mb, kb, a_blk);
     const std::int64_t ldb = widen_block(B, g.ldb, g.trans_b, k0, j0, kb, nb, b_blk);
-    gemm<float>(g.trans_a, g.trans_b, mb, nb, kb, g.alpha, a_blk, lda, b_blk, ldb, 1.0f, acc,
-                ldacc);
+    sgemm_openblas(g.trans_a, g.trans_b, mb, nb, kb, g.alpha, a_blk, lda, b_blk, ldb, 1.0f, acc,
+                   ldacc);
   }
   if (!in_place)
     for (std::int64_t i = 0; i < mb; ++i)
@@ -443,20 +443,28 @@ std::string bf16_gemm_impl(const Bf16Gemm& g) {
   return lookup({dt::bf16, onednn_problem(g)})->impl;
 }
 
+namespace {
+// One f32 product as a plan (gemm<float>'s layout rules).
+Bf16Gemm sgemm_plan(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                    float alpha, std::int64_t lda, std::int64_t ldb, float beta, std::int64_t ldc) {
+  return {.trans_a = trans_a,
+          .trans_b = trans_b,
+          .M = M,
+          .N = N,
+          .K = K,
+          .lda = lda,
+          .ldb = ldb,
+          .ldc = ldc,
+          .alpha = alpha,
+          .beta = beta,
+          .c_type = GemmElt::F32};
+}
+}  // namespace
+
 void onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
                   float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
                   float beta, float* C, std::int64_t ldc) {
-  const Bf16Gemm g{.trans_a = trans_a,
-                   .trans_b = trans_b,
-                   .M = M,
-                   .N = N,
-                   .K = K,
-                   .lda = lda,
-                   .ldb = ldb,
-                   .ldc = ldc,
-                   .alpha = alpha,
-                   .beta = beta,
-                   .c_type = GemmElt::F32};
+  const Bf16Gemm g = sgemm_plan(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc);
   check_gemm("onednn_sgemm", g);
   if (M == 0 || N == 0) return;
   KILN_CHECK(K > 0 && alpha != 0.0f, "[onednn_sgemm] needs K > 0 and alpha != 0");
@@ -469,6 +477,16 @@ void onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, st
   void* aligned =
       scratch.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch.data()) % 64) % 64;
   execute(p, *e, A, B, C, nullptr, aligned, e->scratch_bytes);
+}
+
+bool try_onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                      float alpha, const float* A, std::int64_t lda, const float* B,
+                      std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  const Problem p{dt::f32, sgemm_plan(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc)};
+  const auto e = lookup(p);
+  if (e->scratch_bytes > 0) return false;
+  execute(p, *e, A, B, C, nullptr, nullptr, 0);
+  return true;
 }
 
 std::int64_t f16_gemm_scratch_bytes(const Bf16Gemm& g) {

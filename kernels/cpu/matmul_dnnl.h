@@ -81,6 +81,13 @@ void onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, st
                   float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
                   float beta, float* C, std::int64_t ldc);
 
+// The same product for gemm<float> (matmul.h's rule): runs it and returns true when oneDNN's
+// primitive needs no scratchpad (none of the measured shapes does, and a scratchpad here would
+// be memory the tracker cannot see); returns false, having done nothing, when it would need one.
+// The caller has handled M == 0, N == 0, K == 0 and alpha == 0.
+bool try_onednn_sgemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                      float alpha, const float* A, std::int64_t lda, const float* B,
+                      std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 struct OnednnCacheStats {
   std::int64_t entries = 0, created = 0, hits = 0;
 };

@@ -1,11 +1,14 @@
-// Tests for kernels/cpu/matmul.h against a float64 reference, all transpose combinations.
+// Tests for kernels/cpu/matmul.h against a float64 reference, all transpose combinations, with
+// the f32 products on each library (OpenBLAS and oneDNN) as well as by the rule.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <string>
 #include <vector>
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_dnnl.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace kiln {
@@ -48,31 +51,78 @@ void check_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, T be
       << "ta " << ta << " tb " << tb << " M " << M << " N " << N << " K " << K;
 }
 
+// Holds every top-level f32 product on one library for the scope (null: matmul.h's rule).
+class ScopedF32Library {
+ public:
+  explicit ScopedF32Library(const cpu::F32GemmLibrary* lib) {
+    cpu::set_f32_gemm_library_override(lib);
+  }
+  ~ScopedF32Library() { cpu::set_f32_gemm_library_override(nullptr); }
+};
+
+constexpr cpu::F32GemmLibrary kOpenBlas = cpu::F32GemmLibrary::OpenBlas;
+constexpr cpu::F32GemmLibrary kOnednn = cpu::F32GemmLibrary::Onednn;
+// The f32 tests run three times: by the rule, all on OpenBLAS, all on oneDNN (both libraries
+// take every transpose, alpha, beta and leading dimension).
+const std::vector<const cpu::F32GemmLibrary*> kLibraries = {nullptr, &kOpenBlas, &kOnednn};
+std::string library_name(const cpu::F32GemmLibrary* lib) {
+  return lib == nullptr ? "by the rule" : *lib == kOnednn ? "oneDNN" : "OpenBLAS";
+}
+
 TEST(Gemm, AllTransposesOddSizes) {
-  uint64_t seed = 1;
+  for (const cpu::F32GemmLibrary* lib : kLibraries) {
+    SCOPED_TRACE(library_name(lib));
+    ScopedF32Library scoped(lib);
+    uint64_t seed = 1;
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (int64_t M : {1, 7, 16, 33})
+          for (int64_t N : {1, 7, 129})
+            for (int64_t K : {1, 33, 129})
+              check_gemm<float>(ta, tb, M, N, K, 1.0f, 0.0f, 0, seed += 3);
+  }
+  uint64_t seed = 2;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (int64_t M : {1, 7, 33})
         for (int64_t N : {1, 7, 129})
           for (int64_t K : {1, 33, 129}) {
-            check_gemm<float>(ta, tb, M, N, K, 1.0f, 0.0f, 0, seed += 3);
             check_gemm<double>(ta, tb, M, N, K, 1.0, 0.0, 0, seed += 3);
           }
 }
 
 TEST(Gemm, AlphaBetaAndLeadingDims) {
-  uint64_t seed = 100;
+  for (const cpu::F32GemmLibrary* lib : kLibraries) {
+    SCOPED_TRACE(library_name(lib));
+    ScopedF32Library scoped(lib);
+    uint64_t seed = 100;
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        check_gemm<float>(ta, tb, 33, 17, 65, 0.5f, 1.0f, 3, seed += 3);  // accumulate
+        check_gemm<float>(ta, tb, 33, 17, 65, -2.0f, 0.25f, 5, seed += 3);
+      }
+    // Large enough for OpenBLAS (and oneDNN) to use their threads.
+    check_gemm<float>(false, true, 256, 192, 130, 1.0f, 0.0f, 0, 7);
+  }
+  uint64_t seed = 200;
   for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      check_gemm<float>(ta, tb, 33, 17, 65, 0.5f, 1.0f, 3, seed += 3);  // accumulate
-      check_gemm<float>(ta, tb, 33, 17, 65, -2.0f, 0.25f, 5, seed += 3);
-      check_gemm<double>(ta, tb, 9, 129, 7, 1.5, -1.0, 2, seed += 3);
-    }
-  // Large enough for OpenBLAS to use its threads.
-  check_gemm<float>(false, true, 256, 192, 130, 1.0f, 0.0f, 0, 7);
+    for (bool tb : {false, true}) check_gemm<double>(ta, tb, 9, 129, 7, 1.5, -1.0, 2, seed += 3);
 }
 
 TEST(Gemm, BetaZeroIgnoresNanAndKZero) {
+  for (const cpu::F32GemmLibrary* lib : kLibraries) {
+    SCOPED_TRACE(library_name(lib));
+    ScopedF32Library scoped(lib);
+    // 16 rows, so that the rule takes oneDNN at Avx2: beta 0 must not read C there either.
+    std::vector<float> A(16 * 3, 1.f), B(6, 1.f), C(16 * 2, NAN);
+    const cpu::OnednnCacheStats before = cpu::onednn_cache_stats();
+    cpu::gemm<float>(false, false, 16, 2, 3, 1.f, A.data(), 3, B.data(), 2, 0.f, C.data(), 2);
+    for (float c : C) EXPECT_EQ(c, 3.f);
+    // Forced onto oneDNN, the product did go there (it needs no scratchpad, so none fell back).
+    const cpu::OnednnCacheStats after = cpu::onednn_cache_stats();
+    if (lib == &kOnednn) EXPECT_GT(after.created + after.hits, before.created + before.hits);
+    if (lib == &kOpenBlas) EXPECT_EQ(after.created + after.hits, before.created + before.hits);
+  }
   std::vector<float> A(6, 1.f), B(6, 1.f), C(4, NAN);
   cpu::gemm<float>(false, false, 2, 2, 3, 1.f, A.data(), 3, B.data(), 2, 0.f, C.data(), 2);
   for (float c : C) EXPECT_EQ(c, 3.f);
@@ -107,6 +157,14 @@ void check_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t ba
 }
 
 TEST(Gemm, BatchedWithBroadcast) {
+  for (const cpu::F32GemmLibrary* lib : kLibraries) {
+    SCOPED_TRACE(library_name(lib));
+    ScopedF32Library scoped(lib);
+    uint64_t seed = 700;
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        check_batched<float>(ta, tb, 33, 20, 17, 3, false, true, 1.f, seed += 3);
+  }
   uint64_t seed = 500;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
@@ -143,6 +201,25 @@ TEST_P(GemmNested, CallableInsideParallelRegion) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(Sizes, GemmNested, ::testing::Values(33, 200));
+
+// The rule of matmul.h, at each level (a pure function of the level, so every level is checked
+// on any machine): oneDNN for op(A) = A with M >= 16 and K <= 4096 at Avx2 only.
+TEST(Gemm, LibraryRuleFollowsTheMeasuredShapes) {
+  using cpu::CpuIsa;
+  // shakespeare-char's and stories15M's forward products and input gradients.
+  EXPECT_EQ(cpu::f32_gemm_library(CpuIsa::Avx2, false, 2048, 192, 192), kOnednn);
+  EXPECT_EQ(cpu::f32_gemm_library(CpuIsa::Avx2, false, 2048, 768, 288), kOnednn);
+  EXPECT_EQ(cpu::f32_gemm_library(CpuIsa::Avx2, false, 16, 192, 192), kOnednn);
+  EXPECT_EQ(cpu::f32_gemm_library(CpuIsa::Avx2, false, 128, 1024, 4096), kOnednn);
+  // Weight gradients (A^T), few rows, and a K = 32000 input gradient stay on OpenBLAS.
+  EXPECT_EQ(cpu::f32_gemm_library(CpuIsa::Avx2, true, 192, 192, 2048), kOpenBlas);
+  EXPECT_EQ(cpu::f32_gemm_library(CpuIsa::Avx2, false, 15, 192, 192), kOpenBlas);
+  EXPECT_EQ(cpu::f32_gemm_library(CpuIsa::Avx2, false, 2048, 288, 32000), kOpenBlas);
+  // Levels where it was not measured: OpenBLAS everywhere.
+  for (CpuIsa level : {CpuIsa::Scalar, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx})
+    EXPECT_EQ(cpu::f32_gemm_library(level, false, 2048, 192, 192), kOpenBlas)
+        << cpu::cpu_isa_name(level);
+}
 
 TEST(Gemm, RejectsBadArguments) {
   float x = 0;
