@@ -166,11 +166,13 @@ OUT="$ROOT/bench/results/cpu_decode_$(date +%Y%m%d_%H%M%S).json"
 COMMIT="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 CPU="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
-"$PY" - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$NCPU" "$THREADS" "$PROMPT" "$NEW" "$g" \
+PYTHONPATH="$ROOT/bench" "$PY" - "$OUT" "$COMMIT" "$DIRTY" "$CPU" "$NCPU" "$THREADS" "$PROMPT" \
+  "$NEW" "$g" \
   "$(printf '%s\n' "${lines[@]}")" "$LOADAVG" "$gemm" "$gemm_counts" "$flop_token" "$LLAMA_LOG" \
   "$("$KILN" --version | sed -n 's/^cpu isa: //p')" \
   <<'EOF'
-import csv, datetime, json, math, sys
+import datetime, json, math, sys
+import llama_bench_csv
 out, commit, dirty, cpu, ncpu, threads, prompt, new, gemv, runs, loadavg = sys.argv[1:12]
 gemm, gemm_counts, flop_token = sys.argv[12], sys.argv[13], float(sys.argv[14])
 llama_log, cpu_isa = sys.argv[15], sys.argv[16]
@@ -205,22 +207,18 @@ res["onednn_bf16_tflops_flop_weighted"] = onednn / 1e12
 res["prefill_flop_per_token"] = flop_token
 pre = res["best_bf16_prefill_tok_s"]
 res["prefill_fraction_of_onednn"] = pre * flop_token / onednn if pre else None
-# llama-bench CSV: a header row (build_commit, ...) before each test's row; n_prompt > 0 is pp.
-llama, header = {}, None
-for row in csv.reader(open(llama_log)):
-    if row and row[0] == "build_commit":
-        header = row
-        continue
-    if header is None or not row:
-        continue
-    r = dict(zip(header, row))
-    key = "prefill_tok_s" if int(r["n_prompt"]) > 0 else "decode_tok_s"
-    # One repetition per pair: the best of the pairs, as kiln's figure is; each run kept.
-    llama[key] = max(llama.get(key, 0.0), float(r["avg_ts"]))
-    llama.setdefault(key + "_runs", []).append(float(r["avg_ts"]))
-    if key == "decode_tok_s":
-        llama["decode_depth"] = int(r.get("n_depth", 0))
-    llama["build"], llama["backend"] = r.get("build_commit", ""), r.get("backends", "")
+# llama-bench's CSV rows (bench/llama_bench_csv.py). One repetition per pair: the best of the
+# pairs, as kiln's figure is; each run kept.
+llama = {}
+rows = llama_bench_csv.read_rows(llama_log)
+if rows:
+    b = llama_bench_csv.best(rows)[None]
+    for t in ("prefill", "decode"):
+        if t in b:
+            llama[f"{t}_tok_s"], llama[f"{t}_tok_s_runs"] = b[t], b[f"{t}_runs"]
+    if "decode_depth" in b:
+        llama["decode_depth"] = b["decode_depth"]
+    llama["build"], llama["backend"] = b["build"], b["backends"]
 if llama:
     res["llama_cpp_bf16"] = llama
     for key, name in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):

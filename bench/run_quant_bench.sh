@@ -106,8 +106,10 @@ done
 
 mkdir -p "$ROOT/bench/results"
 RESULT="$ROOT/bench/results/cpu_quant_decode_$(date +%Y%m%d_%H%M%S).json"
-/usr/bin/python3 - "$LOG" "$RESULT" "$THREADS" "$PROMPT" "$NEW" "$NCPU" "$ROOT" "$KILN" "$LLAMA_LOG" "$MADE_BY" <<'PY'
-import csv, io, json, subprocess, sys, datetime
+PYTHONPATH="$ROOT/bench" /usr/bin/python3 - "$LOG" "$RESULT" "$THREADS" "$PROMPT" "$NEW" "$NCPU" \
+  "$ROOT" "$KILN" "$LLAMA_LOG" "$MADE_BY" <<'PY'
+import json, subprocess, sys, datetime
+import llama_bench_csv
 log, result, threads, prompt, new, ncpu, root, kiln, llama_log, made_by = sys.argv[1:]
 runs = [l.split() for l in open(log) if l.strip()]
 best = {}
@@ -127,27 +129,18 @@ out = {"benchmark": "cpu_quant_decode", "date": datetime.datetime.now().isoforma
        "ratios": {f"{p}_{k}_over_bf16": best[k][f"{p}_tok_per_s"] / best["bf16"][f"{p}_tok_per_s"]
                   for k in ("q8_0", "q4_k_m") for p in ("decode", "prefill")},
        "runs": [{"kind": k, "prefill_tok_per_s": float(p), "decode_tok_per_s": float(d)} for k, p, d in runs]}
-# llama-bench's CSV rows (prefixed with the kind): n_prompt, n_gen and avg_ts name each test.
-text = open(llama_log).read()
-if text.strip():
-    header = None
+# llama-bench's CSV rows, each line prefixed with the kind (bench/llama_bench_csv.py).
+rows = llama_bench_csv.read_rows(llama_log, with_kind=True)
+if rows:
+    # One repetition per pair: the best of the pairs, as kiln's figure is; each run kept.
     llama = {}
-    llama_runs = []
-    for row in csv.reader(io.StringIO(text)):
-        kind, rest = row[0], row[1:]
-        if rest and rest[0] == "build_commit":
-            header = rest
-            continue
-        if header is None:
-            continue
-        r = dict(zip(header, rest))
-        test = "prefill_tok_per_s" if int(r["n_prompt"]) > 0 else "decode_tok_per_s"
-        # One repetition per pair: the best of the pairs, as kiln's figure is.
-        llama.setdefault(kind, {})[test] = max(llama.get(kind, {}).get(test, 0.0), float(r["avg_ts"]))
-        llama_runs.append({"kind": kind, "test": test, "tok_per_s": float(r["avg_ts"])})
-        if test == "decode_tok_per_s":
-            llama[kind]["decode_depth"] = int(r.get("n_depth", 0))
-        llama[kind]["build"] = r.get("build_commit", "")
+    for kind, b in llama_bench_csv.best(rows).items():
+        llama[kind] = {f"{t}_tok_per_s": b[t] for t in ("prefill", "decode") if t in b}
+        if "decode_depth" in b:
+            llama[kind]["decode_depth"] = b["decode_depth"]
+        llama[kind]["build"] = b["build"]
+    llama_runs = [{"kind": r["kind"], "test": r["test"] + "_tok_per_s", "tok_per_s": r["tok_per_s"]}
+                  for r in rows]
     out["llama_cpp"] = llama
     out["llama_cpp_runs"] = llama_runs
     for k in llama:
