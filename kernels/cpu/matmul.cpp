@@ -38,12 +38,12 @@ int env_library() {
 }
 
 // Whether this top-level f32 product goes to oneDNN (matmul.h).
-bool f32_on_onednn(bool ta, int64_t M, int64_t N, int64_t K) {
+bool f32_on_onednn(bool ta, int64_t M, int64_t K) {
   if (omp_in_parallel()) return false;  // a caller's thread: its own single-threaded product
   int lib = g_library_override.load(std::memory_order_relaxed);
   if (lib < 0) lib = env_library();
   if (lib >= 0) return lib == static_cast<int>(F32GemmLibrary::Onednn);
-  return f32_gemm_library(cpu_isa(), ta, M, N, K) == F32GemmLibrary::Onednn;
+  return f32_gemm_library(cpu_isa(), ta, M, K) == F32GemmLibrary::Onednn;
 }
 
 // OpenBLAS runs one thread at or below this M*N*K (interface/gemm.c: SMP_THRESHOLD_MIN * 4).
@@ -93,7 +93,7 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (route && f32_on_onednn(ta, M, N, K) &&
+    if (route && f32_on_onednn(ta, M, K) &&
         try_onednn_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
       return;
     cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb),
@@ -106,8 +106,7 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
 
 }  // namespace
 
-F32GemmLibrary f32_gemm_library(CpuIsa level, bool trans_a, int64_t M, int64_t N, int64_t K) {
-  (void)N;  // every N measured agreed
+F32GemmLibrary f32_gemm_library(CpuIsa level, bool trans_a, int64_t M, int64_t K) {
   const bool onednn = level == CpuIsa::Avx2 && !trans_a && M >= kOnednnMinRows && K <= kOnednnMaxK;
   return onednn ? F32GemmLibrary::Onednn : F32GemmLibrary::OpenBlas;
 }

@@ -36,8 +36,9 @@ namespace kiln::cpu {
 enum class F32GemmLibrary : std::uint8_t { OpenBlas, Onednn };
 
 // The library the rule above picks at `level` for a top-level (not nested) call with M > 1,
-// K > 0 and alpha != 0 (the cases gemm hands to any library at all).
-F32GemmLibrary f32_gemm_library(CpuIsa level, bool trans_a, int64_t M, int64_t N, int64_t K);
+// K > 0 and alpha != 0 (the cases gemm hands to any library at all). N does not enter: every N
+// measured agreed.
+F32GemmLibrary f32_gemm_library(CpuIsa level, bool trans_a, int64_t M, int64_t K);
 
 // Tests and benchmarks: every top-level f32 product on one library (null: the rule). Also set
 // once from KILN_F32_GEMM=openblas|onednn (auto or unset: the rule), for whole-step comparisons.
