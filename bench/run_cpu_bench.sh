@@ -52,6 +52,7 @@ bench_build_targets "$ROOT" "$BUILD_DIR" kiln_bench_train_step
 
 common=(--threads "$THREADS" --batch "$BATCH" --seq "$SEQ" --warmup "$WARMUP" --steps "$STEPS")
 LINES="$(mktemp)"
+trap 'rm -f "$LINES"' EXIT
 for ((i = 0; i < PAIRS; i++)); do
   for m in $TORCH_MODES; do
     rc=0
@@ -85,22 +86,30 @@ for r in runs:
     key = f"torch {r['mode']}" if r["peer"] == "pytorch" else f"kiln {r['dtype']}"
     by[key].append(r["tok_per_s"])
 med = {k: statistics.median(v) for k, v in by.items()}
+# A ratio compares the same model only: every peer must report the same parameter count.
+params = {("torch " + r["mode"]) if r["peer"] == "pytorch" else ("kiln " + r["dtype"]): r.get("params")
+          for r in runs if not r.get("failed")}
+same_model = len(set(params.values())) == 1
+if not same_model:
+    print(f"[run_cpu_bench] the peers trained different models (parameters: {params}); "
+          "no ratio is reported", file=sys.stderr)
 torch_modes = {k: v for k, v in med.items() if k.startswith("torch")}
 ratios = {}
-if torch_modes:
+if torch_modes and same_model:
     best = max(torch_modes, key=torch_modes.get)
     for d in ("bf16", "f32"):
         if f"kiln {d}" in med:
             ratios[f"kiln {d} / {best} (best torch mode)"] = med[f"kiln {d}"] / torch_modes[best]
 if "kiln bf16" in med and "kiln f32" in med:
     ratios["kiln bf16 / kiln f32"] = med["kiln bf16"] / med["kiln f32"]
-if "kiln f32" in med and "torch fp32" in med:
+if same_model and "kiln f32" in med and "torch fp32" in med:
     ratios["kiln f32 / torch fp32"] = med["kiln f32"] / med["torch fp32"]
 res = {
     "benchmark": "cpu_train_step",
     "date": datetime.datetime.now().isoformat(timespec="seconds"),
     "commit": commit, "dirty_tracked_files": int(dirty), "cpu": cpu, "nproc": int(ncpu),
     "threads": int(threads), "rounds": int(pairs),
+    "params": params, "same_model": same_model,
     "median_tok_per_s": {k: round(v, 1) for k, v in med.items()},
     "ratios": {k: round(v, 3) for k, v in ratios.items()},
     "runs": runs,
@@ -113,5 +122,5 @@ for k, v in sorted(med.items()):
 for k, v in ratios.items():
     print(f"{k}: {v:.3f}")
 print(f"wrote {out}")
+sys.exit(0 if same_model else 1)
 PYEOF
-rm -f "$LINES"
