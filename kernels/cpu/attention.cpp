@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/common/error.h"
@@ -23,13 +24,21 @@ namespace kiln::cpu {
 namespace {
 
 // ---- BLAS wrappers (row-major) ------------------------------------------------------------------
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+// Row-major C = alpha op(A) op(B) + beta C. own: the f32 blocks take attn::block_sgemm (the
+// attention's head dim passed attn::block_sgemm_takes; beta is 0 or 1 in every block step).
+inline void gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) {
+  if (own && (beta == 0.0f || beta == 1.0f)) {
+    attn::block_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta == 1.0f, c, ldc);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
               int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+inline void gemm(bool, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                 const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+                 int64_t ldc) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
               int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
@@ -115,15 +124,16 @@ template <typename T>
 void forward_block(int64_t rows, int64_t kend, int64_t D, T scale, const T* q_blk, int64_t ldq,
                    const T* k_blk, const T* v_blk, int64_t ldkv, int64_t valid0, int64_t valid_step,
                    T* o_blk, int64_t ldo, T* lse_blk, int64_t lse_stride, T* s) {
+  const bool own = std::is_same_v<T, float> && attn::block_sgemm_takes(D);
   if (rows == 1)
     gemv(false, kend, D, scale, k_blk, ldkv, q_blk, T(0), s);
   else
-    gemm(false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), s, kend);
+    gemm(own, false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), s, kend);
   softmax_rows(rows, kend, valid0, valid_step, s, lse_blk, lse_stride);
   if (rows == 1)
     gemv(true, kend, D, T(1), v_blk, ldkv, s, T(0), o_blk);
   else
-    gemm(false, false, rows, D, kend, T(1), s, kend, v_blk, ldkv, T(0), o_blk, ldo);
+    gemm(own, false, false, rows, D, kend, T(1), s, kend, v_blk, ldkv, T(0), o_blk, ldo);
 }
 
 void check_attention(const char* what, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
@@ -149,18 +159,19 @@ void backward_block(int64_t rows, int64_t i0, int64_t D, T scale, const T* q_blk
                     const T* do_blk, const T* lse_blk, int64_t ldq, const T* k_blk, const T* v_blk,
                     int64_t ldkv, T* dq_blk, T* dk_blk, T* dv_blk, T* p, T* dp, T* di) {
   const int64_t kend = i0 + rows;  // causal: no row of the block sees keys >= kend
+  const bool own = std::is_same_v<T, float> && attn::block_sgemm_takes(D);
   // P = exp(scale * Q K^T - lse), zero right of the diagonal.
-  gemm(false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), p, kend);
+  gemm(own, false, true, rows, kend, D, scale, q_blk, ldq, k_blk, ldkv, T(0), p, kend);
   backward_probs(rows, kend, i0, D, lse_blk, o_blk, do_blk, ldq, p, di);
   // dV[0:kend] += P^T dO
-  gemm(true, false, kend, D, rows, T(1), p, kend, do_blk, ldq, T(1), dv_blk, ldkv);
+  gemm(own, true, false, kend, D, rows, T(1), p, kend, do_blk, ldq, T(1), dv_blk, ldkv);
   // dP = dO V^T, then dS = P * (dP - Di) in place (zero where P is zero).
-  gemm(false, true, rows, kend, D, T(1), do_blk, ldq, v_blk, ldkv, T(0), dp, kend);
+  gemm(own, false, true, rows, kend, D, T(1), do_blk, ldq, v_blk, ldkv, T(0), dp, kend);
   backward_ds(rows, kend, p, di, dp);
   // dQ = scale * dS K[0:kend] (each query row belongs to exactly one block: =)
-  gemm(false, false, rows, D, kend, scale, dp, kend, k_blk, ldkv, T(0), dq_blk, ldq);
+  gemm(own, false, false, rows, D, kend, scale, dp, kend, k_blk, ldkv, T(0), dq_blk, ldq);
   // dK[0:kend] += scale * dS^T Q
-  gemm(true, false, kend, D, rows, scale, dp, kend, q_blk, ldq, T(1), dk_blk, ldkv);
+  gemm(own, true, false, kend, D, rows, scale, dp, kend, q_blk, ldq, T(1), dk_blk, ldkv);
 }
 
 #define KILN_INSTANTIATE_BLOCKS(T)                                                                \

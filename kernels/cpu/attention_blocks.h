@@ -76,6 +76,23 @@ struct BackwardPlan {
                  double(ntasks) * double(G) * double(T) * double(T) * double(D) >= 1e5) {}
 };
 
+// The f32 per-block products on AVX2 + FMA (attention_sgemm.cpp), row-major:
+//   C (m x n, ldc) = alpha * op(A) op(B), or C += alpha * op(A) op(B) when accumulate;
+//   op(A) = A (m x k, lda) or, with trans_a, A^T of A (k x m, lda); likewise op(B) (k x n).
+// Available when the level is Avx2 or higher.
+bool block_sgemm_available();
+// Whether the f32 attention runs its block products on block_sgemm instead of BLAS: at Avx2
+// and above for head dims up to 64 (attention_sgemm.cpp has the measurements), unless
+// KILN_ATTENTION_GEMM=openblas (read once; auto or unset: the rule) or
+// set_attention_gemm_openblas says otherwise.
+bool block_sgemm_takes(int64_t head_dim);
+// Tests and benchmarks: true: every block product on OpenBLAS; false: the rule; null: back to
+// the environment. Not thread-safe against running attention.
+void set_attention_gemm_openblas(const bool* on);
+void block_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
+                 float* c, int64_t ldc);
+
 // Throws kiln::Error on sizes the kernels cannot take.
 void check_attention(const char* what, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                      int64_t D, int64_t q_offset, int64_t kv_batch_stride);

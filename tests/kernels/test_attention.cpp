@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/isa.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace kiln {
@@ -40,8 +42,8 @@ void ref_attention(const Shape& s, double scale, const std::vector<double>& q,
         for (int64_t j = 0; j <= last; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < s.D; ++d)
-            dot += q[((b * s.Tq + i) * s.Hq + h) * s.D + d] *
-                   k[b * kvs + (j * s.Hkv + kvh) * s.D + d];
+            dot +=
+                q[((b * s.Tq + i) * s.Hq + h) * s.D + d] * k[b * kvs + (j * s.Hkv + kvh) * s.D + d];
           sc[j] = dot * scale;
           mx = std::max(mx, sc[j]);
         }
@@ -102,18 +104,28 @@ const std::vector<Shape> kForwardShapes = {
     {2, 1, 33, 6, 6, 32, 32},
 };
 
+// f32 blocks run on attn::block_sgemm at AVX2 and above and on BLAS below: both, at every level
+// this machine has.
 TEST(Attention, ForwardMatchesNaive) {
-  for (const auto& s : kForwardShapes) {
-    check_forward<double>(s, s.Tk, 1e-12);
-    check_forward<float>(s, s.Tk, 2e-5);
+  for (const auto level : supported_levels()) {
+    cpu::ScopedCpuIsa cap(level);
+    SCOPED_TRACE(std::string(cpu::cpu_isa_name(level)));
+    for (const auto& s : kForwardShapes) {
+      check_forward<double>(s, s.Tk, 1e-12);
+      check_forward<float>(s, s.Tk, 2e-5);
+    }
   }
 }
 
 TEST(Attention, ForwardKvCacheStride) {
   // Capacity Tmax > Tk: batches are Tmax * Hkv * D apart and the tail is never read.
-  for (const auto& s : kForwardShapes) {
-    check_forward<double>(s, s.Tk + 9, 1e-12);
-    check_forward<float>(s, s.Tk + 9, 2e-5);
+  for (const auto level : supported_levels()) {
+    cpu::ScopedCpuIsa cap(level);
+    SCOPED_TRACE(std::string(cpu::cpu_isa_name(level)));
+    for (const auto& s : kForwardShapes) {
+      check_forward<double>(s, s.Tk + 9, 1e-12);
+      check_forward<float>(s, s.Tk + 9, 2e-5);
+    }
   }
 }
 
@@ -127,8 +139,8 @@ Grads fd_grads(const Shape& s, double scale, std::vector<double> q, std::vector<
   const int64_t kvs = s.Tk * s.Hkv * s.D;
   auto loss = [&] {
     std::vector<double> out(q.size()), lse(s.B * s.Hq * s.Tq);
-    cpu::attention_forward<double>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, 0, scale, q.data(),
-                                   k.data(), v.data(), kvs, out.data(), lse.data());
+    cpu::attention_forward<double>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, 0, scale, q.data(), k.data(),
+                                   v.data(), kvs, out.data(), lse.data());
     double l = 0;
     for (size_t i = 0; i < out.size(); ++i) l += dout[i] * out[i];
     return l;
@@ -155,8 +167,8 @@ Grads fd_grads(const Shape& s, double scale, std::vector<double> q, std::vector<
 }
 
 template <typename T>
-Grads run_backward(const Shape& s, double scale, const std::vector<T>& q,
-                   const std::vector<T>& k, const std::vector<T>& v, const std::vector<T>& dout) {
+Grads run_backward(const Shape& s, double scale, const std::vector<T>& q, const std::vector<T>& k,
+                   const std::vector<T>& v, const std::vector<T>& dout) {
   const int64_t kvs = s.Tk * s.Hkv * s.D;
   std::vector<T> out(q.size()), lse(s.B * s.Hq * s.Tq);
   cpu::attention_forward<T>(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.D, 0, scale, q.data(), k.data(),
@@ -164,14 +176,13 @@ Grads run_backward(const Shape& s, double scale, const std::vector<T>& q,
   // Outputs start as garbage: backward writes (=) all of them.
   std::vector<T> dq(q.size(), T(5)), dk(k.size(), T(5)), dv(v.size(), T(5));
   cpu::attention_backward<T>(s.B, s.Tq, s.Hq, s.Hkv, s.D, scale, q.data(), k.data(), v.data(),
-                             out.data(), lse.data(), dout.data(), dq.data(), dk.data(),
-                             dv.data());
+                             out.data(), lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
   return {to_f64(dq), to_f64(dk), to_f64(dv)};
 }
 
 const std::vector<Shape> kBackwardShapes = {
-    {1, 1, 1, 1, 1, 1, 0},   {1, 5, 5, 2, 1, 3, 0},  {2, 9, 9, 4, 2, 4, 0},
-    {2, 6, 6, 3, 3, 5, 0},   {1, 70, 70, 2, 1, 2, 0},  // crosses the 64-row block
+    {1, 1, 1, 1, 1, 1, 0}, {1, 5, 5, 2, 1, 3, 0},   {2, 9, 9, 4, 2, 4, 0},
+    {2, 6, 6, 3, 3, 5, 0}, {1, 70, 70, 2, 1, 2, 0},  // crosses the 64-row block
 };
 
 TEST(Attention, BackwardFiniteDifferences) {
@@ -193,25 +204,30 @@ TEST(Attention, BackwardFiniteDifferences) {
 // Float backward on training-like shapes against the (finite-difference-checked) double kernel
 // on the same inputs, and bitwise equal across thread counts.
 TEST(Attention, BackwardFloatMatchesDoubleAndIsDeterministic) {
-  for (const Shape& s : {Shape{2, 130, 130, 6, 2, 16, 0}, Shape{3, 64, 64, 6, 6, 48, 0}}) {
-    const double scale = 1.0 / std::sqrt(double(s.D));
-    const int64_t kv_n = s.B * s.Tk * s.Hkv * s.D;
-    const auto q = random_normal_vec<float>(s.B * s.Tq * s.Hq * s.D, 1);
-    const auto k = random_normal_vec<float>(kv_n, 2);
-    const auto v = random_normal_vec<float>(kv_n, 3);
-    const auto dout = random_normal_vec<float>(q.size(), 4);
-    const Grads f = run_backward<float>(s, scale, q, k, v, dout);
-    const Grads d = run_backward<double>(s, scale, to_f64(q), to_f64(k), to_f64(v), to_f64(dout));
-    EXPECT_TRUE(all_close(f.dq, d.dq, 1e-4, 1e-4));
-    EXPECT_TRUE(all_close(f.dk, d.dk, 1e-4, 1e-4));
-    EXPECT_TRUE(all_close(f.dv, d.dv, 1e-4, 1e-4));
-    const int nt = omp_get_max_threads();
-    omp_set_num_threads(nt == 1 ? 3 : 1);
-    const Grads f1 = run_backward<float>(s, scale, q, k, v, dout);
-    omp_set_num_threads(nt);
-    EXPECT_EQ(f.dq, f1.dq);
-    EXPECT_EQ(f.dk, f1.dk);
-    EXPECT_EQ(f.dv, f1.dv);
+  for (const auto level : supported_levels()) {
+    cpu::ScopedCpuIsa cap(level);
+    SCOPED_TRACE(std::string(cpu::cpu_isa_name(level)));
+    for (const Shape& s : {Shape{2, 130, 130, 6, 2, 16, 0}, Shape{3, 64, 64, 6, 6, 48, 0},
+                           Shape{2, 128, 128, 4, 4, 48, 0}}) {
+      const double scale = 1.0 / std::sqrt(double(s.D));
+      const int64_t kv_n = s.B * s.Tk * s.Hkv * s.D;
+      const auto q = random_normal_vec<float>(s.B * s.Tq * s.Hq * s.D, 1);
+      const auto k = random_normal_vec<float>(kv_n, 2);
+      const auto v = random_normal_vec<float>(kv_n, 3);
+      const auto dout = random_normal_vec<float>(q.size(), 4);
+      const Grads f = run_backward<float>(s, scale, q, k, v, dout);
+      const Grads d = run_backward<double>(s, scale, to_f64(q), to_f64(k), to_f64(v), to_f64(dout));
+      EXPECT_TRUE(all_close(f.dq, d.dq, 1e-4, 1e-4));
+      EXPECT_TRUE(all_close(f.dk, d.dk, 1e-4, 1e-4));
+      EXPECT_TRUE(all_close(f.dv, d.dv, 1e-4, 1e-4));
+      const int nt = omp_get_max_threads();
+      omp_set_num_threads(nt == 1 ? 3 : 1);
+      const Grads f1 = run_backward<float>(s, scale, q, k, v, dout);
+      omp_set_num_threads(nt);
+      EXPECT_EQ(f.dq, f1.dq);
+      EXPECT_EQ(f.dk, f1.dk);
+      EXPECT_EQ(f.dv, f1.dv);
+    }
   }
 }
 
