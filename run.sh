@@ -14,15 +14,15 @@ cmake --build build -j"$(nproc)"
 # but 1.4x faster with one other busy process, and no 10x collapse when a core is taken away.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
-# shakespeare-char (a 1.8M-parameter LLaMA, context 128) for 3000 steps of 16 x 128 tokens. On a
-# CPU with AVX512-BF16/AMX it trains in bf16 (f32 masters and moments): about 3.5 minutes on 2
-# cores, to validation loss ~1.49 (f32's 1500 steps took 5 minutes to reach 1.54). Without them
-# it trains in f32, and --time-limit stops training at 9.5 minutes; --fit-time-limit shortens the
-# schedule to the steps that fit at the measured step time, so the learning rate still finishes
-# its decay (an AVX2-only EPYC, 2 cores, f32: 1996 of 3000 steps in 570 s, stopped mid-decay at
-# validation loss 1.52, 2026-11-27).
+# shakespeare-char (a 1.8M-parameter LLaMA, context 128) for 6000 steps of 8 x 128 tokens. On a
+# CPU with AVX512-BF16/AMX it trains in bf16 (f32 masters and moments); without them in f32, and
+# --time-limit stops training at 9.5 minutes; --fit-time-limit shortens the schedule to the steps
+# that fit at the measured step time, so the learning rate still finishes its decay. Batches of 8
+# learn more per token here than batches of 16 at the same step speed: on an AVX2-only EPYC, 2
+# cores, f32, 2026-11-29, batch 8 reached validation loss 1.4951 (4394 steps in 569 s) and
+# batch 16 1.5199 (2081 steps in 569 s) in the same hour (bench/results/cpu_run_sh_trials_20261128.md).
 ./build/apps/kiln train --preset shakespeare-char --data data/text/tinyshakespeare.txt \
-  --tokenizer char --device cpu --out runs/shakespeare-char --overwrite --steps 3000 \
-  --time-limit 570 --fit-time-limit
+  --tokenizer char --device cpu --out runs/shakespeare-char --overwrite --steps 6000 --batch 8 \
+  --eval-interval 500 --time-limit 570 --fit-time-limit
 ./build/apps/kiln sample --ckpt runs/shakespeare-char/final.h5 --prompt "ROMEO:" \
   --temperature 0.8 --top-k 40 --seed 1 --max-new-tokens 300
