@@ -270,7 +270,10 @@ KILN_TARGET_AVX2 static void block_sgemm_avx2(bool trans_a, bool trans_b, int64_
     const bool acc = accumulate || k0 > 0;
     const float* ak = trans_a ? a + k0 * lda : a + k0;
     int64_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
-    if (trans_a && lda % kAliasing == 0) {  // rows p of A^T alias in L1: copy them apart
+    // Rows p of A^T that alias in L1 are copied apart when at most kPanel wide, so each of the
+    // thread's two copy buffers (kept between calls, as OpenBLAS keeps its packing buffers)
+    // stays within kKc x 264 floats (264 KiB) whatever the sizes.
+    if (trans_a && lda % kAliasing == 0 && m <= kPanel) {
       const int64_t ald = padded_ld(m);
       float* buf = room(abuf, kc * ald);
       copy_rows(kc, m, ak, lda, buf, ald);

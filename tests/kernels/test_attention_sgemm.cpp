@@ -99,6 +99,8 @@ TEST(AttentionBlockSgemm, MatchesF64WithinTheDotProductBound) {
       check_case({ta, tb, 64, 48, 257, false, 1.0f, 600, 600});
       check_case({ta, tb, 70, 40, 300, true, -1.0f, 512, 512});
     }
+  // A^T wider than the copy's bound at an aliasing stride: read in place.
+  check_case({true, false, 300, 16, 40, false, 1.0f, 512, 0});
 }
 
 TEST(AttentionBlockSgemm, TakesHeadDimsUpTo64UnlessToldOpenblas) {
