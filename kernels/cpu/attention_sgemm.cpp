@@ -16,10 +16,11 @@
 //             S and the V^T of dP) is copied once per call into that layout, in panels of
 //             kPanel columns, so the copy stays in L1/L2 and costs 1/rows of the products.
 // The tile is 6 rows x 16 columns: 12 accumulators, 2 loads of B and 6 broadcasts per 12 FMAs,
-// as BLIS's Haswell kernel. Every output is one f32 dot product over k in order k = 0, 1, ...,
-// so its error is that of a plain dot product: |C - C_exact| <= gamma_k sum_k |A(i,k) B(k,j)|,
-// gamma_k = k u / (1 - k u), u = 2^-24 (tests/kernels/test_attention_sgemm.cpp checks that
-// bound), and the result does not depend on the thread count.
+// as BLIS's Haswell kernel. Every output is a dot product over k in order, in nb = ceil(k/256)
+// blocks, each block's sum times alpha added to C, so its error is a plain dot product's:
+// |C - C_exact| <= gamma_{k+2nb} (|alpha| sum_k |A(i,k) B(k,j)| + |C0|), gamma_n = n u / (1 - n u),
+// u = 2^-24 (tests/kernels/test_attention_sgemm.cpp checks that bound), and the result does not
+// depend on the thread count.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
