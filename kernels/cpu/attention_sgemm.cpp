@@ -90,35 +90,19 @@ KILN_TARGET_AVX2 void tile(int64_t k, int64_t nc, float alpha, const float* a, i
       b0 = _mm256_maskload_ps(bp, m0);
       if (two) b1 = _mm256_maskload_ps(bp + 8, m1);
     }
+    // One row of the tile: its A element broadcast, times both vectors of B.
     const int64_t o = p * cs_a;
-    __m256 ai = _mm256_broadcast_ss(a0 + o);
-    c00 = _mm256_fmadd_ps(ai, b0, c00);
-    c01 = _mm256_fmadd_ps(ai, b1, c01);
-    if constexpr (MR > 1) {
-      ai = _mm256_broadcast_ss(a1 + o);
-      c10 = _mm256_fmadd_ps(ai, b0, c10);
-      c11 = _mm256_fmadd_ps(ai, b1, c11);
-    }
-    if constexpr (MR > 2) {
-      ai = _mm256_broadcast_ss(a2 + o);
-      c20 = _mm256_fmadd_ps(ai, b0, c20);
-      c21 = _mm256_fmadd_ps(ai, b1, c21);
-    }
-    if constexpr (MR > 3) {
-      ai = _mm256_broadcast_ss(a3 + o);
-      c30 = _mm256_fmadd_ps(ai, b0, c30);
-      c31 = _mm256_fmadd_ps(ai, b1, c31);
-    }
-    if constexpr (MR > 4) {
-      ai = _mm256_broadcast_ss(a4 + o);
-      c40 = _mm256_fmadd_ps(ai, b0, c40);
-      c41 = _mm256_fmadd_ps(ai, b1, c41);
-    }
-    if constexpr (MR > 5) {
-      ai = _mm256_broadcast_ss(a5 + o);
-      c50 = _mm256_fmadd_ps(ai, b0, c50);
-      c51 = _mm256_fmadd_ps(ai, b1, c51);
-    }
+    auto row = [&](const float* ar, __m256& x0, __m256& x1) KILN_TARGET_AVX2 {
+      const __m256 ai = _mm256_broadcast_ss(ar + o);
+      x0 = _mm256_fmadd_ps(ai, b0, x0);
+      x1 = _mm256_fmadd_ps(ai, b1, x1);
+    };
+    row(a0, c00, c01);
+    if constexpr (MR > 1) row(a1, c10, c11);
+    if constexpr (MR > 2) row(a2, c20, c21);
+    if constexpr (MR > 3) row(a3, c30, c31);
+    if constexpr (MR > 4) row(a4, c40, c41);
+    if constexpr (MR > 5) row(a5, c50, c51);
   }
   const __m256 va = _mm256_set1_ps(alpha);
   auto store = [&](float* ci, __m256 r0, __m256 r1) KILN_TARGET_AVX2 {
