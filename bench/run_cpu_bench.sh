@@ -80,16 +80,17 @@ import collections, json, statistics, sys, datetime
 out, commit, dirty, cpu, ncpu, threads, pairs, lines = sys.argv[1:9]
 runs = [json.loads(l) for l in open(lines) if l.strip().startswith("{")]
 by = collections.defaultdict(list)  # "torch fp32", "kiln bf16", ... -> tok/s per round
+params = collections.defaultdict(set)  # the same keys -> parameter counts seen
 for r in runs:
     if r.get("failed"):
         continue
     key = f"torch {r['mode']}" if r["peer"] == "pytorch" else f"kiln {r['dtype']}"
     by[key].append(r["tok_per_s"])
+    params[key].add(r.get("params"))
 med = {k: statistics.median(v) for k, v in by.items()}
-# A ratio compares the same model only: every peer must report the same parameter count.
-params = {("torch " + r["mode"]) if r["peer"] == "pytorch" else ("kiln " + r["dtype"]): r.get("params")
-          for r in runs if not r.get("failed")}
-same_model = len(set(params.values())) == 1
+# A ratio compares the same model only: every run of every peer must report one parameter count.
+same_model = len(set().union(*params.values())) == 1
+params = {k: sorted(v, key=str) if len(v) > 1 else next(iter(v)) for k, v in params.items()}
 if not same_model:
     print(f"[run_cpu_bench] the peers trained different models (parameters: {params}); "
           "no ratio is reported", file=sys.stderr)
