@@ -254,13 +254,14 @@ std::int64_t tile_x_ints(QuantType t) {
 }
 
 // The W rows per tile (gemv_quant_tiles.h) of type t at the current level: 16 with
-// AVX512-VNNI; 8 with AVX2 for the K-quants; else 0 (one W row at a time). Q8_0's AVX2 tile
-// (sign(x, w) per row and chunk) decoded Qwen3-0.6B at 30-31 tok/s against 35 for the one-row
-// kernel (KILN_CPU_ISA=avx2 on an AMD EPYC, 2 threads, 2026-11-27), so it is not used; the K-quant
-// tiles took q4_k_m decode from 27-30 to 35 and prefill of 128 from 78-85 to 173-188.
+// AVX512-VNNI; 8 with AVX2; else 0 (one W row at a time). On AVX2 the K-quant tiles took q4_k_m
+// decode from 27-30 to 35 tok/s and prefill of 128 from 78-85 to 173-188 (KILN_CPU_ISA=avx2 on an
+// AMD EPYC, 2 threads, 2026-11-27). Q8_0's (2026-11-29, an AVX2-only EPYC, 2 threads, Qwen3-0.6B's
+// layer shapes): 128 x rows 55-56 ms against 126-128 for dot_q8_0_avx2 row by row, 4 rows 11.6-12.0
+// against 18.6-24.0, 1 row (decode, with its prefetch) 30.4-31.2 against 31.1-33.3.
 std::int64_t tile_width(QuantType t) {
   if (use_vnni()) return 16;
-  return t != QuantType::Q8_0 && cpu_has(CpuIsa::Avx2) ? 8 : 0;
+  return cpu_has(CpuIsa::Avx2) ? 8 : 0;
 }
 
 std::int64_t x_block_bytes(QuantType t) {
@@ -543,8 +544,8 @@ void gemv_quant(QuantType t, std::int64_t M, std::int64_t N, std::int64_t K, con
     const auto* xk = reinterpret_cast<const BlockQ8K*>(xq);
     auto tile = tiles::gemv_q8_0_tile16;
     switch (t) {
-      case QuantType::Q8_0:
-        tiles::q8_0_x_corr(reinterpret_cast<const BlockQ8*>(xq), M * nb, x_extra);
+      case QuantType::Q8_0:  // the correction is the VNNI tile's (x biased to u8)
+        if (width == 16) tiles::q8_0_x_corr(reinterpret_cast<const BlockQ8*>(xq), M * nb, x_extra);
         break;
       case QuantType::Q4_K:
         tiles::q4_k_x_pairs(xk, M * nb, x_extra);

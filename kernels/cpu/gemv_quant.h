@@ -26,7 +26,9 @@
 //                                            a time on 32 bytes
 //   Avx2 and Avx512:                         vpmaddubsw + vpmaddwd on 32 bytes (|w| as u8,
 //                                            sign(w) moved onto x), 4-bit and 6-bit values
-//                                            unpacked in registers
+//                                            unpacked in registers; tiles of 8 W rows
+//                                            (gemv_quant_tiles_avx2.cpp), the last N % 8 rows
+//                                            one at a time
 //   Scalar:                                  the same integer sums in plain loops
 // (every CPU with AVX512_BF16 shipped so far has AVX512_VNNI; without it the Avx2 path runs.)
 //
@@ -62,11 +64,12 @@ struct BlockQ8K {
 // and 36 vs 20 (Q4_K_M), 32 rows 98 vs 79 and 38 vs 29, 64 rows 100 vs 103 and 48 vs 56.
 inline constexpr std::int64_t kQuantGemvMaxRows = 32;
 // kQuantGemvTileMaxRows, where a type runs on the tiles (kernels/cpu/gemv_quant_tiles.h:
-// AVX512-VNNI, or the K-quants on AVX2): no limit. Measured the same way (Q8_0 on VNNI; GEMV vs
+// AVX512-VNNI or AVX2): no limit. Measured the same way (Q8_0 on VNNI; GEMV vs
 // slices): 64 rows 490 vs 113, 128 rows 491 vs 131, 256 rows 426 vs 138, 512 rows 348 vs 133,
 // 1000 rows 314 vs 132; q4_k_m 512 rows 265 vs 122, 1000 rows 212 vs 137; q4_k_m at
-// KILN_CPU_ISA=avx2, 128 rows 173-188 vs 78-85. On an AMX CPU the slices run on AMX-BF16, which
-// was not measured against the tiles: there the smaller limit stays.
+// KILN_CPU_ISA=avx2, 128 rows 173-188 vs 78-85; Q8_0 on an AVX2-only EPYC (2026-11-29, kiln's
+// file), 128 rows 121-159 vs 70-81, 512 rows 134-137 vs 89-93. On an AMX CPU the slices run on
+// AMX-BF16, which was not measured against the tiles: there the smaller limit stays.
 inline constexpr std::int64_t kQuantGemvTileMaxRows = std::numeric_limits<std::int64_t>::max();
 std::int64_t quant_gemv_max_rows(quant::QuantType t);
 // Above it, the weights are dequantized this many bytes (in the compute dtype) at a time, at
@@ -98,7 +101,7 @@ float dot_q6_k(const std::uint8_t* w, const BlockQ8K* x, std::int64_t nb);
 // Whether dot_q8_0 uses VNNI at the current level (for the tests' and bench's labels).
 bool gemv_quant_uses_vnni();
 // The W rows per tile (kernels/cpu/gemv_quant_tiles.h) type t runs on at the current level: 16
-// with AVX512-VNNI, 8 for the K-quants with AVX2, 0 where one W row runs at a time.
+// with AVX512-VNNI, 8 with AVX2, 0 where one W row runs at a time.
 std::int64_t gemv_quant_tile_width(quant::QuantType t);
 
 }  // namespace kiln::cpu

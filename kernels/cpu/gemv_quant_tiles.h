@@ -50,8 +50,8 @@ void gemv_q6_k_tile16(const std::uint8_t* w, std::int64_t row_bytes, const std::
 // bsums[4j + 2]) and (bsums[4j + 1], bsums[4j + 3]).
 void q6_k_x_pairs(const BlockQ8K* x, std::int64_t n, std::int32_t* x_pairs);
 
-// AVX2 (gemv_quant_tiles_avx2.cpp): the same tiles on 8 W rows (acc[8 m + j]), for Q4_K and
-// Q6_K, with the same x extras; each output's bits are the 16-row tile's.
+// AVX2 (gemv_quant_tiles_avx2.cpp): the same tiles on 8 W rows (acc[8 m + j]), with the same x
+// extras for Q4_K and Q6_K (Q8_0 needs none); each output's bits are the 16-row tile's.
 void gemv_tile8_avx2(quant::QuantType t, const std::uint8_t* w, std::int64_t row_bytes,
                      const std::uint8_t* x, std::int64_t xstride, const std::int32_t* x_extra,
                      std::int64_t nb, std::int64_t M, float* acc);

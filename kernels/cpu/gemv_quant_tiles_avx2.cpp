@@ -9,14 +9,16 @@
 // share an i16 before vpmaddwd widens them:
 //   Q4_K  nibbles 0..15 times x, |x| <= 127:  pairs <= 3810, 8 chunks per widening.
 //   Q6_K  codes 0..63 times x:                pairs <= 16002, 2 chunks per widening.
-// Q8_0 has none: its signed codes need sign(x, w) per row and chunk, and that tile decoded more
-// slowly than the one-row kernel (gemv_quant.cpp: tile_width).
+//   Q8_0  |w| (u8, up to 128) times sign(x, w): pairs <= 32512, every chunk widened.
 //
-// One row of x (decode) takes q4_k_tile8_row / q6_k_tile8_row: the same integer sums and fmas.
+// One row of x (decode) takes q8_0_tile8_row / q4_k_tile8_row / q6_k_tile8_row: the same integer
+// sums and fmas.
 // The Q4_K one keeps its sums in registers and uses each chunk as it is unpacked (31% fewer
 // instructions than the general tile at M = 1, callgrind, 1024 x 1024); the Q6_K one does not
 // transpose at all (each row's codes against x's bytes as they lie, the rows' sums reduced once
-// per super-block): 931 instructions per super-block against the general tile's 1,639.
+// per super-block): 946 instructions per super-block against the general tile's 1,639. The Q8_0
+// one does the same on 32-value blocks: 81 instructions per block of 8 rows against 141 for
+// dot_q8_0_avx2 row by row (callgrind, 1024 x 1024).
 #include <cstring>
 
 #include "kernels/common/error.h"
@@ -418,30 +420,110 @@ KILN_TARGET_AVX2 inline __m256i hsum_8x8(const __m256i a[8]) {
                           _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
+// The untransposed one-row tiles' frame (q6_k_tile8_row, q8_0_tile8_row): per block, row_sums
+// gives each of the 8 rows' sum as 8 i32 lanes, hsum_8x8 reduces them (exact), and
+// acc_j = fma(float(total_j), d_wj * d_x, acc_j) with d_w the f16 at d_offset of each row's block;
+// the tile after next is prefetched into L2 meanwhile.
+template <class XBlock, class RowSums>
+KILN_TARGET_AVX2 inline void tile8_row(const std::uint8_t* w, std::int64_t row_bytes,
+                                       std::int64_t nb, std::int64_t block_bytes,
+                                       std::int64_t d_offset, const XBlock* x, float* acc,
+                                       RowSums row_sums) {
+  const std::uint8_t* ahead = w + 16 * row_bytes;
+  __m256 sum = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * block_bytes;
+    prefetch_share8(ahead + b * 8 * block_bytes, 8 * block_bytes);
+    __m256i rows[8];
+    row_sums(blk, b, rows);
+    const __m256 d = _mm256_mul_ps(f16_rows8(blk + d_offset, row_bytes), _mm256_set1_ps(x[b].d));
+    sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8(rows)), d, sum);
+  }
+  _mm256_storeu_ps(acc, sum);
+}
+
 // q6_k_tile8 for one row of x, as q4_k_tile8_row is q4_k_tile8's: the same integer total per
 // row and super-block, sum_g sc_g isum_g - 32 sum_g sc_g bsums_g (exact in i32, so in any order),
 // and the same fma per super-block, so the same bits. Unlike the general tile it does not
 // transpose: each row's codes meet x's 32 bytes as they lie (q6_k_row_sums), and the eight rows'
 // sums are reduced once per super-block (hsum_8x8). The transposes and x broadcasts cost more than
-// that on AVX2: callgrind, 931 instructions per tile and super-block against 1,147 transposed;
+// that on AVX2: callgrind, 946 instructions per tile and super-block (931 before tile8_row
+// became its frame, shared with Q8_0) against 1,147 transposed;
 // one thread in L2, 14-18 GB/s against 11-12 (docs/quantization.md).
 KILN_TARGET_AVX2 void q6_k_tile8_row(const std::uint8_t* w, std::int64_t row_bytes,
                                      const BlockQ8K* x, std::int64_t nb, float* acc) {
-  const std::uint8_t* ahead = w + 16 * row_bytes;
-  __m256 sum = _mm256_setzero_ps();
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const std::uint8_t* blk = w + b * 210;
-    prefetch_share8(ahead + b * 8 * 210, 8 * 210);
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].bsums));
-    __m256i rows[8];
+  tile8_row(w, row_bytes, nb, 210, 208, x, acc,
+            [=](const std::uint8_t* blk, std::int64_t b, __m256i rows[8]) KILN_TARGET_AVX2 {
+              const __m256i bsums =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].bsums));
 #pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) rows[i] = q6_k_row_sums(blk + i * row_bytes, x[b].q, bsums);
-    const __m256i total = hsum_8x8(rows);
-    const __m256 dw = f16_rows8(blk + 208, row_bytes);
-    sum =
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dw, _mm256_set1_ps(x[b].d)), sum);
+              for (int i = 0; i < 8; ++i)
+                rows[i] = q6_k_row_sums(blk + i * row_bytes, x[b].q, bsums);
+            });
+}
+
+// ---- Q8_0 -----------------------------------------------------------------------------------
+// Per block, the exact integer sum of each of the 8 rows against x, then one fma per row:
+// acc_j = fma(float(sum_i w_ji q_i), d_wj * d_x, acc_j), the 16-row VNNI tile's formula. The
+// codes are signed on both sides, so each product pair goes through |w| (u8) times sign(x, w)
+// (s8): at most 2 * 128 * 127 per i16 pair, and vpmaddwd widens every chunk at once.
+//
+// With several x rows, each block's 8 W rows are transposed once (load_rows_8x32) and meet every
+// row's broadcast x dwords: 4 vector instructions per 32 products (sign, vpmaddubsw, vpmaddwd,
+// add) and one conversion and fma per row, block and 8 W rows. dot_q8_0_avx2 row by row runs
+// 17.6 instructions per 32 products (callgrind; its own conversion, scale and fma per W row and
+// block), and a 4 x 2 register tile of it (x rows by W rows, each pair its own accumulator) about
+// 9 in its loop: one thread, 1024 x 1024 and 1024 x 3072 with 128 x rows, on the AVX2 EPYC,
+// 35-41 GMAC/s for this tile against 20-27 for that one.
+KILN_TARGET_AVX2 void q8_0_tile8(const std::uint8_t* w, std::int64_t row_bytes,
+                                 const std::uint8_t* x, std::int64_t xstride, std::int64_t nb,
+                                 std::int64_t M, float* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const std::uint8_t* ahead = w + 16 * row_bytes;
+  for (std::int64_t m = 0; m < M; ++m) _mm256_storeu_ps(acc + 8 * m, _mm256_setzero_ps());
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::uint8_t* blk = w + b * 34;
+    prefetch_share8(ahead + b * 8 * 34, 8 * 34);
+    __m256i wq[8], wabs[8];
+    load_rows_8x32(blk + 2, row_bytes, wq);
+    for (int c = 0; c < 8; ++c) wabs[c] = _mm256_sign_epi8(wq[c], wq[c]);
+    const __m256 dw = f16_rows8(blk, row_bytes);
+    const std::uint8_t* xb = x + b * static_cast<std::int64_t>(sizeof(BlockQ8));
+    for (std::int64_t m = 0; m < M; ++m, xb += xstride) {
+      const auto& xm = *reinterpret_cast<const BlockQ8*>(xb);
+      __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m256i p16 =
+            _mm256_maddubs_epi16(wabs[c], _mm256_sign_epi8(bcast(xm.q + 4 * c), wq[c]));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, ones));
+      }
+      const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(xm.d));
+      _mm256_storeu_ps(acc + 8 * m,
+                       _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, _mm256_loadu_ps(acc + 8 * m)));
+    }
   }
-  _mm256_storeu_ps(acc, sum);
+}
+
+// q8_0_tile8 for one row of x (decode), without the transpose: each W row's 32 codes meet x's as
+// they lie (as dot_q8_0_avx2 did), and the 8 rows' i32 lanes are summed once per block
+// (hsum_8x8). The integer sums are exact, so they and the fma are the general tile's: the same
+// bits.
+KILN_TARGET_AVX2 void q8_0_tile8_row(const std::uint8_t* w, std::int64_t row_bytes,
+                                     const BlockQ8* x, std::int64_t nb, float* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  tile8_row(w, row_bytes, nb, 34, 0, x, acc,
+            [=](const std::uint8_t* blk, std::int64_t b, __m256i rows[8]) KILN_TARGET_AVX2 {
+              const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].q));
+#pragma GCC unroll 8
+              for (int i = 0; i < 8; ++i) {
+                const __m256i wq =
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + i * row_bytes + 2));
+                const __m256i p16 =
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+                rows[i] = _mm256_madd_epi16(p16, ones);
+              }
+            });
 }
 
 }  // namespace
@@ -452,7 +534,8 @@ void gemv_tile8_avx2(quant::QuantType t, const std::uint8_t* w, std::int64_t row
   KILN_CHECK(M <= 32, "[gemv_quant] a tile takes at most 32 rows of x, got {}", M);
   switch (t) {
     case quant::QuantType::Q8_0:
-      fail("[gemv_quant] Q8_0 has no AVX2 tile (its one-row kernel decodes faster)");
+      if (M == 1) return q8_0_tile8_row(w, row_bytes, reinterpret_cast<const BlockQ8*>(x), nb, acc);
+      return q8_0_tile8(w, row_bytes, x, xstride, nb, M, acc);
     case quant::QuantType::Q4_K:
       if (M == 1)
         return q4_k_tile8_row(w, row_bytes, reinterpret_cast<const BlockQ8K*>(x), x_extra, nb, acc);
