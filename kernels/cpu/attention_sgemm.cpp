@@ -24,10 +24,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <vector>
 
+#include "kernels/common/env_choice.h"
 #include "kernels/common/error.h"
 #include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/isa.h"
@@ -299,13 +298,7 @@ namespace {
 std::atomic<int> g_openblas_override{-1};
 
 bool env_openblas() {
-  static const bool on = [] {
-    const char* env = std::getenv("KILN_ATTENTION_GEMM");
-    const std::string_view v = env ? env : "";
-    if (v.empty() || v == "auto") return false;
-    if (v == "openblas") return true;
-    fail("[attention] KILN_ATTENTION_GEMM={} is not one of auto, openblas", v);
-  }();
+  static const bool on = env_choice("KILN_ATTENTION_GEMM", {"openblas"}, "attention") == 0;
   return on;
 }
 }  // namespace

@@ -8,10 +8,9 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
+#include "kernels/common/env_choice.h"
 #include "kernels/common/error.h"
 #include "kernels/cpu/matmul_dnnl.h"
 
@@ -25,15 +24,9 @@ constexpr int64_t kOnednnMaxK = 4096;   // K = 32000 (an LM head's input gradien
 // -1: no override (KILN_F32_GEMM decides, else the rule); else an F32GemmLibrary.
 std::atomic<int> g_library_override{-1};
 
+// The choices in F32GemmLibrary's order, so an index is the enum's value.
 int env_library() {
-  static const int lib = [] {
-    const char* env = std::getenv("KILN_F32_GEMM");
-    const std::string_view v = env ? env : "";
-    if (v.empty() || v == "auto") return -1;
-    if (v == "openblas") return static_cast<int>(F32GemmLibrary::OpenBlas);
-    if (v == "onednn") return static_cast<int>(F32GemmLibrary::Onednn);
-    fail("[gemm] KILN_F32_GEMM={} is not one of auto, openblas, onednn", v);
-  }();
+  static const int lib = env_choice("KILN_F32_GEMM", {"openblas", "onednn"}, "gemm");
   return lib;
 }
 
