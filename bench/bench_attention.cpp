@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "apps/flags.h"
+#include "bench/bench_timing.h"
 #include "kernels/cuda/runtime.h"
 #include "tensor/ops.h"
 
@@ -29,10 +30,7 @@ using namespace kiln;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using kiln::bench::median;
 
 struct Timing {
   double fwd_s = 0, bwd_s = 0;

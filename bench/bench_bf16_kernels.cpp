@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_timing.h"
 #include "kernels/cpu/isa.h"
 #include "tensor/op_args.h"
 #include "tensor/ops.h"
@@ -23,15 +24,7 @@ namespace {
 
 double median_ms(int reps, const std::function<void()>& f) {
   f();  // warm the allocator's cache and the pages
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto a = std::chrono::steady_clock::now();
-    f();
-    t.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
+  return kiln::bench::median_ms(reps, f);
 }
 
 struct OpBench {

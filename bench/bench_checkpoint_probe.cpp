@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_timing.h"
 #include "models/checkpoint.h"
 #include "models/io/checkpoint_probe.h"
 #include "nn/optim.h"
@@ -25,18 +26,7 @@ using namespace kiln;
 
 namespace {
 
-template <typename F>
-double median_ms(int reps, F&& f) {
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using kiln::bench::median_ms;
 
 }  // namespace
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_timing.h"
 #include "kernels/common/half.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/bf16_util.h"
@@ -89,10 +90,7 @@ std::vector<double> interleaved_median_ms(int reps, const std::vector<Variant>& 
       if (r >= 0) ms[i].push_back(t);
     }
   std::vector<double> med;
-  for (auto& m : ms) {
-    std::sort(m.begin(), m.end());
-    med.push_back(m[m.size() / 2]);
-  }
+  for (auto& m : ms) med.push_back(kiln::bench::median(m));
   return med;
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_timing.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/isa.h"
@@ -26,10 +27,7 @@ struct Shape {
   int64_t B, T, H, D;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kiln::bench::median;
 
 }  // namespace
 
