@@ -1,5 +1,5 @@
 // env_choice (kernels/common/env_choice.h): the parser behind KILN_F32_GEMM and
-// KILN_ATTENTION_GEMM. Each case sets the variable, reads it, and restores it.
+// KILN_ATTENTION_GEMM. Each case sets the variable, reads it, and unsets it again.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
